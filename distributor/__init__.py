@@ -1,0 +1,1 @@
+"""The barrier-mode launch engine: start N rank processes, stream their output, return results."""

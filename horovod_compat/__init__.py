@@ -1,0 +1,1 @@
+"""Horovod-facing parts of horovod-compat: the hvd shim, HorovodRunner, timeline, migration."""
