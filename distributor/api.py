@@ -1,0 +1,56 @@
+"""The engine's public entry points for Python callers."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+from .engine import launch
+from .launchers import Launcher
+from .placement import Placement
+from .spec import FunctionTarget, LaunchRequest, OutputHandler, ScriptTarget
+
+
+def run_function(
+    fn: Any,
+    *args: Any,
+    num_processes: int,
+    env: Optional[Mapping[str, str]] = None,
+    use_gpu: bool = False,
+    return_all: bool = False,
+    start_timeout: float = 120.0,
+    timeout: Optional[float] = None,
+    placement: Optional[Placement] = None,
+    launcher: Optional[Launcher] = None,
+    output: Optional[OutputHandler] = None,
+    **kwargs: Any,
+) -> Any:
+    """Run `fn(*args, **kwargs)` on `num_processes` ranks; return rank 0's value.
+
+    With `return_all=True` the values of every rank come back as a list in rank order. Any rank
+    failure raises `RankFailedError` after every rank has stopped.
+    """
+    request = LaunchRequest(
+        FunctionTarget(fn, tuple(args), dict(kwargs)), num_processes, use_gpu=use_gpu,
+        env=dict(env or {}), start_timeout=start_timeout, timeout=timeout, return_all=return_all,
+    )
+    return launch(request, placement, launcher, output)
+
+
+def run_script(
+    path: str,
+    argv: Sequence[str] = (),
+    *,
+    num_processes: int,
+    env: Optional[Mapping[str, str]] = None,
+    use_gpu: bool = False,
+    start_timeout: float = 120.0,
+    timeout: Optional[float] = None,
+    placement: Optional[Placement] = None,
+    launcher: Optional[Launcher] = None,
+    output: Optional[OutputHandler] = None,
+) -> None:
+    """Run a script written for torchrun on `num_processes` ranks; raise if any rank fails."""
+    request = LaunchRequest(
+        ScriptTarget(path, tuple(argv)), num_processes, use_gpu=use_gpu, env=dict(env or {}),
+        start_timeout=start_timeout, timeout=timeout,
+    )
+    launch(request, placement, launcher, output)

@@ -1,0 +1,313 @@
+"""The job: one launch request from validation to the value returned on the driver.
+
+The engine starts the driver hub, asks a placement to start the ranks, and then watches one
+stream of events (rank connected, output line, result, error, heartbeat, exit). The first
+failure ends the job: every other rank is stopped and one `RankFailedError` is raised, after
+every output line has been delivered.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+import collections
+import pickle
+from typing import Any, Deque, Dict, List, Optional, Tuple
+
+from . import payload, protocol
+from .errors import JobTimeoutError, LaunchTimeoutError, RankFailedError, describe_exit
+from .hub import DriverHub
+from .launchers import Launcher, PythonLauncher
+from .placement import JobContext, LocalPlacement, Placement
+from .protocol import SEND_NOTHING, SEND_RESULT, Channel, Kind
+from .spec import FunctionTarget, LaunchRequest, OutputHandler, ScriptTarget
+
+log = logging.getLogger(__name__)
+
+#: How long after the first failure the engine waits for other failures before choosing the root
+#: cause (a rank that dies takes its peers' collectives down with it a moment later).
+FAILURE_SETTLE_SECONDS = 0.5
+#: How long a rank that already sent its result may take to exit before it is stopped.
+EXIT_GRACE_SECONDS = 30.0
+OUTPUT_TAIL_LINES = 200
+
+# Messages of errors that are the consequence of another rank's death, not a cause.
+_COLLATERAL_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "connectFullMesh",
+    "Socket closed",
+    "recvBytes",
+    "ECONNRESET",
+    "peer closed",
+)
+
+
+def print_output(rank: int, stream: str, line: str) -> None:
+    """Default output handler: each line on the driver's stdout/stderr with a rank prefix."""
+    target = sys.stdout if stream == "stdout" else sys.stderr
+    target.write(f"[rank {rank}] {line}\n")
+    target.flush()
+
+
+@dataclass
+class _RankState:
+    rank: int
+    connected: bool = False
+    result: Optional[bytes] = None
+    error: Optional[dict] = None
+    returncode: Optional[int] = None
+    exit_time: Optional[float] = None
+    stopped_by_driver: bool = False
+    finished_at: Optional[float] = None  # when the rank reported success
+    last_seen: float = field(default_factory=time.monotonic)
+    tail: Deque[str] = field(default_factory=lambda: collections.deque(maxlen=OUTPUT_TAIL_LINES))
+
+
+class Job:
+    """One run of a `LaunchRequest` on a placement."""
+
+    def __init__(
+        self,
+        request: LaunchRequest,
+        placement: Optional[Placement] = None,
+        launcher: Optional[Launcher] = None,
+        output: Optional[OutputHandler] = None,
+    ) -> None:
+        self.request = request
+        self.placement = placement or LocalPlacement()
+        self.launcher = launcher or PythonLauncher()
+        self.output = output or print_output
+        self.run_id = f"distributor-{uuid.uuid4().hex[:12]}"
+        self._states = {r: _RankState(r) for r in range(request.num_processes)}
+        self._lock = threading.Lock()
+        self._wake: "queue.Queue[str]" = queue.Queue()
+        self._payload = b""
+        self._channels: Dict[Channel, int] = {}
+        self.hub: Optional[DriverHub] = None
+        self._stopping = False
+
+    # ---- events, called from hub and supervisor threads -------------------------------------
+    def on_output(self, rank: int, stream: str, line: str) -> None:
+        state = self._states[rank]
+        state.tail.append(line)
+        self.output(rank, stream, line)
+
+    def on_exit(self, rank: int, returncode: int) -> None:
+        with self._lock:
+            state = self._states[rank]
+            state.returncode = returncode
+            state.exit_time = time.time()
+        self._wake.put("exit")
+
+    def _on_frame(self, channel: Channel, kind: Kind, body: Any) -> None:
+        if kind == Kind.HELLO:
+            rank, _pid = body
+            if rank not in self._states or self._states[rank].connected:
+                channel.close()
+                return
+            with self._lock:
+                self._channels[channel] = rank
+                self._states[rank].connected = True
+            flag = SEND_RESULT if (rank == 0 or self.request.return_all) else SEND_NOTHING
+            channel.send(Kind.PAYLOAD, flag + self._payload, raw=True)
+            self._wake.put("connected")
+            return
+        if kind == Kind.OUTPUT:
+            self.on_output(*body)
+            return
+        if kind == Kind.EXITED:
+            self.on_exit(*body)
+            return
+        rank = self._channels.get(channel)
+        if rank is None:
+            return
+        state = self._states[rank]
+        state.last_seen = time.monotonic()
+        if kind == Kind.RESULT:
+            state.result = body or None  # empty: success, no value asked of this rank
+            state.finished_at = time.monotonic()
+            self._wake.put("result")
+        elif kind == Kind.ERROR:
+            state.error = body
+            self._wake.put("error")
+
+    def _on_close(self, channel: Channel) -> None:
+        self._wake.put("closed")
+
+    # ---- the run --------------------------------------------------------------------------
+    def run(self) -> Any:
+        """Run the job to its end and return rank 0's value (or every rank's, in rank order)."""
+        target = self.request.target
+        self.placement.validate(self.request)
+        if isinstance(target, FunctionTarget):
+            self._payload = payload.dumps_function(target.fn, tuple(target.args), dict(target.kwargs))
+        else:
+            assert isinstance(target, ScriptTarget)
+            self._payload = payload.dumps_script(target.path, target.argv)
+        secret = protocol.new_secret()
+        self.hub = DriverHub(secret, self._on_frame, self._on_close, bind_host=self.placement.hub_bind_host)
+        try:
+            context = JobContext(self.request, self.run_id, self.hub.address, secret, self, self.launcher)
+            self.placement.start(context)
+            failure = self._watch()
+        except BaseException:
+            self._stop_all()
+            raise
+        finally:
+            self.hub.close()
+            self.placement.close()
+        if failure is not None:
+            raise failure
+        return self._collect()
+
+    def _watch(self) -> Optional[BaseException]:
+        """Wait until every rank has ended; return the error to raise, if any."""
+        request = self.request
+        started = time.monotonic()
+        first_failure_at: Optional[float] = None
+        timeout_error: Optional[BaseException] = None
+        while True:
+            try:
+                self._wake.get(timeout=0.2)
+            except queue.Empty:
+                pass
+            now = time.monotonic()
+            with self._lock:
+                states = list(self._states.values())
+            if all(s.returncode is not None for s in states):
+                break
+            if self._stopping:
+                continue
+            if first_failure_at is None and any(self._failed(s) for s in states):
+                first_failure_at = now
+            if first_failure_at is not None and now - first_failure_at >= FAILURE_SETTLE_SECONDS:
+                self._stop_all()
+                continue
+            timeout_error = self._check_timeouts(states, now - started, now)
+            if timeout_error is not None:
+                self._stop_all()
+                continue
+            overdue = [
+                s.rank for s in states
+                if s.finished_at is not None and s.returncode is None
+                and now - s.finished_at > EXIT_GRACE_SECONDS
+            ]
+            if overdue:
+                log.warning("ranks %s finished but did not exit within %ss; stopping them",
+                            overdue, EXIT_GRACE_SECONDS)
+                self.placement.stop()
+        failure = self._failure_error()
+        return failure if failure is not None else timeout_error
+
+    def _check_timeouts(self, states: List[_RankState], elapsed: float, now: float) -> Optional[BaseException]:
+        request = self.request
+        not_connected = [s.rank for s in states if not s.connected and s.returncode is None]
+        if not_connected and elapsed > request.start_timeout:
+            return LaunchTimeoutError(
+                f"Ranks {not_connected} did not connect to the driver within "
+                f"start_timeout={request.start_timeout:g}s. They may be stuck importing modules or "
+                "waiting for resources; raise start_timeout if startup is slow."
+            )
+        if request.timeout is not None and elapsed > request.timeout:
+            running = [s.rank for s in states if s.returncode is None]
+            return JobTimeoutError(
+                f"The job exceeded timeout={request.timeout:g}s; ranks {running} were still running "
+                "and have been stopped. Their last output lines above show where they were."
+            )
+        silent = [
+            s.rank for s in states
+            if s.connected and s.returncode is None and s.finished_at is None
+            and now - s.last_seen > request.heartbeat_timeout
+        ]
+        if silent:
+            return JobTimeoutError(
+                f"Ranks {silent} sent no heartbeat for {request.heartbeat_timeout:g}s: their host or "
+                "their network connection to the driver was lost."
+            )
+        return None
+
+    @staticmethod
+    def _failed(state: _RankState) -> bool:
+        return state.error is not None or (state.returncode not in (None, 0))
+
+    def _stop_all(self) -> None:
+        """Stop every rank that is still running; only the first call acts."""
+        if self._stopping:
+            return
+        self._stopping = True
+        with self._lock:
+            for s in self._states.values():
+                if s.returncode is None:
+                    s.stopped_by_driver = True
+        if self.hub is not None:
+            self.hub.broadcast(Kind.STOP)
+        self.placement.stop()
+
+    def _failure_error(self) -> Optional[RankFailedError]:
+        failed = [
+            s for s in self._states.values()
+            if s.error is not None or (s.returncode not in (None, 0) and not s.stopped_by_driver)
+        ]
+        if not failed:
+            return None
+        root = min(failed, key=self._root_cause_key)
+        others = [
+            (s.rank, self._summary(s)) for s in sorted(self._states.values(), key=lambda s: s.rank)
+            if s is not root and (self._failed(s) or s.stopped_by_driver)
+        ]
+        error = root.error or {}
+        return RankFailedError(
+            rank=root.rank,
+            exit_code=root.returncode,
+            exc_type=error.get("exc_type"),
+            exc_message=error.get("exc_message"),
+            traceback=error.get("traceback"),
+            output_tail=list(root.tail)[-20:],
+            other_failures=others,
+        )
+
+    @staticmethod
+    def _root_cause_key(state: _RankState) -> Tuple[int, float]:
+        """Prefer a rank that failed on its own over one whose peers' death broke its collective."""
+        message = (state.error or {}).get("exc_message", "") or ""
+        collateral = any(marker in message for marker in _COLLATERAL_MARKERS)
+        when = (state.error or {}).get("time") or state.exit_time or float("inf")
+        return (1 if collateral else 0, when)
+
+    @staticmethod
+    def _summary(state: _RankState) -> str:
+        if state.stopped_by_driver and state.error is None:
+            return f"stopped by the driver ({describe_exit(state.returncode)})"
+        if state.error:
+            return f"{state.error['exc_type']}: {state.error['exc_message']}"
+        return describe_exit(state.returncode)
+
+    def _collect(self) -> Any:
+        ranks = range(self.request.num_processes) if self.request.return_all else [0]
+        values = []
+        for rank in ranks:
+            data = self._states[rank].result
+            if data is None:
+                raise RankFailedError(
+                    rank, self._states[rank].returncode, "RuntimeError",
+                    "the rank exited with status 0 without reporting its result",
+                    output_tail=list(self._states[rank].tail)[-20:],
+                )
+            values.append(pickle.loads(data))
+        return values if self.request.return_all else values[0]
+
+
+def launch(
+    request: LaunchRequest,
+    placement: Optional[Placement] = None,
+    launcher: Optional[Launcher] = None,
+    output: Optional[OutputHandler] = None,
+) -> Any:
+    """Run `request` and return rank 0's value (or every rank's with `return_all`)."""
+    return Job(request, placement, launcher, output).run()

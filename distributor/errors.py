@@ -1,0 +1,93 @@
+"""Exceptions the engine raises on the driver.
+
+Every failure of a job reaches the caller as one `DistributedRunError` (a `RuntimeError`, so code
+that caught PySpark's generic errors keeps working), raised only after every rank has stopped.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+
+class DistributedRunError(RuntimeError):
+    """Base class of every error the engine raises on the driver."""
+
+
+class LaunchValidationError(DistributedRunError, ValueError):
+    """The launch request is wrong; raised before any process is started."""
+
+
+class PayloadPicklingError(LaunchValidationError):
+    """The function, an argument or a return value cannot be pickled."""
+
+
+class RankFailedError(DistributedRunError):
+    """A rank raised, exited non-zero or was killed by a signal.
+
+    Attributes name the first failing rank and carry what it reported: `rank`, `exit_code`
+    (negative for a signal, as in `subprocess`), `exc_type`, `exc_message`, `traceback` (the
+    rank's formatted traceback, or None when the process died without one) and `output_tail`
+    (its last output lines). `other_failures` lists later failures as (rank, summary) pairs.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        exit_code: Optional[int],
+        exc_type: Optional[str] = None,
+        exc_message: Optional[str] = None,
+        traceback: Optional[str] = None,
+        output_tail: Sequence[str] = (),
+        other_failures: Sequence[tuple[int, str]] = (),
+    ) -> None:
+        self.rank = rank
+        self.exit_code = exit_code
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+        self.traceback = traceback
+        self.output_tail = list(output_tail)
+        self.other_failures = list(other_failures)
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        lines = [f"Rank {self.rank} failed ({describe_exit(self.exit_code)})"]
+        if self.exc_type:
+            lines[0] += f": {self.exc_type}: {self.exc_message}"
+        if self.traceback:
+            lines += ["", f"Traceback from rank {self.rank}:", self.traceback.rstrip()]
+        elif self.output_tail:
+            lines += ["", f"Last output lines of rank {self.rank}:"]
+            lines += [f"  {line}" for line in self.output_tail]
+        if self.other_failures:
+            lines += ["", "Other ranks stopped afterwards:"]
+            lines += [f"  rank {rank}: {summary}" for rank, summary in self.other_failures]
+        return "\n".join(lines)
+
+    def __reduce__(self):
+        return (
+            type(self),
+            (self.rank, self.exit_code, self.exc_type, self.exc_message, self.traceback,
+             self.output_tail, self.other_failures),
+        )
+
+
+class LaunchTimeoutError(DistributedRunError, TimeoutError):
+    """Some ranks did not connect to the driver within the start timeout."""
+
+
+class JobTimeoutError(DistributedRunError, TimeoutError):
+    """The job ran longer than its timeout; every rank was stopped."""
+
+
+def describe_exit(exit_code: Optional[int]) -> str:
+    """Human wording for a process exit status as `subprocess` reports it."""
+    if exit_code is None:
+        return "still running when stopped"
+    if exit_code < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-exit_code).name
+        except ValueError:
+            name = f"signal {-exit_code}"
+        return f"killed by {name}"
+    return f"exit status {exit_code}"

@@ -1,0 +1,110 @@
+"""The driver hub: one authenticated TCP server per job.
+
+Ranks (and, on a cluster, the per-host supervisors) connect here, prove the job secret, and then
+exchange frames with the engine. A peer that fails the challenge is dropped without a byte of its
+data being interpreted; the job goes on.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from typing import Any, Callable, List, Optional, Tuple
+
+from . import protocol
+from .protocol import AuthenticationError, Channel, Kind
+
+log = logging.getLogger(__name__)
+
+#: Called for each frame of an authenticated peer: (channel, kind, body).
+FrameHandler = Callable[[Channel, Kind, Any], None]
+#: Called once when an authenticated peer's connection ends.
+CloseHandler = Callable[[Channel], None]
+
+
+class DriverHub:
+    """Accepts authenticated connections and hands their frames to the engine."""
+
+    def __init__(
+        self,
+        secret: bytes,
+        on_frame: FrameHandler,
+        on_close: CloseHandler,
+        bind_host: str = "127.0.0.1",
+    ) -> None:
+        self._secret = secret
+        self._on_frame = on_frame
+        self._on_close = on_close
+        self._server = socket.create_server((bind_host, 0), backlog=128)
+        self.address: Tuple[str, int] = self._server.getsockname()[:2]
+        self.rejected_peers = 0
+        self._channels: List[Channel] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept_loop, name="distributor-hub", daemon=True)
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                sock, peer = self._server.accept()
+            except OSError:
+                return  # server closed
+            threading.Thread(
+                target=self._serve, args=(sock, peer), name=f"distributor-hub-{peer}", daemon=True
+            ).start()
+
+    def _serve(self, sock: socket.socket, peer: Any) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            protocol.server_handshake(sock, self._secret)
+        except AuthenticationError as exc:
+            with self._lock:
+                self.rejected_peers += 1
+            log.warning("driver hub rejected a connection from %s: %s", peer, exc)
+            sock.close()
+            return
+        channel = Channel(sock)
+        with self._lock:
+            if self._closed:
+                channel.close()
+                return
+            self._channels.append(channel)
+        try:
+            while True:
+                kind, body = channel.recv()
+                self._on_frame(channel, kind, body)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            channel.close()
+            self._on_close(channel)
+
+    def broadcast(self, kind: Kind, body: Any = None) -> None:
+        """Send a frame to every connected peer, ignoring peers that are already gone."""
+        with self._lock:
+            channels = list(self._channels)
+        for channel in channels:
+            try:
+                channel.send(kind, body)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Stop accepting and drop every connection."""
+        with self._lock:
+            self._closed = True
+            channels, self._channels = self._channels, []
+        self._server.close()
+        for channel in channels:
+            channel.close()
+
+
+def routable_address(hint: Optional[str] = None) -> str:
+    """The address ranks on other hosts should use to reach this host: `hint` if given."""
+    if hint:
+        return hint
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"

@@ -1,0 +1,5 @@
+"""How rank processes are started: one small `Launcher` interface, one module per way."""
+from .base import Launcher
+from .python import PythonLauncher
+
+__all__ = ["Launcher", "PythonLauncher"]

@@ -1,0 +1,19 @@
+"""The launcher interface: turn rank specs into running processes under a supervisor."""
+from __future__ import annotations
+
+import abc
+from typing import Callable, Dict, Sequence
+
+from ..spec import RankSpec
+from ..supervisor import Supervisor
+
+#: Builds the full environment of one rank.
+EnvFactory = Callable[[RankSpec], Dict[str, str]]
+
+
+class Launcher(abc.ABC):
+    """Starts the ranks of one host. Implementations differ only in the processes they create."""
+
+    @abc.abstractmethod
+    def start(self, ranks: Sequence[RankSpec], env_for: EnvFactory, supervisor: Supervisor) -> None:
+        """Start every rank of `ranks` under `supervisor`; return without waiting for them."""

@@ -1,0 +1,124 @@
+"""Serialising the user's function for the ranks, with errors that name what cannot be pickled.
+
+Functions are pickled by value (cloudpickle) when their module is the user's own code, not an
+installed library: a rank may not be able to import a notebook, `__main__` or a test file, and it
+must run exactly the code the driver has.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import sys
+import sysconfig
+import types
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
+
+import cloudpickle
+
+from .errors import PayloadPicklingError
+
+_ADVICE = (
+    "Create such objects inside the training function instead (import modules and build models, "
+    "data loaders, locks, sessions or open files there), so that each rank makes its own."
+)
+
+
+def dumps_function(fn: Any, args: tuple, kwargs: dict) -> bytes:
+    """Pickle a function call for the ranks, or raise `PayloadPicklingError` naming the culprit."""
+    with _by_value(fn):
+        try:
+            return cloudpickle.dumps(("function", fn, args, kwargs))
+        except Exception as exc:  # noqa: BLE001 - any pickling failure gets the same diagnosis
+            culprit = _find_unpicklable(fn, args, kwargs)
+            where = f" {culprit[0]} ({type(culprit[1]).__name__})" if culprit else ""
+            raise PayloadPicklingError(
+                f"Cannot pickle the training function {getattr(fn, '__qualname__', fn)!r}: "
+                f"it refers to{where or ' an object'} that cannot be pickled "
+                f"({type(exc).__name__}: {exc}). {_ADVICE}"
+            ) from exc
+
+
+def dumps_script(path: str, argv: Sequence[str]) -> bytes:
+    """Pickle a script run for the ranks."""
+    return cloudpickle.dumps(("script", os.path.abspath(path), list(argv)))
+
+
+def dumps_value(value: Any, what: str) -> bytes:
+    """Pickle a return value in a rank, with an error that says which value failed."""
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as exc:  # noqa: BLE001
+        raise PayloadPicklingError(
+            f"{what} of type {type(value).__name__} cannot be pickled "
+            f"({type(exc).__name__}: {exc}). Return plain data (numbers, lists, dicts, tensors, "
+            "a state_dict) instead."
+        ) from exc
+
+
+def pickled_size_report(fn: Any, args: tuple, kwargs: dict, top: int = 5) -> List[Tuple[str, int]]:
+    """The largest pickled pieces of a payload as (description, bytes), largest first."""
+    sizes: List[Tuple[str, int]] = []
+    for label, obj in _pieces(fn, args, kwargs):
+        with contextlib.suppress(Exception), _by_value(fn):
+            sizes.append((label, len(cloudpickle.dumps(obj))))
+    return sorted(sizes, key=lambda item: -item[1])[:top]
+
+
+def _pieces(fn: Any, args: tuple, kwargs: dict) -> Iterator[Tuple[str, Any]]:
+    for i, arg in enumerate(args):
+        yield f"positional argument {i}", arg
+    for key, value in kwargs.items():
+        yield f"argument {key!r}", value
+    if isinstance(fn, types.FunctionType):
+        closure = inspect.getclosurevars(fn)
+        for name, value in {**closure.globals, **closure.nonlocals}.items():
+            if not isinstance(value, types.ModuleType):
+                yield f"global {name!r}", value
+    elif not isinstance(fn, (types.BuiltinFunctionType, type)):
+        yield "the callable object", fn
+
+
+def _find_unpicklable(fn: Any, args: tuple, kwargs: dict) -> Optional[Tuple[str, Any]]:
+    for label, obj in _pieces(fn, args, kwargs):
+        try:
+            with _by_value(fn):
+                cloudpickle.dumps(obj)
+        except Exception:  # noqa: BLE001
+            return label, obj
+    return None
+
+
+_OWN_PACKAGES = frozenset({"distributor", "horovod_compat", "horovod", "sparkdl"})
+
+
+def _installed_prefixes() -> Tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
+    return tuple(os.path.realpath(p) + os.sep for p in roots if p)
+
+
+def _is_user_module(module: types.ModuleType) -> bool:
+    path = getattr(module, "__file__", None)
+    if not path or module.__name__ == "__main__":
+        return False  # cloudpickle already pickles __main__ by value
+    if module.__name__.split(".")[0] in _OWN_PACKAGES:
+        return False  # every rank imports this project itself
+    return not os.path.realpath(path).startswith(_installed_prefixes())
+
+
+@contextlib.contextmanager
+def _by_value(fn: Any) -> Iterator[None]:
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    registered = module is not None and _is_user_module(module)
+    if registered:
+        try:
+            cloudpickle.register_pickle_by_value(module)
+        except ValueError:
+            registered = False
+    try:
+        yield
+    finally:
+        if registered:
+            cloudpickle.unregister_pickle_by_value(module)

@@ -1,0 +1,5 @@
+"""Where ranks run: on this host (`local`) or as a Spark barrier stage (`spark`)."""
+from .base import JobContext, Placement
+from .local import LocalPlacement
+
+__all__ = ["JobContext", "LocalPlacement", "Placement"]

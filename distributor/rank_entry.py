@@ -1,0 +1,157 @@
+"""Entry point of every rank process: `python -m distributor.rank_entry`.
+
+It proves the job secret to the driver hub, receives its target, runs it with the torchrun
+environment already in place, and reports the outcome: the pickled return value, or the
+exception with its traceback. It dies with its parent and when the driver goes away, so a killed
+driver leaves no rank behind.
+"""
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import pickle
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Optional
+
+from . import protocol
+from .payload import dumps_value
+from .protocol import SEND_RESULT, Channel, Kind
+from .rank_env import HUB_ADDRESS_VAR, PARENT_PID_VAR, RANK_VAR, SECRET_VAR
+
+HEARTBEAT_INTERVAL = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies; exit now if it already has."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return  # not Linux: rely on the hub-connection watchdog alone
+    expected = os.environ.get(PARENT_PID_VAR)
+    if expected and os.getppid() != int(expected):
+        os._exit(70)
+
+
+def _kill_self() -> None:
+    """End this rank and any children it started (it leads its own process group)."""
+    try:
+        if os.getpgrp() == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+    finally:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _DriverLink:
+    """The rank's connection to the hub: heartbeats out, STOP or a lost driver ends the rank."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.finished = threading.Event()
+        threading.Thread(target=self._watch, name="distributor-watchdog", daemon=True).start()
+        threading.Thread(target=self._beat, name="distributor-heartbeat", daemon=True).start()
+
+    def _watch(self) -> None:
+        try:
+            while True:
+                kind, _ = self.channel.recv()
+                if kind == Kind.STOP:
+                    break
+        except (ConnectionError, OSError):
+            pass
+        if not self.finished.is_set():
+            _kill_self()
+
+    def _beat(self) -> None:
+        while not self.finished.wait(HEARTBEAT_INTERVAL):
+            try:
+                self.channel.send(Kind.HEARTBEAT)
+            except OSError:
+                return
+
+
+def _run_target(payload: bytes) -> Any:
+    target = pickle.loads(payload)
+    if target[0] == "function":
+        _, fn, args, kwargs = target
+        return fn(*args, **kwargs)
+    _, path, argv = target
+    sys.argv = [path, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    runpy.run_path(path, run_name="__main__")
+    return None
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The exception's traceback without the frames of this module and runpy."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in _ENGINE_FILES:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+_ENGINE_FILES = frozenset({__file__, runpy.__file__, "<frozen runpy>"})
+
+
+def _error_report(exc: BaseException) -> dict:
+    return {
+        "exc_type": type(exc).__qualname__,
+        "exc_message": str(exc),
+        "traceback": _user_traceback(exc),
+        "time": time.time(),
+    }
+
+
+def main() -> int:
+    die_with_parent()
+    faulthandler.enable()  # a crash in native code still prints the Python stack
+    host, port = os.environ.pop(HUB_ADDRESS_VAR).rsplit(":", 1)
+    secret = bytes.fromhex(os.environ.pop(SECRET_VAR))
+    rank = int(os.environ.pop(RANK_VAR))
+    os.environ.pop(PARENT_PID_VAR, None)
+
+    channel = protocol.connect((host, int(port)), secret)
+    channel.send(Kind.HELLO, (rank, os.getpid()))
+    kind, body = channel.recv()
+    if kind != Kind.PAYLOAD:
+        raise RuntimeError(f"driver hub sent {kind.name} instead of the payload")
+    link = _DriverLink(channel)
+    send_result, payload = body[:1] == SEND_RESULT, body[1:]
+
+    exit_code = 0
+    try:
+        value = _run_target(payload)
+        data: Optional[bytes] = dumps_value(value, f"The return value of rank {rank}") if send_result else None
+    except SystemExit as exc:
+        code = exc.code
+        exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+        if exit_code:
+            if not isinstance(code, int):
+                print(code, file=sys.stderr)
+            channel.send(Kind.ERROR, {**_error_report(exc), "traceback": None})
+        data = pickle.dumps(None) if send_result else None
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
+        report = _error_report(exc)
+        sys.stderr.write(report["traceback"])
+        channel.send(Kind.ERROR, report)
+        exit_code = 1
+        data = None
+    if exit_code == 0:
+        channel.send(Kind.RESULT, data or b"", raw=True)  # empty: done, no value asked for
+    link.finished.set()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    channel.close()
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

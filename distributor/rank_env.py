@@ -1,0 +1,74 @@
+"""The environment contract every rank gets: what torchrun sets, so that unchanged code works.
+
+`torch.distributed.init_process_group(backend, init_method="env://")` needs RANK, WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT. Lightning and Hugging Face detect an external launcher from
+TORCHELASTIC_RUN_ID together with LOCAL_RANK, GROUP_RANK and LOCAL_WORLD_SIZE.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Dict, Mapping
+
+from .spec import RankSpec
+
+#: Variables the engine uses to reach its rank entry point; removed from the rank's os.environ
+#: before user code runs.
+HUB_ADDRESS_VAR = "DISTRIBUTOR_HUB_ADDRESS"
+SECRET_VAR = "DISTRIBUTOR_JOB_SECRET"
+RANK_VAR = "DISTRIBUTOR_RANK"
+PARENT_PID_VAR = "DISTRIBUTOR_PARENT_PID"
+PRIVATE_VARS = (HUB_ADDRESS_VAR, SECRET_VAR, RANK_VAR, PARENT_PID_VAR)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on `host`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def torchrun_env(
+    spec: RankSpec, master_addr: str, master_port: int, run_id: str
+) -> Dict[str, str]:
+    """The variables torchrun would set for this rank."""
+    env = {
+        "RANK": str(spec.rank),
+        "WORLD_SIZE": str(spec.world_size),
+        "LOCAL_RANK": str(spec.local_rank),
+        "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+        "GROUP_RANK": str(spec.node_rank),
+        "NODE_RANK": str(spec.node_rank),
+        "GROUP_WORLD_SIZE": str(spec.num_nodes),
+        "ROLE_RANK": str(spec.rank),
+        "ROLE_WORLD_SIZE": str(spec.world_size),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "PYTHONUNBUFFERED": "1",
+    }
+    if spec.gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpu_ids)
+    return env
+
+
+def rank_environment(
+    spec: RankSpec,
+    master_addr: str,
+    master_port: int,
+    run_id: str,
+    user_env: Mapping[str, str],
+    base: Mapping[str, str] = os.environ,
+) -> Dict[str, str]:
+    """The full environment of a rank process: inherited, then torchrun's, then the user's."""
+    env = dict(base)
+    for name in PRIVATE_VARS:
+        env.pop(name, None)
+    env.update(torchrun_env(spec, master_addr, master_port, run_id))
+    if spec.local_world_size > 1 and "OMP_NUM_THREADS" not in base:
+        env["OMP_NUM_THREADS"] = "1"  # as torchrun does, so N ranks don't oversubscribe the cores
+    env.update(user_env)
+    return env

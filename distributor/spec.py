@@ -1,0 +1,127 @@
+"""What to run and how: the dataclasses a launch is described by.
+
+A `LaunchRequest` is everything the engine needs to know, independent of where the ranks run
+(placement) and how their processes are started (launcher).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+from .errors import LaunchValidationError
+
+#: Called for every output line: (rank, stream name "stdout"/"stderr", line without newline).
+OutputHandler = Callable[[int, str, str], None]
+
+
+@dataclass(frozen=True)
+class FunctionTarget:
+    """Run `fn(*args, **kwargs)` in every rank; the return value is sent back to the driver."""
+
+    fn: Callable[..., Any]
+    args: Tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def description(self) -> str:
+        return getattr(self.fn, "__qualname__", repr(self.fn))
+
+
+@dataclass(frozen=True)
+class ScriptTarget:
+    """Run a Python script as `__main__` with `argv`, as `torchrun script.py argv...` would."""
+
+    path: str
+    argv: Tuple[str, ...] = ()
+
+    @property
+    def description(self) -> str:
+        return self.path
+
+
+Target = Union[FunctionTarget, ScriptTarget]
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """A job: `target` on `num_processes` ranks.
+
+    `env` is added to every rank's environment. `start_timeout` bounds the time until every rank
+    has connected to the driver; `timeout` (None: no limit) bounds the whole job.
+    `return_all` returns every rank's value in rank order instead of rank 0's.
+    """
+
+    target: Target
+    num_processes: int
+    use_gpu: bool = False
+    env: Mapping[str, str] = field(default_factory=dict)
+    start_timeout: float = 120.0
+    timeout: Optional[float] = None
+    return_all: bool = False
+    heartbeat_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        validate_num_processes(self.num_processes, "num_processes")
+        for name in ("use_gpu", "return_all"):
+            if not isinstance(getattr(self, name), bool):
+                raise LaunchValidationError(
+                    f"{name} must be True or False, got {getattr(self, name)!r}."
+                )
+        for name in ("start_timeout", "heartbeat_timeout"):
+            _check_positive_seconds(name, getattr(self, name))
+        if self.timeout is not None:
+            _check_positive_seconds("timeout", self.timeout)
+        bad = {k: v for k, v in self.env.items() if not (isinstance(k, str) and isinstance(v, str))}
+        if bad:
+            raise LaunchValidationError(
+                f"env must map str to str; these entries are not strings: {bad!r}. "
+                "Convert the values with str()."
+            )
+        if isinstance(self.target, ScriptTarget):
+            if not os.path.isfile(self.target.path):
+                raise LaunchValidationError(
+                    f"Training script {self.target.path!r} does not exist (looked in "
+                    f"{os.getcwd()!r}). Pass an existing file path or a callable."
+                )
+            if not all(isinstance(a, str) for a in self.target.argv):
+                raise LaunchValidationError(
+                    f"Script arguments must be strings, got {list(self.target.argv)!r}; "
+                    "convert them with str() as you would on a torchrun command line."
+                )
+        elif not callable(self.target.fn):
+            raise LaunchValidationError(f"{self.target.fn!r} is not callable.")
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One rank's place in the job; the environment contract derives from it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    gpu_ids: Sequence[str] = ()
+
+
+def validate_num_processes(value: Any, name: str) -> int:
+    """Accept only a real positive int (not bool, float or str)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LaunchValidationError(
+            f"{name} must be a positive int, got {value!r} ({type(value).__name__}). "
+            f"Pass e.g. {name}=2."
+        )
+    if value < 1:
+        raise LaunchValidationError(f"{name} must be at least 1, got {value}.")
+    return value
+
+
+def _check_positive_seconds(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise LaunchValidationError(f"{name} must be a positive number of seconds, got {value!r}.")
+
+
+EnvDict = Dict[str, str]
+ArgList = Sequence[str]

@@ -1,0 +1,112 @@
+"""Starting rank processes on this host and pumping their output, line by line.
+
+The supervisor reads each rank's stdout and stderr pipes itself, so every line a rank writes —
+from Python or from native code — is captured even if the rank dies right after writing it: the
+pipe keeps the bytes, and the exit is reported only after both pipes have been read to the end.
+On the driver (local placement) the events go straight to the engine; inside a Spark task they
+are forwarded to the driver hub.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, Dict, List, Mapping, Optional, Protocol, Sequence
+
+
+class RankEventSink(Protocol):
+    """Where the supervisor reports what its ranks do."""
+
+    def on_output(self, rank: int, stream: str, line: str) -> None: ...
+
+    def on_exit(self, rank: int, returncode: int) -> None: ...
+
+
+@dataclass
+class _RankProcess:
+    rank: int
+    popen: subprocess.Popen
+    pumps: List[threading.Thread] = field(default_factory=list)
+
+
+class Supervisor:
+    """Owns the rank processes of one host: start, watch, stop."""
+
+    def __init__(self, sink: RankEventSink) -> None:
+        self._sink = sink
+        self._procs: Dict[int, _RankProcess] = {}
+        self._lock = threading.Lock()
+
+    def start(self, rank: int, argv: Sequence[str], env: Mapping[str, str], cwd: Optional[str] = None) -> int:
+        """Start one rank process in its own session; return its PID."""
+        popen = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        proc = _RankProcess(rank, popen)
+        for stream, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
+            pump = threading.Thread(
+                target=self._pump, args=(rank, stream, pipe), name=f"rank{rank}-{stream}", daemon=True
+            )
+            pump.start()
+            proc.pumps.append(pump)
+        with self._lock:
+            self._procs[rank] = proc
+        threading.Thread(target=self._wait, args=(proc,), name=f"rank{rank}-wait", daemon=True).start()
+        return popen.pid
+
+    def _pump(self, rank: int, stream: str, pipe: IO[bytes]) -> None:
+        with pipe:
+            for raw in iter(pipe.readline, b""):
+                line = raw.decode("utf-8", errors="replace")
+                if line.endswith("\n"):
+                    line = line[:-2] if line.endswith("\r\n") else line[:-1]
+                self._sink.on_output(rank, stream, line)
+
+    def _wait(self, proc: _RankProcess) -> None:
+        returncode = proc.popen.wait()
+        for pump in proc.pumps:
+            # Pipes stay open while a grandchild holds them; don't let one block the report.
+            pump.join(timeout=None if returncode == 0 else 5.0)
+        self._sink.on_exit(proc.rank, returncode)
+
+    def pids(self) -> Dict[int, int]:
+        with self._lock:
+            return {rank: proc.popen.pid for rank, proc in self._procs.items()}
+
+    def stop(self, ranks: Optional[Sequence[int]] = None, grace: float = 3.0) -> None:
+        """SIGTERM the ranks' process groups, then SIGKILL whatever is left after `grace`."""
+        with self._lock:
+            procs = [p for r, p in self._procs.items() if ranks is None or r in ranks]
+        running = [p for p in procs if p.popen.poll() is None]
+        for proc in running:
+            _signal_group(proc.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in running:
+            try:
+                proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in procs:
+            _signal_group(proc.popen.pid, signal.SIGKILL)  # also reaps children left in the group
+
+    def wait_all(self, timeout: Optional[float] = None) -> None:
+        with self._lock:
+            procs = list(self._procs.values())
+        for proc in procs:
+            proc.popen.wait(timeout=timeout)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
