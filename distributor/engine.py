@@ -34,6 +34,8 @@ FAILURE_SETTLE_SECONDS = 0.5
 #: How long a rank that already sent its result may take to exit before it is stopped.
 EXIT_GRACE_SECONDS = 30.0
 OUTPUT_TAIL_LINES = 200
+#: How long after a rank's exit the engine keeps reading what it sent before the exit.
+DISCONNECT_GRACE_SECONDS = 10.0
 
 # Messages of errors that are the consequence of another rank's death, not a cause.
 _COLLATERAL_MARKERS = (
@@ -65,6 +67,9 @@ class _RankState:
     exit_time: Optional[float] = None
     stopped_by_driver: bool = False
     finished_at: Optional[float] = None  # when the rank reported success
+    channel: Optional[Channel] = None
+    disconnected: bool = False  # its hub connection has been read to the end
+    exit_seen: Optional[float] = None
     last_seen: float = field(default_factory=time.monotonic)
     tail: Deque[str] = field(default_factory=lambda: collections.deque(maxlen=OUTPUT_TAIL_LINES))
 
@@ -114,6 +119,7 @@ class Job:
             with self._lock:
                 self._channels[channel] = rank
                 self._states[rank].connected = True
+                self._states[rank].channel = channel
             flag = SEND_RESULT if (rank == 0 or self.request.return_all) else SEND_NOTHING
             channel.send(Kind.PAYLOAD, flag + self._payload, raw=True)
             self._wake.put("connected")
@@ -138,6 +144,9 @@ class Job:
             self._wake.put("error")
 
     def _on_close(self, channel: Channel) -> None:
+        rank = self._channels.get(channel)
+        if rank is not None:
+            self._states[rank].disconnected = True
         self._wake.put("closed")
 
     # ---- the run --------------------------------------------------------------------------
@@ -180,7 +189,7 @@ class Job:
             now = time.monotonic()
             with self._lock:
                 states = list(self._states.values())
-            if all(s.returncode is not None for s in states):
+            if all(self._ended(s, now) for s in states):
                 break
             if self._stopping:
                 continue
@@ -233,6 +242,16 @@ class Job:
         return None
 
     @staticmethod
+    def _ended(state: _RankState, now: float) -> bool:
+        """Exited, and every frame it sent has been read (bounded, in case a child holds the socket)."""
+        if state.returncode is None:
+            return False
+        if not state.connected or state.disconnected:
+            return True
+        state.exit_seen = state.exit_seen or now
+        return now - state.exit_seen > DISCONNECT_GRACE_SECONDS
+
+    @staticmethod
     def _failed(state: _RankState) -> bool:
         return state.error is not None or (state.returncode not in (None, 0))
 
@@ -268,7 +287,7 @@ class Job:
             exc_type=error.get("exc_type"),
             exc_message=error.get("exc_message"),
             traceback=error.get("traceback"),
-            output_tail=list(root.tail)[-20:],
+            output_tail=list(root.tail),
             other_failures=others,
         )
 
@@ -297,7 +316,7 @@ class Job:
                 raise RankFailedError(
                     rank, self._states[rank].returncode, "RuntimeError",
                     "the rank exited with status 0 without reporting its result",
-                    output_tail=list(self._states[rank].tail)[-20:],
+                    output_tail=list(self._states[rank].tail),
                 )
             values.append(pickle.loads(data))
         return values if self.request.return_all else values[0]

@@ -8,6 +8,9 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 
+_TAIL_SHOWN = 40
+
+
 class DistributedRunError(RuntimeError):
     """Base class of every error the engine raises on the driver."""
 
@@ -26,7 +29,7 @@ class RankFailedError(DistributedRunError):
     Attributes name the first failing rank and carry what it reported: `rank`, `exit_code`
     (negative for a signal, as in `subprocess`), `exc_type`, `exc_message`, `traceback` (the
     rank's formatted traceback, or None when the process died without one) and `output_tail`
-    (its last output lines). `other_failures` lists later failures as (rank, summary) pairs.
+    (its last output lines; every line was already printed live). `other_failures` lists later failures as (rank, summary) pairs.
     """
 
     def __init__(
@@ -55,8 +58,9 @@ class RankFailedError(DistributedRunError):
         if self.traceback:
             lines += ["", f"Traceback from rank {self.rank}:", self.traceback.rstrip()]
         elif self.output_tail:
-            lines += ["", f"Last output lines of rank {self.rank}:"]
-            lines += [f"  {line}" for line in self.output_tail]
+            shown = self.output_tail[-_TAIL_SHOWN:]
+            lines += ["", f"Last {len(shown)} output lines of rank {self.rank}:"]
+            lines += [f"  {line}" for line in shown]
         if self.other_failures:
             lines += ["", "Other ranks stopped afterwards:"]
             lines += [f"  rank {rank}: {summary}" for rank, summary in self.other_failures]

@@ -26,17 +26,16 @@ _ADVICE = (
 
 def dumps_function(fn: Any, args: tuple, kwargs: dict) -> bytes:
     """Pickle a function call for the ranks, or raise `PayloadPicklingError` naming the culprit."""
-    with _by_value(fn):
-        try:
+    try:
+        with _by_value(fn):
             return cloudpickle.dumps(("function", fn, args, kwargs))
-        except Exception as exc:  # noqa: BLE001 - any pickling failure gets the same diagnosis
-            culprit = _find_unpicklable(fn, args, kwargs)
-            where = f" {culprit[0]} ({type(culprit[1]).__name__})" if culprit else ""
-            raise PayloadPicklingError(
-                f"Cannot pickle the training function {getattr(fn, '__qualname__', fn)!r}: "
-                f"it refers to{where or ' an object'} that cannot be pickled "
-                f"({type(exc).__name__}: {exc}). {_ADVICE}"
-            ) from exc
+    except Exception as exc:  # noqa: BLE001 - any pickling failure gets the same diagnosis
+        culprit = _find_unpicklable(fn, args, kwargs)
+        where = f" {culprit[0]} ({type(culprit[1]).__name__})" if culprit else " an object"
+        raise PayloadPicklingError(
+            f"Cannot pickle the training function {getattr(fn, '__qualname__', fn)!r}: it refers "
+            f"to{where} that cannot be pickled ({type(exc).__name__}: {exc}). {_ADVICE}"
+        ) from exc
 
 
 def dumps_script(path: str, argv: Sequence[str]) -> bytes:

@@ -7,6 +7,7 @@ driver leaves no rank behind.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import faulthandler
 import os
@@ -147,11 +148,26 @@ def main() -> int:
     if exit_code == 0:
         channel.send(Kind.RESULT, data or b"", raw=True)  # empty: done, no value asked for
     link.finished.set()
-    sys.stdout.flush()
-    sys.stderr.flush()
     channel.close()
     return exit_code
 
 
+def _exit(code: int) -> None:
+    """Run atexit handlers and flush, then leave without the interpreter's teardown.
+
+    Native libraries (gloo, NCCL, DDP's reducer) can abort while their static objects are torn
+    down after the job already succeeded; `multiprocessing` children exit the same way.
+    """
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

@@ -1,0 +1,291 @@
+"""The engine with local placement: real rank processes, real sockets."""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from distributor import (
+    FunctionTarget,
+    Job,
+    JobTimeoutError,
+    LaunchRequest,
+    LaunchValidationError,
+    PayloadPicklingError,
+    RankFailedError,
+    run_function,
+)
+from distributor import protocol
+
+
+def _env_and_allreduce():
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+            "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_WORLD_SIZE"]
+    env = {k: os.environ.get(k) for k in keys}
+    private = [k for k in os.environ if k.startswith("DISTRIBUTOR_")]
+    dist.destroy_process_group()
+    return t.item(), env, private
+
+
+def test_env_contract_and_all_reduce():
+    results = run_function(_env_and_allreduce, num_processes=2, return_all=True)
+    assert [r[0] for r in results] == [3.0, 3.0]
+    for rank, (_, env, private) in enumerate(results):
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["GROUP_RANK"] == env["NODE_RANK"] == "0"
+        assert env["GROUP_WORLD_SIZE"] == "1"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"].isdigit()
+        assert env["TORCHELASTIC_RUN_ID"].startswith("distributor-")
+        assert private == [], "the hub address and secret must not leak into user code"
+    assert results[0][1]["TORCHELASTIC_RUN_ID"] == results[1][1]["TORCHELASTIC_RUN_ID"]
+
+
+def _ddp_step(lr):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    x, y = torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    weights = model.module.weight.detach().clone()
+    dist.destroy_process_group()
+    return weights
+
+
+def test_ddp_training_step_keeps_replicas_equal():
+    w0, w1 = run_function(_ddp_step, 0.1, num_processes=2, return_all=True)
+    assert w0.shape == (1, 4)
+    assert bool((w0 == w1).all())
+
+
+def test_return_values_none_default_rank0_and_all():
+    assert run_function(lambda: None, num_processes=2) is None
+    assert run_function(lambda: int(os.environ["RANK"]) * 10, num_processes=2) == 0
+    assert run_function(lambda: int(os.environ["RANK"]) * 10, num_processes=3, return_all=True) == [0, 10, 20]
+
+
+def test_large_result_is_returned_whole():
+    value = run_function(lambda: bytes(range(256)) * (50 * 4096), num_processes=2)
+    assert len(value) == 50 * 1024 * 1024
+    assert value[:256] == bytes(range(256)) and value[-256:] == bytes(range(256))
+
+
+def test_unpicklable_argument_is_named_before_anything_starts():
+    lock = threading.Lock()
+    with pytest.raises(PayloadPicklingError) as info:
+        run_function(lambda lk: None, lock, num_processes=2)
+    message = str(info.value)
+    assert "positional argument 0" in message and "lock" in message
+    assert "inside the training function" in message
+
+
+def test_unpicklable_global_is_named():
+    holder = {}
+    sock = socket.socket()
+    holder["sock"] = sock
+    try:
+        def uses_socket():
+            return holder["sock"].fileno()
+
+        with pytest.raises(PayloadPicklingError, match="holder"):
+            run_function(uses_socket, num_processes=1)
+    finally:
+        sock.close()
+
+
+def test_unpicklable_return_value_is_a_clear_rank_error():
+    def returns_lock():
+        import threading
+
+        return threading.Lock()
+
+    with pytest.raises(RankFailedError) as info:
+        run_function(returns_lock, num_processes=2)
+    assert info.value.rank == 0
+    assert "return value of rank 0" in str(info.value) and "cannot be pickled" in str(info.value)
+
+
+def _raise_in_rank1():
+    import time
+
+    if os.environ["RANK"] == "1":
+        print("about to fail", flush=True)
+        raise KeyError("missing-key-in-rank-1")
+    time.sleep(60)
+
+
+def test_exception_in_rank1_names_rank_and_traceback_and_stops_others():
+    started = time.monotonic()
+    lines = []
+    with pytest.raises(RankFailedError) as info:
+        run_function(_raise_in_rank1, num_processes=2, output=lambda r, s, l: lines.append((r, s, l)))
+    err = info.value
+    assert isinstance(err, RuntimeError)
+    assert err.rank == 1 and err.exit_code == 1
+    assert err.exc_type == "KeyError" and "missing-key-in-rank-1" in err.exc_message
+    assert "_raise_in_rank1" in err.traceback and "raise KeyError" in err.traceback
+    assert (1, "stdout", "about to fail") in lines
+    assert [r for r, _ in err.other_failures] == [0]
+    assert time.monotonic() - started < 20, "rank 0 must be stopped within seconds, not after its sleep"
+
+
+def _exit3_in_rank1():
+    import time
+
+    if os.environ["RANK"] == "1":
+        print("last words before os._exit", flush=True)
+        os._exit(3)
+    time.sleep(60)
+
+
+def test_os_exit_reports_status_and_last_output():
+    with pytest.raises(RankFailedError) as info:
+        run_function(_exit3_in_rank1, num_processes=2, output=lambda *a: None)
+    err = info.value
+    assert err.rank == 1 and err.exit_code == 3 and err.traceback is None
+    assert "exit status 3" in str(err)
+    assert "last words before os._exit" in err.output_tail
+
+
+def _segfault_rank0():
+    import ctypes
+    import sys
+    import time
+
+    if os.environ["RANK"] == "0":
+        sys.stdout.write("line before the crash\n")
+        os.write(1, b"raw fd write before the crash\n")
+        ctypes.string_at(0)
+    time.sleep(60)
+
+
+def test_sigsegv_is_reported_with_python_stack_and_prior_output():
+    with pytest.raises(RankFailedError) as info:
+        run_function(_segfault_rank0, num_processes=2, output=lambda *a: None)
+    err = info.value
+    assert err.rank == 0 and err.exit_code == -11
+    assert "SIGSEGV" in str(err)
+    assert "line before the crash" in err.output_tail
+    assert "raw fd write before the crash" in err.output_tail
+    assert any("Fatal Python error" in line for line in err.output_tail)
+
+
+def test_job_timeout_stops_a_hung_job():
+    started = time.monotonic()
+    with pytest.raises(JobTimeoutError, match="timeout=3s"):
+        run_function(lambda: time.sleep(120), num_processes=2, timeout=3)
+    assert time.monotonic() - started < 15
+
+
+def test_start_timeout_when_ranks_never_connect():
+    from distributor.errors import LaunchTimeoutError
+    from distributor.launchers.python import PythonLauncher
+
+    class NeverConnects(PythonLauncher):
+        def start(self, ranks, env_for, supervisor):
+            for spec in ranks:
+                supervisor.start(spec.rank, [self.python, "-c", "import time; time.sleep(120)"], env_for(spec))
+
+    request = LaunchRequest(FunctionTarget(lambda: 1), 2, start_timeout=2)
+    started = time.monotonic()
+    with pytest.raises(LaunchTimeoutError, match=r"Ranks \[0, 1\] did not connect"):
+        Job(request, launcher=NeverConnects()).run()
+    assert time.monotonic() - started < 15
+
+
+def _many_lines(n):
+    import sys
+
+    rank = os.environ["RANK"]
+    for i in range(n):
+        print(f"r{rank} line {i}")
+        if i % 1000 == 0:
+            sys.stderr.write(f"r{rank} err {i}\n")
+    return n
+
+
+def test_every_line_arrives_once_in_order():
+    n = 10_000
+    seen = {(0, "stdout"): [], (1, "stdout"): [], (0, "stderr"): [], (1, "stderr"): []}
+    lock = threading.Lock()
+
+    def collect(rank, stream, line):
+        with lock:
+            seen[(rank, stream)].append(line)
+
+    assert run_function(_many_lines, n, num_processes=2, output=collect) == n
+    for rank in (0, 1):
+        assert seen[(rank, "stdout")] == [f"r{rank} line {i}" for i in range(n)]
+        assert seen[(rank, "stderr")] == [f"r{rank} err {i}" for i in range(0, n, 1000)]
+
+
+def test_native_output_reaches_the_driver():
+    def native_print():
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.puts(b"from libc puts")
+        libc.fflush(None)
+        return True
+
+    lines = []
+    assert run_function(native_print, num_processes=1, output=lambda r, s, l: lines.append(l))
+    assert "from libc puts" in lines
+
+
+def test_hub_rejects_peers_without_the_secret_while_the_job_goes_on():
+    request = LaunchRequest(FunctionTarget(lambda: (time.sleep(3), "finished")[1]), 2)
+    job = Job(request, output=lambda *a: None)
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.setdefault("value", job.run()))
+    runner.start()
+    deadline = time.monotonic() + 10
+    while job.hub is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    address = job.hub.address
+    # A raw client that sends garbage instead of answering the challenge.
+    with socket.create_connection(address) as raw:
+        raw.recv(64)
+        raw.sendall(b"\x04" + b"x" * 63 + b"GET / HTTP/1.0\r\n\r\n")
+        raw.settimeout(5)
+        try:
+            reply = raw.recv(64)
+        except ConnectionResetError:
+            reply = b""
+        assert reply == b"", "the hub must hang up on a peer that fails the challenge"
+    # A client with the wrong secret fails the handshake.
+    with pytest.raises(ConnectionError):
+        protocol.connect(address, b"wrong secret" * 3)
+    runner.join(30)
+    assert outcome.get("value") == "finished"
+    assert job.hub.rejected_peers == 2
+
+
+def test_validation_happens_before_any_process():
+    with pytest.raises(LaunchValidationError, match="positive int"):
+        run_function(lambda: 1, num_processes=True)
+    with pytest.raises(LaunchValidationError, match="positive int"):
+        run_function(lambda: 1, num_processes=2.0)
+    with pytest.raises(LaunchValidationError, match="at least 1"):
+        run_function(lambda: 1, num_processes=0)
+    with pytest.raises(LaunchValidationError, match="str to str"):
+        run_function(lambda: 1, num_processes=1, env={"X": 1})
+    with pytest.raises(LaunchValidationError, match="timeout"):
+        run_function(lambda: 1, num_processes=1, timeout=-1)
