@@ -1,0 +1,139 @@
+"""State shared by the rewrite rules while one file (or one notebook cell) is rewritten.
+
+The rules are small functions; they need to know how Horovod was imported (`hvd_aliases`),
+record the native imports and helper functions their output needs, and record findings for
+the report.  All of that lives here so each rule module stays a pure "node in, node out" map.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Set, Union
+
+import libcst as cst
+
+from horovod_compat.migrate.report import Finding, Kind
+
+#: Import families: native imports are inserted next to the import they replace, so that an
+#: import inside a training function (the Databricks pattern) stays inside that function.
+HVD = "hvd"
+RUNNER = "runner"
+
+#: The import statement that binds each name a rewrite may need.
+IMPORT_FOR_NAME: Dict[str, str] = {
+    "os": "import os",
+    "torch": "import torch",
+    "dist": "import torch.distributed as dist",
+    "DDP": "from torch.nn.parallel import DistributedDataParallel as DDP",
+    "default_hooks": "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks",
+    "functools": "import functools",
+    "TorchDistributor": "from pyspark.ml.torch.distributor import TorchDistributor",
+}
+
+
+@dataclasses.dataclass
+class Rewritten:
+    """A rule's replacement for a node, with a one-line note for the verbose report."""
+
+    node: Union[cst.BaseExpression, List[cst.BaseStatement]]
+    note: str
+
+
+@dataclasses.dataclass
+class Flagged:
+    """A rule's refusal: the node stays, and `message` says what a person must decide and why."""
+
+    message: str
+
+
+Outcome = Union[Rewritten, Flagged]
+
+
+@dataclasses.dataclass
+class SharedState:
+    """Facts that span all units of one input (a .py file is one unit; a notebook, one per cell).
+
+    `global_imports` are names bound by module-level imports in any unit (a notebook's cells share
+    one namespace). `runner_vars` are names bound to `HorovodRunner(...)` instances.
+    """
+
+    global_imports: Set[str] = dataclasses.field(default_factory=set)
+    runner_vars: Set[str] = dataclasses.field(default_factory=set)
+    runner_names: Set[str] = dataclasses.field(default_factory=set)
+    hvd_aliases: Set[str] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass
+class RewriteContext:
+    """Per-unit state: where we are, what the output needs, and what we found."""
+
+    location: str
+    shared: SharedState
+    line_offset: int = 0
+    needs: Dict[str, Set[str]] = dataclasses.field(
+        default_factory=lambda: {HVD: set(), RUNNER: set()}
+    )
+    helpers: List[str] = dataclasses.field(default_factory=list)
+    findings: List[Finding] = dataclasses.field(default_factory=list)
+
+    @property
+    def hvd_aliases(self) -> Set[str]:
+        """Local names under which `horovod.torch` is imported (usually just ``hvd``)."""
+        return self.shared.hvd_aliases
+
+    def need(self, family: str, *names: str) -> None:
+        """Record that rewritten code of `family` (HVD or RUNNER) uses these imported names."""
+        for name in names:
+            if name not in IMPORT_FOR_NAME:
+                raise KeyError(f"no import known for {name!r}")
+            self.needs[family].add(name)
+
+    def need_helper(self, name: str) -> None:
+        """Record that the module needs the native helper function `name` (see helpers.py)."""
+        if name not in self.helpers:
+            self.helpers.append(name)
+
+    def rewrite(self, line: int, name: str, message: str) -> None:
+        """Record a rewrite made at input `line`."""
+        self.findings.append(
+            Finding(self.location, line + self.line_offset, Kind.REWRITE, name, message)
+        )
+
+    def todo(self, line: int, name: str, message: str) -> None:
+        """Record a TODO left at input `line`."""
+        self.findings.append(
+            Finding(self.location, line + self.line_offset, Kind.TODO, name, message)
+        )
+
+
+def hvd_attr_name(node: cst.CSTNode, aliases: Set[str]) -> Optional[str]:
+    """``hvd.X`` (with ``hvd`` one of `aliases`) -> ``"X"``; anything else -> None.
+
+    Nested names such as ``hvd.Compression.fp16`` return the dotted tail (``"Compression.fp16"``).
+    """
+    parts: List[str] = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if isinstance(node, cst.Name) and node.value in aliases and parts:
+        return ".".join(reversed(parts))
+    return None
+
+
+def code_of(node: cst.CSTNode) -> str:
+    """Source text of a node exactly as written (formatting and comments kept)."""
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def keyword_args(call: cst.Call) -> Dict[str, cst.Arg]:
+    """The keyword arguments of `call`, by name."""
+    return {a.keyword.value: a for a in call.args if a.keyword is not None}
+
+
+def positional_args(call: cst.Call) -> List[cst.Arg]:
+    """The plain positional arguments of `call` (not ``*args``/``**kwargs``)."""
+    return [a for a in call.args if a.keyword is None and a.star == ""]
+
+
+def has_star_args(call: cst.Call) -> bool:
+    """True when `call` uses ``*args`` or ``**kwargs`` (its arguments cannot be read statically)."""
+    return any(a.star != "" for a in call.args)

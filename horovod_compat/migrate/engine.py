@@ -1,0 +1,153 @@
+"""Rewrite Horovod source to native torch.distributed/DDP: the pipeline for one input.
+
+An input is one or more *units* of Python source sharing a namespace: a ``.py`` file is one
+unit; a notebook is one unit per code cell (cells share globals, so imports and the decision to
+drop ``import horovod.torch as hvd`` are made over all cells together).
+
+Pipeline: parse every unit -> scan imports (how hvd/HorovodRunner are named) -> per unit, plan
+the DistributedOptimizer rewrite with scope analysis, then apply all rules -> fix imports over
+all units (remove the Horovod import only if no ``hvd.`` use is left anywhere).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Sequence, Set
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, ScopeProvider
+
+from horovod_compat.migrate.context import HVD, RUNNER, RewriteContext, SharedState
+from horovod_compat.migrate.report import Finding
+from horovod_compat.migrate.rules.imports import ImportFixer, ImportPlan, ImportScan, remaining_uses
+from horovod_compat.migrate.rules.optimizer import plan_optimizers
+from horovod_compat.migrate.rules.runner import RunnerVarScan
+from horovod_compat.migrate.transform import HorovodTransformer
+
+
+class MigrationError(Exception):
+    """Input the rewriter cannot read (syntax error, unreadable notebook); names the location."""
+
+
+@dataclasses.dataclass
+class Unit:
+    """One piece of source to rewrite: `location` names it in messages (``file.py``,
+    ``nb.ipynb[cell 2]``); `line_offset` is added to line numbers in findings."""
+
+    source: str
+    location: str
+    line_offset: int = 0
+
+
+@dataclasses.dataclass
+class UnitResult:
+    """The rewritten source of a unit and what was found in it."""
+
+    source: str
+    findings: List[Finding]
+    original: str
+
+    @property
+    def changed(self) -> bool:
+        """True when the output differs from the input."""
+        return self.source != self.original
+
+
+def _parse(unit: Unit) -> cst.Module:
+    try:
+        return cst.parse_module(unit.source)
+    except cst.ParserSyntaxError as err:
+        line = err.raw_line + unit.line_offset
+        raise MigrationError(
+            f"{unit.location}:{line}:{err.raw_column + 1}: syntax error: {err.message}"
+        ) from None
+
+
+class _Names(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: Set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+
+def _names(module: cst.Module) -> Set[str]:
+    visitor = _Names()
+    module.visit(visitor)
+    return visitor.names
+
+
+def _module_level_families(module: cst.Module, shared: SharedState) -> Set[str]:
+    """Families (HVD/RUNNER) imported at module level in this unit."""
+    families: Set[str] = set()
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                    for alias in small.names:
+                        bound = (alias.asname.name.value if alias.asname is not None
+                                 and isinstance(alias.asname.name, cst.Name)
+                                 else cst.Module([]).code_for_node(alias.name).split(".")[0])
+                        if bound in shared.hvd_aliases:
+                            families.add(HVD)
+                        if bound in shared.runner_names:
+                            families.add(RUNNER)
+    return families
+
+
+def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
+    """Rewrite every unit; raises MigrationError on unparsable input (nothing is rewritten then)."""
+    modules = [_parse(unit) for unit in units]
+    shared = SharedState()
+    unsupported: List[Dict[cst.CSTNode, str]] = []
+    for module in modules:
+        scan = ImportScan(shared)
+        module.visit(scan)
+        unsupported.append(dict(scan.unsupported))
+    for module in modules:
+        module.visit(RunnerVarScan(shared.runner_names, shared.runner_vars))
+    names = [_names(m) for m in modules]
+
+    rewritten: List[cst.Module] = []
+    contexts: List[RewriteContext] = []
+    for i, (unit, module) in enumerate(zip(units, modules)):
+        ctx = RewriteContext(unit.location, shared, line_offset=unit.line_offset)
+        contexts.append(ctx)
+        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+        positions = wrapper.resolve(PositionProvider)
+        scopes = wrapper.resolve(ScopeProvider)
+        parents = wrapper.resolve(ParentNodeProvider)
+        elsewhere = set().union(*(n for j, n in enumerate(names) if j != i)) if len(names) > 1 else set()
+        plan = plan_optimizers(wrapper.module, positions, scopes, parents, ctx, elsewhere)
+        rewritten.append(wrapper.visit(HorovodTransformer(ctx, plan, unsupported[i])))
+
+    remove = {
+        HVD: sum(remaining_uses(m, shared.hvd_aliases) for m in rewritten) == 0,
+        RUNNER: sum(remaining_uses(m, shared.runner_names) for m in rewritten) == 0,
+    }
+    all_needs: Dict[str, Set[str]] = {HVD: set(), RUNNER: set()}
+    for ctx in contexts:
+        for family, needed in ctx.needs.items():
+            all_needs[family] |= needed
+    module_sites: Set[str] = set()
+    for module in modules:
+        module_sites |= _module_level_families(module, shared)
+
+    results: List[UnitResult] = []
+    for unit, module, ctx in zip(units, rewritten, contexts):
+        plan = ImportPlan(
+            unit_needs=ctx.needs,
+            all_needs=all_needs,
+            remove=remove,
+            has_module_site={HVD: HVD in module_sites, RUNNER: RUNNER in module_sites},
+            global_imports=set(shared.global_imports),
+            helpers=ctx.helpers,
+        )
+        fixed = module.visit(ImportFixer(shared, plan))
+        findings = list(ctx.findings)
+        results.append(UnitResult(fixed.code, findings, unit.source))
+    return results
+
+
+def migrate_source(source: str, location: str = "<string>") -> UnitResult:
+    """Rewrite one Python source text (a whole file)."""
+    return migrate_units([Unit(source, location)])[0]

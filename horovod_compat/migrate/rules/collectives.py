@@ -1,0 +1,131 @@
+"""Tensor and object collectives used outside the optimizer: metric averaging and friends.
+
+``hvd.allreduce(t)`` returns a *new* tensor and *averages* by default (integers truncate);
+``dist.all_reduce(t)`` works in place and *sums*.  A bare ``dist.all_reduce`` would silently
+change both, so these calls go to the small helpers in helpers.py that keep Horovod's meaning.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional, Union
+
+import libcst as cst
+
+from horovod_compat.migrate.context import (
+    Flagged,
+    Outcome,
+    RewriteContext,
+    Rewritten,
+    code_of,
+    has_star_args,
+    hvd_attr_name,
+    keyword_args,
+    positional_args,
+)
+
+_OPS = {"Average": "average", "Sum": "sum", "Min": "min", "Max": "max", "Product": "product"}
+
+
+def _reduce_op(call: cst.Call, ctx: RewriteContext) -> Union[str, Flagged]:
+    """Read `op=` / `average=` statically; a Flagged when they are not literal Horovod constants."""
+    kw = keyword_args(call)
+    op: Optional[str] = None
+    if "op" in kw:
+        name = hvd_attr_name(kw["op"].value, ctx.hvd_aliases)
+        if name == "Adasum":
+            return Flagged("op=Adasum has no torch.distributed equivalent; it is not a plain average")
+        if name not in _OPS:
+            return Flagged(f"op={code_of(kw['op'].value)} is not a Horovod reduce-op constant the rewriter can read")
+        op = _OPS[name]
+    if "average" in kw:
+        value = kw["average"].value
+        if op is not None:
+            return Flagged("both op= and average= given (Horovod raises ValueError)")
+        if not (isinstance(value, cst.Name) and value.value in ("True", "False")):
+            return Flagged(f"average={code_of(value)} is not a literal True/False")
+        op = "average" if value.value == "True" else "sum"
+    return op or "average"
+
+
+def _unsupported_kwargs(call: cst.Call, allowed: set) -> Optional[Flagged]:
+    for name, arg in keyword_args(call).items():
+        if name in allowed:
+            continue
+        if name in ("prescale_factor", "postscale_factor") and code_of(arg.value).strip() in ("1", "1.0"):
+            continue
+        if name == "compression" and code_of(arg.value).strip().endswith("Compression.none"):
+            continue
+        return Flagged(f"argument {name}= is not rewritten (only tensor, op/average and name are)")
+    return None
+
+
+def rewrite_allreduce(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
+    """``hvd.allreduce[_](t, op=..., name=...)`` -> ``_native_allreduce(t, "average"|...)``."""
+    pos = positional_args(call)
+    if has_star_args(call) or len(pos) != 1:
+        return Flagged(f"hvd.{name}() needs exactly one positional tensor argument to be rewritten")
+    bad = _unsupported_kwargs(call, {"op", "average", "name"})
+    if bad:
+        return bad
+    op = _reduce_op(call, ctx)
+    if isinstance(op, Flagged):
+        return op
+    ctx.need_helper("_native_allreduce")
+    inplace = ", inplace=True" if name == "allreduce_" else ""
+    text = f'_native_allreduce({code_of(pos[0].value)}, "{op}"{inplace})'
+    return Rewritten(
+        cst.parse_expression(text),
+        f'-> {op} over all ranks into a {"the same" if inplace else "new"} tensor (integers truncate)',
+    )
+
+
+def rewrite_broadcast(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
+    """``hvd.broadcast[_](t, root_rank)`` -> ``_native_broadcast(t, root_rank)``."""
+    pos = positional_args(call)
+    kw = keyword_args(call)
+    if has_star_args(call) or set(kw) - {"root_rank", "name"}:
+        return Flagged(f"hvd.{name}() with process_set=/other arguments is not rewritten")
+    if len(pos) == 2 and "root_rank" not in kw:
+        root = pos[1].value
+    elif len(pos) == 1 and "root_rank" in kw:
+        root = kw["root_rank"].value
+    else:
+        return Flagged(f"hvd.{name}() arguments not understood")
+    ctx.need_helper("_native_broadcast")
+    inplace = ", inplace=True" if name == "broadcast_" else ""
+    text = f"_native_broadcast({code_of(pos[0].value)}, {code_of(root)}{inplace})"
+    return Rewritten(cst.parse_expression(text), "-> dist.broadcast of a copy")
+
+
+def rewrite_broadcast_object(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
+    """``hvd.broadcast_object(obj, root_rank=0)`` -> ``dist.broadcast_object_list`` helper."""
+    pos = positional_args(call)
+    kw = keyword_args(call)
+    if has_star_args(call) or set(kw) - {"root_rank", "name"} or not 1 <= len(pos) <= 2:
+        return Flagged("hvd.broadcast_object() arguments not understood")
+    if len(pos) == 2 and "root_rank" in kw:
+        return Flagged("root_rank given twice")
+    root = pos[1].value if len(pos) == 2 else kw["root_rank"].value if "root_rank" in kw else None
+    ctx.need_helper("_native_broadcast_object")
+    root_text = f", {code_of(root)}" if root is not None else ""
+    text = f"_native_broadcast_object({code_of(pos[0].value)}{root_text})"
+    return Rewritten(cst.parse_expression(text), "-> dist.broadcast_object_list")
+
+
+def rewrite_allgather_object(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
+    """``hvd.allgather_object(obj)`` -> ``dist.all_gather_object`` helper (a list in rank order)."""
+    pos = positional_args(call)
+    if has_star_args(call) or len(pos) != 1 or set(keyword_args(call)) - {"name"}:
+        return Flagged("hvd.allgather_object() arguments not understood")
+    ctx.need_helper("_native_allgather_object")
+    text = f"_native_allgather_object({code_of(pos[0].value)})"
+    return Rewritten(cst.parse_expression(text), "-> dist.all_gather_object")
+
+
+CALLS: Dict[str, Callable[[str, cst.Call, RewriteContext], Outcome]] = {
+    "allreduce": rewrite_allreduce,
+    "allreduce_": rewrite_allreduce,
+    "broadcast": rewrite_broadcast,
+    "broadcast_": rewrite_broadcast,
+    "broadcast_object": rewrite_broadcast_object,
+    "allgather_object": rewrite_allgather_object,
+}

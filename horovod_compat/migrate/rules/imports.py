@@ -1,0 +1,294 @@
+"""Imports: find how Horovod is imported, then put the native imports where the old ones were.
+
+New imports go right after the import they replace, in the same block: an ``import horovod.torch
+as hvd`` inside a training function (what Databricks tells HorovodRunner users to do, so that the
+function pickles) becomes ``import torch.distributed as dist`` inside that same function.  The old
+import is removed only when no ``hvd.`` use is left anywhere in the file or notebook.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
+
+import libcst as cst
+
+from horovod_compat.migrate.context import HVD, IMPORT_FOR_NAME, RUNNER, SharedState, code_of
+from horovod_compat.migrate.helpers import HELPERS
+
+_ORDER = list(IMPORT_FOR_NAME)
+_RUNNER_MODULES = ("sparkdl", "sparkdl.horovod")
+
+
+def _dotted(node: Union[cst.Attribute, cst.Name, None]) -> str:
+    return code_of(node).strip() if node is not None else ""
+
+
+def _alias_bound(alias: cst.ImportAlias) -> str:
+    """The local name an import alias binds (``import a.b`` binds ``a``)."""
+    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+        return alias.asname.name.value
+    return _dotted(alias.name).split(".")[0]
+
+
+def _alias_family(stmt: Union[cst.Import, cst.ImportFrom], alias: cst.ImportAlias) -> Optional[str]:
+    """HVD for ``import horovod.torch as X`` / ``from horovod import torch as X``; RUNNER for
+    ``from sparkdl import HorovodRunner``; else None."""
+    name = _dotted(alias.name)
+    if isinstance(stmt, cst.Import):
+        return HVD if name == "horovod.torch" and alias.asname is not None else None
+    module = _dotted(stmt.module) if stmt.module is not None else ""
+    if stmt.relative:
+        return None
+    if module == "horovod" and name == "torch" and alias.asname is not None:
+        return HVD
+    if module in _RUNNER_MODULES and name == "HorovodRunner":
+        return RUNNER
+    return None
+
+
+def unsupported_import(stmt: Union[cst.Import, cst.ImportFrom]) -> Optional[str]:
+    """A TODO message for Horovod import forms the rewriter does not follow, else None."""
+    if isinstance(stmt, cst.Import):
+        for alias in stmt.names:
+            name = _dotted(alias.name)
+            if name == "horovod.torch" and alias.asname is None:
+                return "`import horovod.torch` without `as hvd`: uses are not rewritten; import it as hvd"
+            if name.startswith("horovod") and name != "horovod.torch":
+                return f"`import {name}`: only `import horovod.torch as hvd` is rewritten"
+        return None
+    if stmt.relative or stmt.module is None:
+        return None
+    module = _dotted(stmt.module)
+    if module.startswith("horovod.") or (module == "horovod" and not isinstance(stmt.names, cst.ImportStar)
+                                         and any(_dotted(a.name) != "torch" or a.asname is None for a in stmt.names)):
+        return f"`from {module} import ...`: only `import horovod.torch as hvd` is rewritten"
+    return None
+
+
+class ImportScan(cst.CSTVisitor):
+    """Record Horovod/HorovodRunner aliases and module-level import names into SharedState."""
+
+    def __init__(self, shared: SharedState) -> None:
+        self.shared = shared
+        self.unsupported: List[Tuple[cst.CSTNode, str]] = []
+        self.depth = 0
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.depth += 1
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.depth -= 1
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.depth += 1
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self.depth -= 1
+
+    def _scan(self, stmt: Union[cst.Import, cst.ImportFrom]) -> None:
+        problem = unsupported_import(stmt)
+        if problem:
+            self.unsupported.append((stmt, problem))
+        if isinstance(stmt.names, cst.ImportStar):
+            return
+        for alias in stmt.names:
+            family = _alias_family(stmt, alias)
+            bound = _alias_bound(alias)
+            if family == HVD:
+                self.shared.hvd_aliases.add(bound)
+            elif family == RUNNER:
+                self.shared.runner_names.add(bound)
+            elif self.depth == 0:
+                self.shared.global_imports.add(bound)
+
+    def visit_Import(self, node: cst.Import) -> None:
+        self._scan(node)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        self._scan(node)
+
+
+class _Remaining(cst.CSTVisitor):
+    """Count uses of given names outside import statements."""
+
+    def __init__(self, names: Set[str]) -> None:
+        self.names = names
+        self.count = 0
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value in self.names:
+            self.count += 1
+
+
+def remaining_uses(module: cst.Module, names: Set[str]) -> int:
+    """How many times any of `names` is still used (imports excluded)."""
+    if not names:
+        return 0
+    visitor = _Remaining(names)
+    module.visit(visitor)
+    return visitor.count
+
+
+@dataclasses.dataclass
+class ImportPlan:
+    """Inputs of the import fix-up for one unit."""
+
+    unit_needs: Dict[str, Set[str]]
+    all_needs: Dict[str, Set[str]]
+    remove: Dict[str, bool]
+    has_module_site: Dict[str, bool]
+    global_imports: Set[str]
+    helpers: Sequence[str]
+
+
+def _imports_in(body: Sequence[cst.CSTNode]) -> Set[str]:
+    names: Set[str] = set()
+    for stmt in body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                    names.update(_alias_bound(a) for a in small.names)
+    return names
+
+
+class ImportFixer(cst.CSTTransformer):
+    """Replace Horovod imports by native ones (see module docstring); insert helper functions."""
+
+    def __init__(self, shared: SharedState, plan: ImportPlan) -> None:
+        self.shared = shared
+        self.plan = plan
+        self.module_imports: Set[str] = set()
+        self.sites_seen: Set[str] = set()
+        self.block_stack: List[Set[str]] = []
+
+    # Track names imported earlier in the current block (function bodies).
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self.block_stack.append(set())
+
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        self.block_stack.pop()
+        if not updated_node.body:
+            return updated_node.with_changes(body=[cst.parse_statement("pass\n")])
+        return updated_node
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.module_imports = _imports_in(node.body) | self.plan.global_imports
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> Union[cst.SimpleStatementLine, cst.FlattenSentinel, cst.RemovalSentinel]:
+        at_module = not self.block_stack
+        families: List[str] = []
+        new_body: List[cst.BaseSmallStatement] = []
+        for small in updated_node.body:
+            if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                kept = []
+                for alias in small.names:
+                    family = _alias_family(small, alias)
+                    if family is not None:
+                        families.append(family)
+                    if family is None or not self.plan.remove[family]:
+                        kept.append(alias)
+                if not kept:
+                    continue
+                if len(kept) != len(small.names):
+                    kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                    small = small.with_changes(names=kept)
+                if not at_module:
+                    self.block_stack[-1].update(_alias_bound(a) for a in kept)
+            new_body.append(small)
+        if not families:
+            return updated_node
+        visible = self.module_imports | (self.block_stack[-1] if self.block_stack else set())
+        wanted: Set[str] = set()
+        for family in families:
+            self.sites_seen.add(family)
+            wanted |= self.plan.all_needs[family] if at_module else self.plan.unit_needs[family]
+        added = [name for name in _ORDER if name in wanted and name not in visible]
+        if self.block_stack:
+            self.block_stack[-1].update(added)
+        else:
+            self.module_imports.update(added)
+        statements: List[cst.BaseStatement] = []
+        if new_body:
+            statements.append(updated_node.with_changes(body=new_body))
+        statements += [cst.parse_statement(IMPORT_FOR_NAME[name] + "\n") for name in added]
+        if not statements:
+            return cst.RemoveFromParent()
+        if not new_body:
+            statements[0] = statements[0].with_changes(leading_lines=updated_node.leading_lines)
+        return cst.FlattenSentinel(statements)
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        body = list(updated_node.body)
+        # Needs with no import site in this unit nor a module-level site elsewhere: add at top.
+        missing: Set[str] = set()
+        for family, names in self.plan.unit_needs.items():
+            if names and family not in self.sites_seen and not self.plan.has_module_site[family]:
+                missing |= names
+        top = [n for n in _ORDER if n in missing and n not in self.module_imports]
+        index = _after_header(body)
+        insert: List[cst.BaseStatement] = [cst.parse_statement(IMPORT_FOR_NAME[n] + "\n") for n in top]
+        index_after_imports = _after_leading_imports(body, index)
+        helpers = [h for h in self.plan.helpers]
+        helper_nodes: List[cst.BaseStatement] = []
+        for name in helpers:
+            parsed = cst.parse_module(HELPERS[name].lstrip("\n")).body
+            first = parsed[0].with_changes(
+                leading_lines=[cst.EmptyLine(), cst.EmptyLine()] if body else []
+            )
+            helper_nodes += [first, *parsed[1:]]
+        if helper_nodes and index_after_imports < len(body):
+            following = body[index_after_imports]
+            if not getattr(following, "leading_lines", None):
+                body[index_after_imports] = following.with_changes(
+                    leading_lines=[cst.EmptyLine(), cst.EmptyLine()]
+                )
+        body[index_after_imports:index_after_imports] = helper_nodes
+        body[index:index] = insert
+        return updated_node.with_changes(body=body)
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _is_future(stmt: cst.CSTNode) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and isinstance(stmt.body[0], cst.ImportFrom)
+        and _dotted(stmt.body[0].module) == "__future__"
+    )
+
+
+def _after_header(body: Sequence[cst.CSTNode]) -> int:
+    """Index after a module docstring and ``from __future__`` imports."""
+    i = 0
+    if i < len(body) and _is_docstring(body[i]):
+        i += 1
+    while i < len(body) and _is_future(body[i]):
+        i += 1
+    return i
+
+
+def _after_leading_imports(body: Sequence[cst.CSTNode], start: int) -> int:
+    """Index after the run of import statements that starts at `start`."""
+    i = start
+    while i < len(body) and isinstance(body[i], cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in body[i].body
+    ):
+        i += 1
+    return i

@@ -1,0 +1,357 @@
+"""``hvd.DistributedOptimizer`` -> the model wrapped in ``DistributedDataParallel``.
+
+Horovod averages gradients in the optimizer; DDP averages them during ``backward()`` of a
+forward pass that went through the DDP wrapper.  So the rewrite is only correct when *every*
+forward pass of the model after the wrap goes through the wrapper.  This module proves that with
+libcst's scope analysis before it rewrites anything:
+
+* ``opt = hvd.DistributedOptimizer(inner, named_parameters=M.named_parameters(), ...)`` must be a
+  statement of its own, with ``M`` a plain name;
+* after that statement, ``M`` may only be called (``M(x)`` becomes ``ddp_M(x)``) or have
+  attributes read (``M.train()``, ``M.state_dict()`` stay on the plain module, so checkpoints
+  keep their keys); passing ``M`` to other code, calling ``M.forward`` or re-binding ``M`` makes
+  the rewriter leave the optimizer in place with a TODO;
+* every option must have a native meaning: ``compression=fp16`` -> DDP's fp16 comm hook;
+  ``groups``/``num_groups`` only grouped tensors for fusion (DDP buckets on its own) and are
+  dropped; ``backward_passes_per_step != 1``, ``op`` other than Average, a predivide factor,
+  ``sparse_as_dense`` and process sets are flagged.
+
+It also removes what DDP makes redundant: ``opt.synchronize()``, ``with opt.skip_synchronize():``
+(DDP gradients are already averaged after ``backward()``), and a ``broadcast_parameters`` of ``M``
+from rank 0 placed right next to the wrap (DDP broadcasts parameters and buffers from rank 0 when
+it is built).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+import libcst as cst
+from libcst.metadata import CodeRange, GlobalScope, Scope
+
+from horovod_compat.migrate.context import (
+    HVD,
+    Flagged,
+    RewriteContext,
+    Rewritten,
+    code_of,
+    has_star_args,
+    hvd_attr_name,
+    keyword_args,
+    positional_args,
+)
+
+
+@dataclasses.dataclass
+class OptimizerPlan:
+    """What the transformer must do for the DistributedOptimizer rewrite, keyed by original node."""
+
+    replace: Dict[cst.SimpleStatementLine, Rewritten] = dataclasses.field(default_factory=dict)
+    flagged: Dict[cst.Call, str] = dataclasses.field(default_factory=dict)
+    rename: Dict[cst.Name, str] = dataclasses.field(default_factory=dict)
+    remove: Dict[cst.SimpleStatementLine, str] = dataclasses.field(default_factory=dict)
+    unwrap: Set[cst.With] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass
+class _Facts:
+    """Metadata the analysis reads (resolved once by the engine)."""
+
+    positions: Mapping[cst.CSTNode, CodeRange]
+    scopes: Mapping[cst.CSTNode, Optional[Scope]]
+    parents: Mapping[cst.CSTNode, cst.CSTNode]
+    names_in_module: Set[str]
+    names_elsewhere: Set[str]
+
+
+class _FindOptimizers(cst.CSTVisitor):
+    def __init__(self, aliases: Set[str]) -> None:
+        self.aliases = aliases
+        self.calls: List[cst.Call] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if hvd_attr_name(node.func, self.aliases) == "DistributedOptimizer":
+            self.calls.append(node)
+
+
+def _start(facts: _Facts, node: cst.CSTNode) -> Tuple[int, int]:
+    pos = facts.positions[node].start
+    return pos.line, pos.column
+
+
+def _inside(facts: _Facts, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+    inner, rng = facts.positions[node], facts.positions[outer]
+    return (rng.start.line, rng.start.column) <= (inner.start.line, inner.start.column) and (
+        inner.end.line,
+        inner.end.column,
+    ) <= (rng.end.line, rng.end.column)
+
+
+def _literal(node: Optional[cst.BaseExpression]) -> Optional[str]:
+    return None if node is None else code_of(node).strip()
+
+
+def _check_options(call: cst.Call, ctx: RewriteContext) -> Tuple[Optional[str], bool, List[str]]:
+    """(error, fp16, notes) for the options of a DistributedOptimizer call."""
+    kw = keyword_args(call)
+    known = {"named_parameters", "compression", "backward_passes_per_step", "op",
+             "gradient_predivide_factor", "num_groups", "groups", "sparse_as_dense"}
+    for name in kw:
+        if name == "process_set":
+            return "process_set=: DDP takes process_group=dist.new_group(ranks); rewrite by hand", False, []
+        if name not in known:
+            return f"unknown argument {name}=", False, []
+    notes: List[str] = []
+    fp16 = False
+    if "compression" in kw:
+        comp = hvd_attr_name(kw["compression"].value, ctx.hvd_aliases)
+        if comp == "Compression.fp16":
+            fp16 = True
+        elif comp != "Compression.none":
+            return f"compression={code_of(kw['compression'].value)} is not Compression.none/fp16", False, []
+    bpps = _literal(kw["backward_passes_per_step"].value) if "backward_passes_per_step" in kw else "1"
+    if bpps != "1":
+        return (
+            f"backward_passes_per_step={bpps}: DDP needs `with ddp_model.no_sync():` around all but "
+            "the last backward() of every group; the rewriter cannot prove the loop shape, and "
+            "syncing every pass instead would change the training",
+            False,
+            [],
+        )
+    if "op" in kw:
+        op = hvd_attr_name(kw["op"].value, ctx.hvd_aliases)
+        if op == "Adasum":
+            return "op=Adasum has no torch.distributed/DDP equivalent", False, []
+        if op != "Average":
+            return f"op={code_of(kw['op'].value)}: DDP always averages gradients", False, []
+    if "gradient_predivide_factor" in kw and _literal(kw["gradient_predivide_factor"].value) not in ("1", "1.0"):
+        return "gradient_predivide_factor: needs a custom DDP comm hook", False, []
+    if "sparse_as_dense" in kw and _literal(kw["sparse_as_dense"].value) != "False":
+        return "sparse_as_dense=True: DDP reduces sparse gradients differently; decide by hand", False, []
+    if "groups" in kw or "num_groups" in kw:
+        notes.append("groups/num_groups dropped (only fusion grouping; DDP buckets gradients itself)")
+    return None, fp16, notes
+
+
+def _model_name(call: cst.Call) -> Optional[str]:
+    """``M`` from ``named_parameters=M.named_parameters()`` (keyword or 2nd positional)."""
+    kw = keyword_args(call)
+    pos = positional_args(call)
+    value = kw["named_parameters"].value if "named_parameters" in kw else pos[1].value if len(pos) > 1 else None
+    if (
+        isinstance(value, cst.Call)
+        and not value.args
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value == "named_parameters"
+        and isinstance(value.func.value, cst.Name)
+    ):
+        return value.func.value.value
+    return None
+
+
+def _references(scope: Scope, name: str) -> Tuple[list, list]:
+    """(accesses, assignments) of the binding `name` visible from `scope`."""
+    assignments = [a for a in scope[name] if hasattr(a, "node")]
+    accesses: Dict[int, object] = {}
+    for assignment in assignments:
+        for access in assignment.references:
+            accesses[id(access.node)] = access
+    return list(accesses.values()), assignments
+
+
+def _unique_name(base: str, taken: Set[str]) -> str:
+    name, i = base, 2
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name
+
+
+def _mentions(stmt: cst.CSTNode, model: str) -> bool:
+    text = code_of(stmt)
+    return bool(re.search(rf"\b{re.escape(model)}\b", text)) or "rank" in text
+
+
+def _redundant_broadcasts(
+    stmt: cst.SimpleStatementLine, model: str, facts: _Facts, ctx: RewriteContext
+) -> List[cst.SimpleStatementLine]:
+    """``hvd.broadcast_parameters(M.state_dict()|M.named_parameters(), root_rank=0)`` statements
+    in the same block as the wrap, with nothing between them that touches ``M`` or mentions a rank."""
+    block = facts.parents.get(stmt)
+    body: Sequence[cst.CSTNode] = getattr(block, "body", ())
+    if stmt not in body:
+        return []
+    body = list(body)
+    here = body.index(stmt)
+    found = []
+    for i, other in enumerate(body):
+        if not (isinstance(other, cst.SimpleStatementLine) and len(other.body) == 1):
+            continue
+        expr = other.body[0]
+        if not (isinstance(expr, cst.Expr) and isinstance(expr.value, cst.Call)):
+            continue
+        call = expr.value
+        if hvd_attr_name(call.func, ctx.hvd_aliases) != "broadcast_parameters":
+            continue
+        pos, kw = positional_args(call), keyword_args(call)
+        if has_star_args(call) or not pos or set(kw) - {"root_rank"}:
+            continue
+        root = kw["root_rank"].value if "root_rank" in kw else pos[1].value if len(pos) > 1 else None
+        target = pos[0].value
+        if _literal(root) != "0" or _literal(target) not in (f"{model}.state_dict()", f"{model}.named_parameters()"):
+            continue
+        lo, hi = sorted((i, here))
+        between = [s for s in body[lo + 1 : hi] if s is not stmt and s is not other]
+        if any(_mentions(s, model) for s in between):
+            continue
+        found.append(other)
+    return found
+
+
+def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx: RewriteContext,
+              plan: OptimizerPlan) -> Optional[str]:
+    """Plan the rewrite of one DistributedOptimizer statement; the reason when it cannot be done."""
+    assign = stmt.body[0]
+    assert isinstance(assign, cst.Assign)
+    target = assign.targets[0].target
+    if not isinstance(target, cst.Name):
+        return "the optimizer must be assigned to a plain name"
+    pos = positional_args(call)
+    if has_star_args(call) or not 1 <= len(pos) <= 2:
+        return "arguments not understood (expected the optimizer and named_parameters=)"
+    model = _model_name(call)
+    if model is None:
+        return (
+            "cannot tell which model this optimizer trains: pass "
+            "named_parameters=model.named_parameters() or wrap the model in DDP by hand"
+        )
+    error, fp16, notes = _check_options(call, ctx)
+    if error:
+        return error
+    scope = facts.scopes.get(call)
+    if scope is None:
+        return "could not resolve the scope of this statement"
+    if isinstance(scope, GlobalScope) and model in facts.names_elsewhere:
+        return f"`{model}` is also used in another notebook cell, which the rewriter cannot follow"
+    here = _start(facts, stmt)
+    accesses, assignments = _references(scope, model)
+    for assignment in assignments:
+        if assignment.scope is not scope:
+            return (
+                f"`{model}` is bound outside the scope of this statement; the rewriter cannot "
+                "follow every use of the model"
+            )
+        if _start(facts, assignment.node) > here:
+            return (
+                f"`{model}` is re-bound at line {facts.positions[assignment.node].start.line}; "
+                "the rewriter cannot follow which module DDP must wrap"
+            )
+    renames: Dict[cst.Name, str] = {}
+    ddp_name = f"ddp_{model}"
+    for access in accesses:
+        node = access.node
+        if _inside(facts, node, stmt):
+            continue
+        if access.scope is scope and _start(facts, node) < here:
+            continue
+        line = facts.positions[node].start.line
+        parent = facts.parents.get(node)
+        if isinstance(parent, cst.Call) and parent.func is node:
+            renames[node] = ddp_name
+        elif isinstance(parent, cst.Attribute) and parent.value is node:
+            if parent.attr.value == "forward":
+                return f"`{model}.forward(...)` at line {line} would bypass DistributedDataParallel"
+        else:
+            return (
+                f"`{model}` is used as a value at line {line} (e.g. passed to a function); the "
+                "rewriter cannot prove every forward pass then goes through DistributedDataParallel"
+            )
+    ddp_name = _unique_name(ddp_name, facts.names_in_module)
+    renames = {node: ddp_name for node in renames}
+
+    lines = [f"{ddp_name} = DDP({model})"]
+    ctx.need(HVD, "DDP")
+    if fp16:
+        lines.append(f"{ddp_name}.register_comm_hook(None, default_hooks.fp16_compress_hook)")
+        ctx.need(HVD, "default_hooks")
+    statements = [cst.parse_statement(line + "\n") for line in lines]
+    statements[0] = statements[0].with_changes(leading_lines=stmt.leading_lines)
+    note = f"-> {ddp_name} = DDP({model}); forward calls of `{model}` now go through {ddp_name}"
+    if fp16:
+        note += "; fp16 compression -> fp16_compress_hook"
+    if notes:
+        note += "; " + "; ".join(notes)
+    plan.replace[stmt] = Rewritten(statements, note)
+    plan.rename.update(renames)
+    for other in _redundant_broadcasts(stmt, model, facts, ctx):
+        plan.remove[other] = "removed: DDP broadcasts parameters and buffers from rank 0 when it wraps the model"
+    _plan_optimizer_uses(scope, target.value, facts, plan)
+    return None
+
+
+def _plan_optimizer_uses(scope: Scope, name: str, facts: _Facts, plan: OptimizerPlan) -> None:
+    """Drop ``opt.synchronize()`` statements and unwrap ``with opt.skip_synchronize():`` blocks."""
+    accesses, _ = _references(scope, name)
+    for access in accesses:
+        attr = facts.parents.get(access.node)
+        if not (isinstance(attr, cst.Attribute) and attr.value is access.node):
+            continue
+        call = facts.parents.get(attr)
+        if not (isinstance(call, cst.Call) and call.func is attr and not call.args):
+            continue
+        holder = facts.parents.get(call)
+        if attr.attr.value == "synchronize" and isinstance(holder, cst.Expr):
+            line = facts.parents.get(holder)
+            if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+                plan.remove[line] = "removed: DDP has already averaged the gradients after backward()"
+        elif attr.attr.value == "skip_synchronize" and isinstance(holder, cst.WithItem):
+            with_node = facts.parents.get(holder)
+            if isinstance(with_node, cst.With) and len(with_node.items) == 1 and holder.asname is None:
+                plan.unwrap.add(with_node)
+
+
+def plan_optimizers(
+    module: cst.Module,
+    positions: Mapping[cst.CSTNode, CodeRange],
+    scopes: Mapping[cst.CSTNode, Optional[Scope]],
+    parents: Mapping[cst.CSTNode, cst.CSTNode],
+    ctx: RewriteContext,
+    names_elsewhere: Set[str],
+) -> OptimizerPlan:
+    """Find every ``hvd.DistributedOptimizer`` call and plan its rewrite or its TODO."""
+    finder = _FindOptimizers(ctx.hvd_aliases)
+    module.visit(finder)
+    plan = OptimizerPlan()
+    names = {n.value for n in _all_names(module)}
+    facts = _Facts(positions, scopes, parents, names, names_elsewhere)
+    for call in finder.calls:
+        assign = parents.get(call)
+        stmt = parents.get(assign) if assign is not None else None
+        if not (
+            isinstance(assign, cst.Assign)
+            and len(assign.targets) == 1
+            and isinstance(stmt, cst.SimpleStatementLine)
+            and len(stmt.body) == 1
+        ):
+            plan.flagged[call] = (
+                "only `opt = hvd.DistributedOptimizer(...)` as a statement of its own is rewritten"
+            )
+            continue
+        reason = _plan_one(stmt, call, facts, ctx, plan)
+        if reason is not None:
+            plan.flagged[call] = reason
+    return plan
+
+
+def _all_names(module: cst.Module) -> List[cst.Name]:
+    class Collect(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.names: List[cst.Name] = []
+
+        def visit_Name(self, node: cst.Name) -> None:
+            self.names.append(node)
+
+    collector = Collect()
+    module.visit(collector)
+    return collector.names

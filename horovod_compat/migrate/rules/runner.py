@@ -1,0 +1,116 @@
+"""Databricks ``HorovodRunner(np=N).run(main, **kwargs)`` -> ``TorchDistributor(...).run(main)``.
+
+* ``np > 0`` ran N ranks as Spark tasks: ``num_processes=N, local_mode=False``.
+* ``np < 0`` ran -N ranks on the driver only: ``num_processes=-N, local_mode=True``.
+* ``np = 0`` was deprecated (one rank per ... nothing sensible today): flagged.
+* HorovodRunner used the GPUs it found; TorchDistributor must be told: ``use_gpu`` becomes
+  ``torch.cuda.is_available()``, evaluated where the distributor is built (the driver).
+* ``run(main, **kwargs)`` called ``main(**kwargs)``; ``TorchDistributor.run(main, *args)`` passes
+  positional arguments only, so keyword arguments are bound with ``functools.partial``.
+* ``driver_log_verbosity`` only chose how much output the driver shows; it is dropped.
+"""
+from __future__ import annotations
+
+from typing import Optional, Set
+
+import libcst as cst
+
+from horovod_compat.migrate.context import (
+    RUNNER,
+    Flagged,
+    Outcome,
+    RewriteContext,
+    Rewritten,
+    code_of,
+    keyword_args,
+    positional_args,
+)
+
+
+def is_runner_constructor(call: cst.Call, runner_names: Set[str]) -> bool:
+    """True for ``HorovodRunner(...)`` (under whatever name it was imported)."""
+    return isinstance(call.func, cst.Name) and call.func.value in runner_names
+
+
+def is_runner_run(call: cst.Call, runner_names: Set[str], runner_vars: Set[str]) -> bool:
+    """True for ``hr.run(...)`` with ``hr = HorovodRunner(...)``, or ``HorovodRunner(...).run(...)``."""
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and func.attr.value == "run"):
+        return False
+    owner = func.value
+    if isinstance(owner, cst.Name):
+        return owner.value in runner_vars
+    return isinstance(owner, cst.Call) and is_runner_constructor(owner, runner_names)
+
+
+def _np_value(node: cst.BaseExpression) -> Optional[int]:
+    if isinstance(node, cst.Integer):
+        return int(node.value)
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.expression, cst.Integer):
+        if isinstance(node.operator, cst.Minus):
+            return -int(node.expression.value)
+        if isinstance(node.operator, cst.Plus):
+            return int(node.expression.value)
+    return None
+
+
+def rewrite_constructor(call: cst.Call, ctx: RewriteContext) -> Outcome:
+    """``HorovodRunner(np=N[, driver_log_verbosity=...])`` -> ``TorchDistributor(...)``."""
+    kw = keyword_args(call)
+    pos = positional_args(call)
+    if set(kw) - {"np", "driver_log_verbosity"} or len(pos) > 1 or (pos and "np" in kw):
+        return Flagged("HorovodRunner arguments not understood (expected np=, driver_log_verbosity=)")
+    if not pos and "np" not in kw:
+        return Flagged("HorovodRunner without np")
+    np_node = pos[0].value if pos else kw["np"].value
+    value = _np_value(np_node)
+    if value == 0:
+        return Flagged("np=0 was deprecated in HorovodRunner; choose num_processes and local_mode")
+    if value is not None:
+        procs, local = str(abs(value)), str(value < 0)
+    elif isinstance(np_node, (cst.Name, cst.Attribute)):
+        text = code_of(np_node)
+        procs, local = f"abs({text})", f"{text} < 0"
+    else:
+        return Flagged(f"np={code_of(np_node)} is not a literal or a name")
+    ctx.need(RUNNER, "TorchDistributor", "torch")
+    text = f"TorchDistributor(num_processes={procs}, local_mode={local}, use_gpu=torch.cuda.is_available())"
+    note = "-> " + text
+    if "driver_log_verbosity" in kw:
+        note += " (driver_log_verbosity dropped: TorchDistributor has no such option)"
+    return Rewritten(cst.parse_expression(text), note)
+
+
+def rewrite_run(call: cst.Call, ctx: RewriteContext) -> Outcome:
+    """``.run(main, **kwargs)`` -> ``.run(functools.partial(main, **kwargs))`` (or ``.run(main)``)."""
+    pos = positional_args(call)
+    star_pos = [a for a in call.args if a.star == "*"]
+    if len(pos) != 1 or star_pos or (call.args and call.args[0].keyword is not None):
+        return Flagged("HorovodRunner.run takes main and keyword arguments only")
+    rest = [a for a in call.args[1:]]
+    if not rest:
+        return Rewritten(call, "run(main) unchanged")
+    ctx.need(RUNNER, "functools")
+    pieces = [code_of(pos[0].value)]
+    for arg in rest:
+        if arg.star == "**":
+            pieces.append("**" + code_of(arg.value))
+        else:
+            pieces.append(f"{arg.keyword.value}={code_of(arg.value)}")
+    partial = cst.parse_expression(f"functools.partial({', '.join(pieces)})")
+    new_call = call.with_changes(args=[cst.Arg(value=partial)])
+    return Rewritten(new_call, "keyword arguments bound with functools.partial (TorchDistributor passes *args only)")
+
+
+class RunnerVarScan(cst.CSTVisitor):
+    """Collect names bound to ``HorovodRunner(...)`` instances (``hr = HorovodRunner(np=2)``)."""
+
+    def __init__(self, runner_names: Set[str], runner_vars: Set[str]) -> None:
+        self.runner_names = runner_names
+        self.runner_vars = runner_vars
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if isinstance(node.value, cst.Call) and is_runner_constructor(node.value, self.runner_names):
+            for target in node.targets:
+                if isinstance(target.target, cst.Name):
+                    self.runner_vars.add(target.target.value)

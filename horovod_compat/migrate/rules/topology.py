@@ -1,0 +1,95 @@
+"""Lifecycle and topology: ``hvd.init/shutdown/rank/size/local_rank/...`` -> torch.distributed.
+
+Under ``torchrun`` or ``TorchDistributor`` every rank has ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``GROUP_RANK`` in its environment, and
+``init_process_group`` reads the rendezvous from ``MASTER_ADDR``/``MASTER_PORT``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Tuple
+
+import libcst as cst
+
+from horovod_compat.migrate.context import HVD, Flagged, Outcome, RewriteContext, Rewritten
+
+#: hvd.X() -> (native expression, names it needs imported, note).  Only zero-argument calls.
+_EXPRESSIONS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
+    "rank": ("dist.get_rank()", ("dist",)),
+    "size": ("dist.get_world_size()", ("dist",)),
+    "local_rank": ('int(os.environ["LOCAL_RANK"])', ("os",)),
+    "local_size": ('int(os.environ["LOCAL_WORLD_SIZE"])', ("os",)),
+    # torchrun numbers its nodes (agents) with GROUP_RANK; it requires the same number of
+    # processes on every node, so the node count is world size / local world size.
+    "cross_rank": ('int(os.environ["GROUP_RANK"])', ("os",)),
+    "cross_size": ('dist.get_world_size() // int(os.environ["LOCAL_WORLD_SIZE"])', ("dist", "os")),
+    "is_initialized": ("dist.is_initialized()", ("dist",)),
+    # Capability queries: Horovod reports what it was built with; the native question is what
+    # this torch build offers.  Truthiness matches (nccl_built returned a version int).
+    "nccl_built": ("dist.is_nccl_available()", ("dist",)),
+    "gloo_built": ("dist.is_gloo_available()", ("dist",)),
+    "gloo_enabled": ("dist.is_gloo_available()", ("dist",)),
+    "mpi_built": ("dist.is_mpi_available()", ("dist",)),
+    "cuda_built": ("torch.backends.cuda.is_built()", ("torch",)),
+}
+
+_INIT = """\
+if not dist.is_initialized():
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+"""
+_SET_DEVICE = """\
+if torch.cuda.is_available():
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+"""
+_SHUTDOWN = """\
+if dist.is_initialized():
+    dist.destroy_process_group()
+"""
+
+
+def rewrite_call(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
+    """``hvd.rank()`` and friends as expressions."""
+    native = _EXPRESSIONS[name]
+    if call.args:
+        return Flagged(f"hvd.{name}() called with arguments; the rewriter knows only the no-argument form")
+    text, imports = native
+    ctx.need(HVD, *imports)
+    return Rewritten(cst.parse_expression(text), f"-> {text}")
+
+
+def _statements(*sources: str) -> List[cst.BaseStatement]:
+    return [cst.parse_statement(src) for src in sources]
+
+
+def rewrite_init(call: cst.Call, ctx: RewriteContext) -> Outcome:
+    """``hvd.init()`` as a statement -> process group (gloo on CPU, nccl on CUDA) + device pinning.
+
+    Horovod allowed ``init()`` twice, hence the ``is_initialized`` guard.  Arguments (an MPI
+    communicator, a rank list, process sets) have no torchrun equivalent and are flagged.
+    """
+    if call.args:
+        return Flagged(
+            "hvd.init() with a communicator/process_sets has no torchrun equivalent; "
+            "use dist.new_group(ranks) after dist.init_process_group()"
+        )
+    ctx.need(HVD, "dist", "torch", "os")
+    return Rewritten(
+        _statements(_INIT, _SET_DEVICE),
+        "-> dist.init_process_group(nccl on CUDA else gloo) + torch.cuda.set_device(LOCAL_RANK)",
+    )
+
+
+def rewrite_shutdown(call: cst.Call, ctx: RewriteContext) -> Outcome:
+    """``hvd.shutdown()`` as a statement -> ``dist.destroy_process_group()`` when initialized."""
+    if call.args:
+        return Flagged("hvd.shutdown() with arguments is not understood")
+    ctx.need(HVD, "dist")
+    return Rewritten(_statements(_SHUTDOWN), "-> dist.destroy_process_group()")
+
+
+CALLS: Dict[str, Callable[[str, cst.Call, RewriteContext], Outcome]] = {
+    name: rewrite_call for name in _EXPRESSIONS
+}
+STATEMENTS: Dict[str, Callable[[cst.Call, RewriteContext], Outcome]] = {
+    "init": rewrite_init,
+    "shutdown": rewrite_shutdown,
+}

@@ -1,0 +1,222 @@
+"""The libcst transformer that applies the rewrite rules to one module and places TODO comments.
+
+Rules live in ``rules/``; this file only dispatches: ``hvd.X(...)`` calls go to the rule
+registered for ``X``, statement-shaped rewrites (``hvd.init()``, the optimizer wrap) replace whole
+statements, and anything no rule handles gets a TODO comment above its statement.  Line numbers
+in findings are those of the input.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Union
+
+import libcst as cst
+from libcst.metadata import PositionProvider
+
+from horovod_compat.migrate.context import Flagged, Outcome, RewriteContext, Rewritten, hvd_attr_name
+from horovod_compat.migrate.report import todo_comment
+from horovod_compat.migrate.rules import collectives, runner, sampler, state_sync, topology
+from horovod_compat.migrate.rules.flags import reason_for
+from horovod_compat.migrate.rules.optimizer import OptimizerPlan
+
+CallRule = Callable[[str, cst.Call, RewriteContext], Outcome]
+
+CALL_RULES: Dict[str, CallRule] = {
+    **topology.CALLS,
+    **collectives.CALLS,
+    **state_sync.CALLS,
+}
+STATEMENT_RULES = topology.STATEMENTS
+
+_COMPOUND = (
+    cst.If, cst.For, cst.While, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef, cst.ExceptHandler,
+)
+
+
+class _Frame:
+    """One statement being rewritten: TODO comments to attach above it."""
+
+    def __init__(self) -> None:
+        self.todos: List[str] = []
+
+
+class HorovodTransformer(cst.CSTTransformer):
+    """Rewrite ``hvd.*`` uses in one module according to the rules and an optimizer plan."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, ctx: RewriteContext, plan: OptimizerPlan,
+                 unsupported_imports: Dict[cst.CSTNode, str]) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.plan = plan
+        self.unsupported_imports = unsupported_imports
+        self.frames: List[_Frame] = []
+        self.statement_calls: Dict[cst.Call, Outcome] = {}
+        self.hvd_call_depth = 0
+        self.inner_attributes: set = set()
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _line(self, node: cst.CSTNode) -> int:
+        return self.get_metadata(PositionProvider, node).start.line
+
+    def _flag(self, node: cst.CSTNode, name: str, message: str) -> None:
+        self.ctx.todo(self._line(node), name, message)
+        if self.frames:
+            text = todo_comment(name, message)
+            if text not in self.frames[-1].todos:
+                self.frames[-1].todos.append(text)
+
+    def _with_todos(self, node: cst.CSTNode, frame: _Frame) -> cst.CSTNode:
+        if not frame.todos or not hasattr(node, "leading_lines"):
+            return node
+        present = {line.comment.value for line in node.leading_lines if line.comment is not None}
+        comments = [cst.EmptyLine(comment=cst.Comment(t)) for t in frame.todos if t not in present]
+        return node.with_changes(leading_lines=[*node.leading_lines, *comments])
+
+    # -- statements --------------------------------------------------------------------------
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> Optional[bool]:
+        self.frames.append(_Frame())
+        if node in self.plan.remove:
+            return False  # the whole statement goes; rewriting inside it would only add noise
+        if len(node.body) == 1 and isinstance(node.body[0], cst.Expr) and isinstance(node.body[0].value, cst.Call):
+            call = node.body[0].value
+            name = hvd_attr_name(call.func, self.ctx.hvd_aliases)
+            if name in STATEMENT_RULES:
+                self.statement_calls[call] = STATEMENT_RULES[name](call, self.ctx)
+        for small in node.body:
+            if small in self.unsupported_imports:
+                self._flag(small, "import", self.unsupported_imports[small])
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> Union[cst.BaseStatement, cst.FlattenSentinel, cst.RemovalSentinel]:
+        frame = self.frames.pop()
+        line = self._line(original_node)
+        if original_node in self.plan.remove:
+            self.ctx.rewrite(line, "statement", self.plan.remove[original_node])
+            return cst.RemoveFromParent()
+        replacement: Optional[List[cst.BaseStatement]] = None
+        if original_node in self.plan.replace:
+            outcome = self.plan.replace[original_node]
+            self.ctx.rewrite(line, "hvd.DistributedOptimizer", outcome.note)
+            replacement = list(outcome.node)
+            call = updated_node.body[0].value  # type: ignore[attr-defined]
+            target = original_node.body[0].targets[0].target  # type: ignore[attr-defined]
+            inner = call.args[0].value
+            if not (isinstance(inner, cst.Name) and inner.value == target.value):
+                # `opt = <inner optimizer>`, from the updated tree so hvd.* inside is rewritten too
+                replacement.append(cst.SimpleStatementLine(
+                    [cst.Assign([cst.AssignTarget(cst.Name(target.value))], inner)]))
+        elif len(original_node.body) == 1 and isinstance(original_node.body[0], cst.Expr):
+            outcome = self.statement_calls.get(original_node.body[0].value)
+            if isinstance(outcome, Rewritten):
+                name = hvd_attr_name(original_node.body[0].value.func, self.ctx.hvd_aliases)
+                self.ctx.rewrite(line, f"hvd.{name}", outcome.note)
+                replacement = list(outcome.node)
+        if replacement is None:
+            return self._with_todos(updated_node, frame)
+        first = replacement[0].with_changes(leading_lines=updated_node.leading_lines)
+        replacement[0] = self._with_todos(first, frame)
+        return cst.FlattenSentinel(replacement)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, _COMPOUND):
+            self.frames.append(_Frame())
+        if isinstance(node, cst.Call) and hvd_attr_name(node.func, self.ctx.hvd_aliases):
+            self.hvd_call_depth += 1
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
+        result = super().on_leave(original_node, updated_node)
+        if isinstance(original_node, cst.Call) and hvd_attr_name(original_node.func, self.ctx.hvd_aliases):
+            self.hvd_call_depth -= 1
+        if isinstance(original_node, _COMPOUND):
+            frame = self.frames.pop()
+            if isinstance(result, cst.CSTNode):
+                result = self._with_todos(result, frame)
+            elif isinstance(result, cst.FlattenSentinel) and len(result.nodes):
+                nodes = list(result.nodes)
+                nodes[0] = self._with_todos(nodes[0], frame)
+                result = cst.FlattenSentinel(nodes)
+        return result
+
+    def leave_With(self, original_node: cst.With, updated_node: cst.With):  # type: ignore[override]
+        if original_node in self.plan.unwrap and isinstance(updated_node.body, cst.IndentedBlock):
+            self.ctx.rewrite(self._line(original_node), "skip_synchronize",
+                             "unwrapped: DDP gradients are already averaged, step() needs no sync")
+            body = list(updated_node.body.body)
+            if body:
+                body[0] = body[0].with_changes(leading_lines=[*updated_node.leading_lines, *body[0].leading_lines])
+            return cst.FlattenSentinel(body)
+        return updated_node
+
+    # -- expressions ------------------------------------------------------------------------
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+        if original_node in self.plan.rename:
+            return updated_node.with_changes(value=self.plan.rename[original_node])
+        return updated_node
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if isinstance(node.value, cst.Attribute):
+            self.inner_attributes.add(node.value)
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+        # A bare hvd.X: not a call (hvd calls raise hvd_call_depth) nor inside an hvd call, whose
+        # own outcome covers it; flagged once, at its outermost attribute.
+        name = hvd_attr_name(original_node, self.ctx.hvd_aliases)
+        if name is None or self.hvd_call_depth > 0 or original_node in self.inner_attributes:
+            return updated_node
+        self._flag(original_node, f"hvd.{name}", reason_for(name))
+        return updated_node
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        line = self._line(original_node)
+        shared = self.ctx.shared
+        if runner.is_runner_constructor(original_node, shared.runner_names):
+            return self._apply(original_node, updated_node, "HorovodRunner", runner.rewrite_constructor(updated_node, self.ctx))
+        if runner.is_runner_run(original_node, shared.runner_names, shared.runner_vars):
+            return self._apply(original_node, updated_node, "HorovodRunner.run", runner.rewrite_run(updated_node, self.ctx))
+        if sampler.is_sampler(original_node):
+            return sampler.rewrite_sampler(original_node, updated_node, self.ctx, line)
+        name = hvd_attr_name(original_node.func, self.ctx.hvd_aliases)
+        if name is None:
+            return updated_node
+        if original_node in self.statement_calls:
+            outcome = self.statement_calls[original_node]
+            if isinstance(outcome, Flagged):
+                self._flag(original_node, f"hvd.{name}", outcome.message)
+            return updated_node
+        if name == "DistributedOptimizer" and original_node not in self.plan.flagged:
+            return updated_node  # its statement is replaced in leave_SimpleStatementLine
+        if original_node in self.plan.flagged:
+            self._flag(original_node, f"hvd.{name}", self.plan.flagged[original_node])
+            return updated_node
+        if name in ("init", "shutdown"):
+            self._flag(original_node, f"hvd.{name}", "only rewritten as a statement of its own")
+            return updated_node
+        rule = CALL_RULES.get(name)
+        if rule is None:
+            self._flag(original_node, f"hvd.{name}", reason_for(name))
+            return updated_node
+        return self._apply(original_node, updated_node, f"hvd.{name}", rule(name, updated_node, self.ctx))
+
+    def _apply(self, original: cst.Call, updated: cst.Call, label: str, outcome: Outcome) -> cst.BaseExpression:
+        if isinstance(outcome, Flagged):
+            self._flag(original, label, outcome.message)
+            return updated
+        node = outcome.node
+        assert isinstance(node, cst.BaseExpression)
+        if node is not updated:
+            self.ctx.rewrite(self._line(original), label, outcome.note)
+        if updated.lpar:
+            return node.with_changes(lpar=updated.lpar, rpar=updated.rpar)
+        if not isinstance(node, (cst.Call, cst.Name, cst.Attribute, cst.Subscript)):
+            # e.g. `a // b` replacing a call inside `x / hvd.cross_size()`: keep precedence.
+            return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        return node
+
+    def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString) -> cst.SimpleString:
+        if "HOROVOD_TIMELINE" in original_node.value:
+            self._flag(original_node, "HOROVOD_TIMELINE",
+                       "has no effect without Horovod; record with torch.profiler instead (see the guide)")
+        return updated_node
