@@ -9,7 +9,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 stamp="$venv/.horovod-compat-installed"
 if [ ! -f "$stamp" ] || [ "$root/setup.cfg" -nt "$stamp" ] || [ "$root/constraints.txt" -nt "$stamp" ]; then
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
     -c "$root/constraints.txt" -e "$root[test]" >&2
   touch "$stamp"
 fi
