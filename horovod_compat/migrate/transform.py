@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Optional, Union
 
 import libcst as cst
-from libcst.metadata import PositionProvider
+from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from horovod_compat.migrate.context import Flagged, Outcome, RewriteContext, Rewritten, hvd_attr_name
 from horovod_compat.migrate.report import todo_comment
@@ -42,7 +42,7 @@ class _Frame:
 class HorovodTransformer(cst.CSTTransformer):
     """Rewrite ``hvd.*`` uses in one module according to the rules and an optimizer plan."""
 
-    METADATA_DEPENDENCIES = (PositionProvider,)
+    METADATA_DEPENDENCIES = (PositionProvider, ParentNodeProvider)
 
     def __init__(self, ctx: RewriteContext, plan: OptimizerPlan,
                  unsupported_imports: Dict[cst.CSTNode, str]) -> None:
@@ -69,9 +69,23 @@ class HorovodTransformer(cst.CSTTransformer):
     def _with_todos(self, node: cst.CSTNode, frame: _Frame) -> cst.CSTNode:
         if not frame.todos or not hasattr(node, "leading_lines"):
             return node
-        present = {line.comment.value for line in node.leading_lines if line.comment is not None}
-        comments = [cst.EmptyLine(comment=cst.Comment(t)) for t in frame.todos if t not in present]
+        # A TODO for the same name already above the statement (a re-run) is not repeated.
+        present = [line.comment.value for line in node.leading_lines if line.comment is not None]
+        comments = [
+            cst.EmptyLine(comment=cst.Comment(t))
+            for t in frame.todos
+            if not any(p.startswith(t.split(": ", 2)[0] + ": " + t.split(": ", 2)[1] + ":") for p in present)
+        ]
         return node.with_changes(leading_lines=[*node.leading_lines, *comments])
+
+    def _next_pins_device(self, node: cst.SimpleStatementLine) -> bool:
+        """True when the statement after `node` already calls torch.cuda.set_device (the usual
+        Horovod idiom right after hvd.init()), so the rewrite need not pin the device again."""
+        block = self.get_metadata(ParentNodeProvider, node, None)
+        body = list(getattr(block, "body", ()))
+        if node not in body or body.index(node) + 1 >= len(body):
+            return False
+        return "set_device(" in cst.Module([]).code_for_node(body[body.index(node) + 1])
 
     # -- statements --------------------------------------------------------------------------
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> Optional[bool]:
@@ -81,7 +95,10 @@ class HorovodTransformer(cst.CSTTransformer):
         if len(node.body) == 1 and isinstance(node.body[0], cst.Expr) and isinstance(node.body[0].value, cst.Call):
             call = node.body[0].value
             name = hvd_attr_name(call.func, self.ctx.hvd_aliases)
-            if name in STATEMENT_RULES:
+            if name == "init":
+                self.statement_calls[call] = topology.rewrite_init(
+                    call, self.ctx, pin_device=not self._next_pins_device(node))
+            elif name in STATEMENT_RULES:
                 self.statement_calls[call] = STATEMENT_RULES[name](call, self.ctx)
         for small in node.body:
             if small in self.unsupported_imports:

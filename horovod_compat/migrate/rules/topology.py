@@ -60,10 +60,11 @@ def _statements(*sources: str) -> List[cst.BaseStatement]:
     return [cst.parse_statement(src) for src in sources]
 
 
-def rewrite_init(call: cst.Call, ctx: RewriteContext) -> Outcome:
+def rewrite_init(call: cst.Call, ctx: RewriteContext, pin_device: bool = True) -> Outcome:
     """``hvd.init()`` as a statement -> process group (gloo on CPU, nccl on CUDA) + device pinning.
 
-    Horovod allowed ``init()`` twice, hence the ``is_initialized`` guard.  Arguments (an MPI
+    Horovod allowed ``init()`` twice, hence the ``is_initialized`` guard.  When the next statement
+    already calls ``torch.cuda.set_device`` (the Horovod idiom), the device is not pinned twice.  Arguments (an MPI
     communicator, a rank list, process sets) have no torchrun equivalent and are flagged.
     """
     if call.args:
@@ -71,6 +72,9 @@ def rewrite_init(call: cst.Call, ctx: RewriteContext) -> Outcome:
             "hvd.init() with a communicator/process_sets has no torchrun equivalent; "
             "use dist.new_group(ranks) after dist.init_process_group()"
         )
+    if not pin_device:  # the script pins its device itself, right after hvd.init()
+        ctx.need(HVD, "dist", "torch")
+        return Rewritten(_statements(_INIT), "-> dist.init_process_group(nccl on CUDA else gloo)")
     ctx.need(HVD, "dist", "torch", "os")
     return Rewritten(
         _statements(_INIT, _SET_DEVICE),

@@ -1,0 +1,128 @@
+"""Command line: ``python -m horovod_compat.migrate SRC... [-o OUT] [--diff] [--check] [-v]``.
+
+* Without options, each changed file is rewritten in place.
+* ``-o OUT`` writes every input's result under OUT instead (a file path when there is a single
+  input file and OUT is not an existing directory; otherwise a directory mirroring the inputs).
+* ``--diff`` prints a unified diff and writes nothing (unless ``-o`` is also given).
+* ``--check`` writes nothing and exits 1 when any file would change or has a TODO (for CI).
+* The report (TODOs with file:line, ``-v`` adds every rewrite) goes to stderr.
+
+Exit status: 0 success, 1 ``--check`` found work, 2 bad input (missing file, syntax error).
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence, TextIO, Tuple
+
+from horovod_compat.migrate.engine import MigrationError, migrate_source
+from horovod_compat.migrate.notebook import migrate_notebook
+from horovod_compat.migrate.report import Finding, Kind, write_report
+
+_SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".ipynb_checkpoints", "node_modules"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="horovod-compat-migrate",
+        description="Rewrite Horovod PyTorch code (import horovod.torch as hvd, HorovodRunner) "
+        "into native torch.distributed / DistributedDataParallel code.",
+    )
+    parser.add_argument("sources", nargs="+", metavar="SRC", help=".py or .ipynb files, or directories")
+    parser.add_argument("-o", "--output", metavar="OUT", help="write results here instead of in place")
+    parser.add_argument("--diff", action="store_true", help="print a unified diff; write nothing unless -o")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything would change or needs a TODO")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also list every rewrite in the report")
+    return parser
+
+
+def collect_sources(sources: Sequence[str]) -> List[Tuple[Path, Path]]:
+    """``(file, path relative to its SRC argument)`` for every input file.
+
+    Raises FileNotFoundError naming a SRC that does not exist.
+    """
+    files: List[Tuple[Path, Path]] = []
+    for source in sources:
+        path = Path(source)
+        if path.is_file():
+            files.append((path, Path(path.name)))
+        elif path.is_dir():
+            for root, dirs, names in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+                for name in sorted(names):
+                    if name.endswith((".py", ".ipynb")):
+                        full = Path(root) / name
+                        files.append((full, full.relative_to(path)))
+        else:
+            raise FileNotFoundError(source)
+    return files
+
+
+def migrate_file(path: Path, text: str) -> Tuple[str, List[Finding], List[Tuple[str, str, str]]]:
+    """Rewrite one file's text: (new text, findings, [(label, old, new)] pieces to diff)."""
+    location = str(path)
+    if path.suffix == ".ipynb":
+        new_text, results, indices = migrate_notebook(text, location)
+        findings = [f for r in results for f in r.findings]
+        pieces = [(f"{location}[cell {i}]", r.original, r.source) for i, r in zip(indices, results) if r.changed]
+        return new_text, findings, pieces
+    result = migrate_source(text, location)
+    return result.source, result.findings, [(location, text, result.source)] if result.changed else []
+
+
+def _output_path(out: Path, rel: Path, single_file: bool) -> Path:
+    if single_file and not out.is_dir():
+        return out
+    return out / rel
+
+
+def _diff(label: str, old: str, new: str, stream: TextIO) -> None:
+    label = label.lstrip("/")
+    for line in difflib.unified_diff(
+        old.splitlines(keepends=True), new.splitlines(keepends=True), f"a/{label}", f"b/{label}"
+    ):
+        stream.write(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+
+
+def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = sys.stdout, stderr: TextIO = sys.stderr) -> int:
+    """Run the command line; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        files = collect_sources(args.sources)
+    except FileNotFoundError as err:
+        stderr.write(f"horovod-compat-migrate: error: {err.args[0]}: no such file or directory\n")
+        return 2
+    single_file = len(args.sources) == 1 and Path(args.sources[0]).is_file()
+    out = Path(args.output) if args.output else None
+    status = 0
+    all_findings: List[Finding] = []
+    would_change = False
+    for path, rel in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+            new_text, findings, pieces = migrate_file(path, text)
+        except (MigrationError, UnicodeDecodeError) as err:
+            stderr.write(f"horovod-compat-migrate: error: {err}\n")
+            status = 2
+            continue
+        all_findings += findings
+        changed = new_text != text
+        would_change |= changed or any(f.kind is Kind.TODO for f in findings)
+        if args.diff:
+            for label, old, new in pieces:
+                _diff(label, old, new, stdout)
+        if args.check:
+            continue
+        if out is not None:
+            target = _output_path(out, rel, single_file)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(new_text, encoding="utf-8")
+        elif changed and not args.diff:
+            path.write_text(new_text, encoding="utf-8")
+    write_report(all_findings, stderr, verbose=args.verbose)
+    if status == 0 and args.check and would_change:
+        status = 1
+    return status

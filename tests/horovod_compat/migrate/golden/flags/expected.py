@@ -1,0 +1,36 @@
+import os
+
+import torch
+import horovod.torch as hvd
+import torch.distributed as dist
+
+# TODO(horovod-compat): HOROVOD_TIMELINE: has no effect without Horovod; record with torch.profiler instead (see the guide)
+os.environ["HOROVOD_TIMELINE"] = "/dbfs/ml/timeline.json"
+if not dist.is_initialized():
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+if torch.cuda.is_available():
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+# TODO(horovod-compat): hvd.start_timeline: the Horovod timeline has no native form; use torch.profiler (see the guide)
+hvd.start_timeline("/tmp/timeline.json")
+# TODO(horovod-compat): hvd.allgather: Horovod concatenates tensors whose first dimension may differ between ranks; dist.all_gather needs equal sizes (gather the sizes first and pad), or use dist.all_gather_object for small data
+gathered = hvd.allgather(torch.ones(dist.get_rank() + 1))
+# TODO(horovod-compat): hvd.allreduce_async: async handles (poll/synchronize) have no one-line native form; use dist.all_reduce(..., async_op=True).wait() and mind that it sums in place
+handle = hvd.allreduce_async(torch.ones(1), name="x")
+# TODO(horovod-compat): hvd.synchronize: async handles (poll/synchronize) have no one-line native form; use dist.all_reduce(..., async_op=True).wait() and mind that it sums in place
+out = hvd.synchronize(handle)
+# TODO(horovod-compat): hvd.join: Horovod's join (uneven inputs: joined ranks add zeros) maps to the torch.distributed.algorithms.Join context manager around the training loop; semantics differ
+last = hvd.join()
+# TODO(horovod-compat): hvd.SyncBatchNorm: use torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before wrapping in DDP (it syncs only inside DDP)
+bn = hvd.SyncBatchNorm(8)
+# TODO(horovod-compat): hvd.ProcessSet: process sets map to dist.new_group(ranks); collectives then take group=
+evens = hvd.ProcessSet([0, 2])
+# TODO(horovod-compat): hvd.Adasum: Adasum has no torch.distributed/DDP equivalent
+op = hvd.Adasum
+try:
+    # TODO(horovod-compat): hvd.barrier: use dist.barrier() (the rewriter does not know if process_set= matters here)
+    hvd.barrier()
+# TODO(horovod-compat): hvd.HorovodInternalError: collective failures surface as torch.distributed.DistBackendError / RuntimeError
+except hvd.HorovodInternalError:
+    pass
+# TODO(horovod-compat): hvd.stop_timeline: the Horovod timeline has no native form; use torch.profiler (see the guide)
+hvd.stop_timeline()

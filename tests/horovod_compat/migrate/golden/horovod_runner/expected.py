@@ -1,0 +1,25 @@
+from sparkdl import HorovodRunner
+import torch
+import functools
+from pyspark.ml.torch.distributor import TorchDistributor
+
+params = {"lr": 0.1}
+np_workers = 4
+
+
+def train(lr=0.01, epochs=1):
+    import os
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    return dist.get_rank()
+
+
+hr = TorchDistributor(num_processes=2, local_mode=False, use_gpu=torch.cuda.is_available())
+hr.run(functools.partial(train, lr=0.1, epochs=2))
+TorchDistributor(num_processes=2, local_mode=True, use_gpu=torch.cuda.is_available()).run(train)
+result = TorchDistributor(num_processes=abs(np_workers), local_mode=np_workers < 0, use_gpu=torch.cuda.is_available()).run(functools.partial(train, **params))
+# TODO(horovod-compat): HorovodRunner: np=0 was deprecated in HorovodRunner; choose num_processes and local_mode
+HorovodRunner(np=0).run(train)

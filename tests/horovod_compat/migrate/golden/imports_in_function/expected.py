@@ -1,0 +1,23 @@
+"""Databricks pattern: every import inside the training function, so it pickles."""
+
+
+def train_hvd(learning_rate):
+    import torch
+    import os
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = torch.nn.Linear(3, 1).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate * dist.get_world_size())
+    ddp_model = DDP(model)
+    for step in range(2):
+        optimizer.zero_grad()
+        loss = ddp_model(torch.ones(4, 3, device=device)).mean()
+        loss.backward()
+        optimizer.step()
+    return loss.item()

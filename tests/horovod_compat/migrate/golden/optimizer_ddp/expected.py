@@ -1,0 +1,29 @@
+import torch
+import torch.nn.functional as F
+import os
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+if not dist.is_initialized():
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+if torch.cuda.is_available():
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+model = torch.nn.Linear(10, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * dist.get_world_size(), momentum=0.9)
+
+# Horovod: wrap the optimizer, then sync the initial state from rank 0.
+ddp_model = DDP(model)
+
+
+def train_step(x, y):
+    model.train()
+    optimizer.zero_grad()
+    loss = F.mse_loss(ddp_model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss
+
+
+if dist.get_rank() == 0:
+    torch.save(model.state_dict(), "/tmp/checkpoint.pt")

@@ -1,0 +1,38 @@
+import torch
+import horovod.torch as hvd
+import os
+import torch.distributed as dist
+
+
+def accumulate():
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # TODO(horovod-compat): hvd.DistributedOptimizer: backward_passes_per_step=4: DDP needs `with ddp_model.no_sync():` around all but the last backward() of every group; the rewriter cannot prove the loop shape, and syncing every pass instead would change the training
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=4)
+    return model, opt
+
+
+def passes_model_around(evaluate):
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # TODO(horovod-compat): hvd.DistributedOptimizer: `model` is used as a value at line 18 (e.g. passed to a function); the rewriter cannot prove every forward pass then goes through DistributedDataParallel
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    evaluate(model)
+
+
+def adasum():
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # TODO(horovod-compat): hvd.DistributedOptimizer: op=Adasum has no torch.distributed/DDP equivalent
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hvd.Adasum)
+
+
+def no_named_parameters(model):
+    # TODO(horovod-compat): hvd.DistributedOptimizer: cannot tell which model this optimizer trains: pass named_parameters=model.named_parameters() or wrap the model in DDP by hand
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    return opt

@@ -1,0 +1,20 @@
+import torch
+import os
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+
+def main():
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    ddp_net = DDP(net)
+    ddp_net.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3 * dist.get_world_size())
+    for _ in range(3):
+        opt.zero_grad()
+        ddp_net(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()

@@ -1,0 +1,18 @@
+import torch
+import os
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+if not dist.is_initialized():
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+if torch.cuda.is_available():
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+dataset = TensorDataset(torch.arange(100.0))
+sampler = DistributedSampler(dataset)
+shuffled = torch.utils.data.distributed.DistributedSampler(
+    dataset,
+    shuffle=True,
+)
+half = DistributedSampler(dataset, num_replicas=dist.get_world_size() // 2, rank=dist.get_rank() // 2)
+loader = DataLoader(dataset, batch_size=10, sampler=sampler)
