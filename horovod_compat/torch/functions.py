@@ -1,0 +1,223 @@
+"""Horovod's helper functions: broadcast of parameters, optimizer state and arbitrary objects, and
+allgather of objects.
+
+They are what nearly every Horovod training script calls right after ``hvd.init()`` to make all ranks
+start from rank 0's weights (``broadcast_parameters``, ``broadcast_optimizer_state``) and to share
+small Python values (``broadcast_object``, ``allgather_object``).
+
+Implementation notes (our own design, not Horovod's):
+- tensors are broadcast fused: one flat buffer per dtype, so a model with hundreds of small tensors
+  costs a handful of collectives, not hundreds;
+- objects travel as cloudpickle bytes: the length first, then the bytes.  Every rank issues the same
+  collectives in the same order whatever object it passes, so -- unlike real Horovod -- ranks passing
+  objects of different types never hang.
+"""
+from __future__ import annotations
+
+import io
+from collections import OrderedDict
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+from . import _backend
+
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object"]
+
+_GLOBAL = object()  # sentinel: "the global process set" (resolved lazily from the core)
+
+
+def _resolve_ps(process_set: Any) -> Any:
+    return _backend.global_process_set() if process_set is _GLOBAL else process_set
+
+
+def _broadcast_tensors_(tensors: Sequence[torch.Tensor], root_rank: int, process_set: Any) -> None:
+    """Broadcast ``tensors`` in place from global rank ``root_rank``, fused into one buffer per dtype.
+
+    All ranks must pass tensors of the same shapes and dtypes in the same order (as Horovod requires).
+    """
+    group = _backend.torch_group(process_set)
+    if _backend.group_size(process_set) == 1 or not tensors:
+        return
+    by_dtype: "OrderedDict[Tuple[torch.dtype, torch.device], List[torch.Tensor]]" = OrderedDict()
+    for t in tensors:
+        by_dtype.setdefault((t.dtype, t.device), []).append(t)
+    with torch.no_grad():
+        for (dtype, device), ts in by_dtype.items():
+            if dtype == torch.bool:
+                flat = torch.cat([t.detach().reshape(-1).to(torch.uint8) for t in ts])
+            else:
+                flat = torch.cat([t.detach().reshape(-1) for t in ts])
+            dist.broadcast(flat, src=root_rank, group=group)
+            offset = 0
+            for t in ts:
+                n = t.numel()
+                t.copy_(flat[offset:offset + n].view_as(t) if dtype != torch.bool
+                        else flat[offset:offset + n].view(t.shape).to(torch.bool))
+                offset += n
+
+
+def broadcast_parameters(params: Union[Mapping[str, torch.Tensor], List[Any]], root_rank: int,
+                         process_set: Any = _GLOBAL) -> None:
+    """Overwrite ``params`` on every rank with the values of ``root_rank`` (in place).
+
+    ``params`` is a ``state_dict`` (broadcast in key order, like Horovod, so every rank agrees on the
+    order), or a list of ``(name, tensor)`` pairs (``list(model.named_parameters())``) or of tensors.
+    Anything else -- e.g. a bare generator -- is a ``ValueError``, as in Horovod.
+    """
+    _backend.check_initialized()
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, list):
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError("invalid params of type: %s" % type(params))
+    tensors = []
+    for name, p in items:
+        if not isinstance(p, torch.Tensor):
+            raise ValueError(f"invalid parameter {name!r} of type: {type(p)}")
+        tensors.append(p.data if isinstance(p, torch.nn.Parameter) else p)
+    _broadcast_tensors_(tensors, root_rank, _resolve_ps(process_set))
+
+
+def _dumps(obj: Any) -> torch.Tensor:
+    buf = io.BytesIO()
+    cloudpickle.dump(obj, buf)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+def _loads(t: torch.Tensor) -> Any:
+    return cloudpickle.loads(t.numpy().tobytes())
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: Any = _GLOBAL) -> Any:
+    """Return ``root_rank``'s ``obj`` on every rank (serialized with cloudpickle).
+
+    Non-root ranks may pass anything (typically None).  ``name`` is accepted for Horovod
+    compatibility; it is not needed to match ranks up, so objects of different types never hang.
+    """
+    process_set = _resolve_ps(process_set)
+    group = _backend.torch_group(process_set)
+    if _backend.group_size(process_set) == 1:
+        return obj
+    is_root = _backend.global_rank() == root_rank
+    payload = _dumps(obj) if is_root else torch.empty(0, dtype=torch.uint8)
+    length = torch.tensor([payload.numel()], dtype=torch.int64)
+    dist.broadcast(length, src=root_rank, group=group)
+    if not is_root:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    dist.broadcast(payload, src=root_rank, group=group)
+    return obj if is_root else _loads(payload)
+
+
+def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = _GLOBAL) -> List[Any]:
+    """Return the list of every rank's ``obj``, in rank order (serialized with cloudpickle).
+
+    Objects may differ in type and size between ranks.
+    """
+    process_set = _resolve_ps(process_set)
+    group = _backend.torch_group(process_set)
+    n = _backend.group_size(process_set)
+    if n == 1:
+        return [obj]
+    payload = _dumps(obj)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+    dist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64), group=group)
+    max_len = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(max_len, dtype=torch.uint8)
+    padded[:payload.numel()] = payload
+    out = [torch.empty(max_len, dtype=torch.uint8) for _ in range(n)]
+    dist.all_gather(out, padded, group=group)
+    return [_loads(o[:int(s.item())]) for o, s in zip(out, sizes)]
+
+
+def _is_distributed_optimizer(optimizer: torch.optim.Optimizer) -> bool:
+    return getattr(optimizer, "_hvd_base", None) is not None
+
+
+def _materialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's lazily built state with one step on zero gradients.
+
+    Horovod does the same (zero grads + one step); unlike Horovod we put the parameters and the
+    gradients back afterwards, so the step has no side effect (e.g. weight decay) on the weights.
+    """
+    saved = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                saved.append((p, p.detach().clone(), p.grad))
+                p.grad = torch.zeros_like(p)
+    base = getattr(optimizer, "_hvd_base", None)
+    if base is not None:
+        # A DistributedOptimizer's step() would all-reduce every gradient; the state only needs a
+        # local step (which every rank takes identically).
+        base.step(optimizer)
+    else:
+        optimizer.step()
+    with torch.no_grad():
+        for p, value, grad in saved:
+            p.copy_(value)
+            p.grad = grad
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              model: Optional[torch.nn.Module] = None,
+                              process_set: Any = _GLOBAL) -> None:
+    """Make the optimizer's state (tensors and per-group scalar options) equal to ``root_rank``'s.
+
+    A fresh optimizer has no state yet; it is first materialized (zero gradients + one step, whose
+    effect on the weights is undone).  ``torch.optim.LBFGS`` keeps state that cannot be broadcast and
+    is a ``ValueError``, as in Horovod.  ``model`` is accepted for Horovod compatibility.
+    """
+    _backend.check_initialized()
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    process_set = _resolve_ps(process_set)
+    if not optimizer.state_dict()["state"]:
+        _materialize_state(optimizer)
+
+    # The structure (options, state keys, scalar values, tensor shapes) comes from the root as one
+    # pickled skeleton; the tensors then travel fused and in place.  Ranks may start from different
+    # structures (e.g. only the root has state): they end with the root's.
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    is_root = _backend.global_rank() == root_rank
+    skeleton = None
+    if is_root:
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        state = {}
+        for i, p in enumerate(params):
+            if p in optimizer.state:
+                entry = {}
+                for k, v in optimizer.state[p].items():
+                    if isinstance(v, torch.Tensor):
+                        entry[k] = ("tensor", tuple(v.shape), v.dtype)
+                    else:
+                        entry[k] = ("value", v)
+                state[i] = entry
+        skeleton = {"groups": groups, "state": state}
+    skeleton = broadcast_object(skeleton, root_rank=root_rank, process_set=process_set)
+
+    if len(skeleton["groups"]) != len(optimizer.param_groups):
+        raise ValueError("optimizer has %d parameter groups on this rank but %d on rank %d"
+                         % (len(optimizer.param_groups), len(skeleton["groups"]), root_rank))
+    for group, options in zip(optimizer.param_groups, skeleton["groups"]):
+        for k, v in options.items():
+            group[k] = v
+    tensors = []
+    for i, entry in sorted(skeleton["state"].items()):
+        p = params[i]
+        st = optimizer.state[p]
+        for k, spec in entry.items():
+            if spec[0] == "value":
+                st[k] = spec[1]
+            else:
+                _, shape, dtype = spec
+                t = st.get(k)
+                if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dtype:
+                    t = torch.zeros(shape, dtype=dtype, device=p.device)
+                    st[k] = t
+                tensors.append(t)
+    _broadcast_tensors_(tensors, root_rank, process_set)

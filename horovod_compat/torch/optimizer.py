@@ -1,0 +1,571 @@
+"""``hvd.DistributedOptimizer``: Horovod's gradient-averaging optimizer wrapper, as fast as DDP.
+
+What it does (Horovod 0.28.1 semantics): wrap any ``torch.optim.Optimizer`` so that ``step()`` applies
+gradients reduced (averaged by default) over the ranks of a process set.  The returned object is an
+instance of a dynamic subclass of the user's optimizer class (same class name, ``isinstance`` holds),
+built from the wrapped optimizer's ``param_groups``.
+
+How (our design, modelled on DDP's reducer rather than on Horovod's background thread):
+- every parameter gets a ``register_post_accumulate_grad_hook``; when its gradient is final (after
+  ``backward_passes_per_step`` backwards) the hook copies it -- scaled, and cast to fp16 under
+  ``Compression.fp16`` -- into its slot of a flat bucket buffer;
+- buckets are size-bounded (``HOROVOD_FUSION_THRESHOLD`` bytes when set, 0 = one tensor per bucket;
+  otherwise DDP's 25 MiB with a 1 MiB first bucket, which keeps backward and communication
+  overlapped) and ordered so that the gradients backward produces first go first: reverse parameter
+  order at first, then, after the first iteration, the arrival order observed on the first rank of
+  the process set (broadcast so every rank builds identical buckets);
+- a full bucket starts ``torch.distributed.all_reduce(async_op=True)`` at once, but only in bucket
+  order, so every rank issues the same collectives in the same order even when gradients arrive in a
+  different order or not at all (no hang, no crossed data);
+- ``synchronize()`` fills whatever never arrived (zeros, as Horovod does), launches the rest, waits,
+  and writes the reduced values back into ``p.grad`` (one extra gradient copy at most, like DDP).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+import weakref
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import _backend
+
+__all__ = ["DistributedOptimizer"]
+
+_MIB = 1024 * 1024
+DEFAULT_BUCKET_BYTES = 25 * _MIB        # DDP's bucket_cap_mb default
+DEFAULT_FIRST_BUCKET_BYTES = 1 * _MIB   # DDP's first bucket: start communicating early
+
+_TOO_MANY_BACKWARDS = ("Gradients were computed more than backward_passes_per_step times before call "
+                       "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
+_ZERO_GRAD_PENDING = ("optimizer.zero_grad() was called after loss.backward() but before "
+                      "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                      "cause a race condition.")
+_STEP_AFTER_SYNC = ("optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                    "consider using optimizer.skip_synchronize() context if you use "
+                    "optimizer.synchronize() in your code.")
+
+_GLOBAL = object()  # sentinel for "the global process set", resolved lazily from the core
+
+
+def _fusion_thresholds() -> Tuple[int, int]:
+    """(first bucket cap, bucket cap) in bytes; 0 means no fusion."""
+    env = os.environ.get("HOROVOD_FUSION_THRESHOLD")
+    if env is not None and env.strip() != "":
+        cap = int(env)
+        return cap, cap
+    return DEFAULT_FIRST_BUCKET_BYTES, DEFAULT_BUCKET_BYTES
+
+
+class _Bucket:
+    """A flat buffer holding the gradients of some parameters, reduced with one collective."""
+
+    __slots__ = ("index", "members", "buffer", "views", "pending", "work", "custom")
+
+    def __init__(self, index: int, members: List[int]):
+        self.index = index
+        self.members = members          # parameter indices, in slot order
+        self.buffer: Optional[torch.Tensor] = None
+        self.views: List[torch.Tensor] = []
+        self.pending = len(members)     # members whose gradient is not in the buffer yet
+        self.work: Any = None
+        self.custom: Optional[list] = None  # custom compression: [(compressed, ctx)] per member
+
+
+class _GradReducer:
+    """The bucketed, overlapped gradient reduction behind ``DistributedOptimizer``.
+
+    Kept apart from the optimizer object so that the per-parameter hooks hold this (small) object
+    only, and so the optimizer can be garbage collected (``__del__`` removes the hooks).
+    """
+
+    def __init__(self, params: List[torch.Tensor], names: List[str], *, op_name: str, compression: Any,
+                 backward_passes_per_step: int, predivide: float, explicit_groups: Optional[List[List[int]]],
+                 sparse_as_dense: bool, process_set: Any):
+        self.params = params
+        self.names = names
+        self.op_name = op_name
+        self.compression = compression
+        self.comp_kind = _backend.compression_kind(compression)
+        self.bpps = backward_passes_per_step
+        self.process_set = process_set
+        self.group = _backend.torch_group(process_set)
+        self.size = _backend.group_size(process_set)
+        self.root = self._first_global_rank()
+        self.sparse_as_dense = sparse_as_dense
+        self.explicit_groups = explicit_groups
+        self.wire_op = _backend.reduce_op_for(op_name)
+        if op_name == "Average":
+            if predivide == 1.0:
+                # Like DDP: divide while copying into the bucket (one pass), nothing afterwards.
+                self.prescale, self.postscale = 1.0 / self.size, 1.0
+            else:
+                # Horovod: prescale 1/f before the sum, postscale f/size after it.
+                self.prescale, self.postscale = 1.0 / predivide, predivide / self.size
+        else:
+            self.prescale, self.postscale = 1.0, 1.0
+        self.delay = [self.bpps] * len(params)
+        self.touched = False            # a hook fired since the last synchronize (Horovod: _handles)
+        self.next_bucket = 0
+        self.sparse_pending: Dict[int, torch.Tensor] = {}
+        self.arrival: Optional[List[int]] = []  # observed order during the first iteration
+        self.rebuilt = False
+        self.buckets: List[_Bucket] = []
+        self.slot: List[Tuple[_Bucket, int]] = []
+        self._build(list(reversed(range(len(params)))))
+        self.handles = []
+        self._register_hooks()
+
+    # ----------------------------------------------------------------------------- bucket layout
+    def _first_global_rank(self) -> int:
+        return _backend.group_ranks(self.process_set)[0]
+
+    def _build(self, order: List[int]) -> None:
+        """Assign parameters (given in expected gradient arrival order) to buckets."""
+        self.buckets = []
+        self.slot = [None] * len(self.params)  # type: ignore[list-item]
+        first_cap, cap = _fusion_thresholds()
+        if self.comp_kind == "custom":
+            first_cap = cap = 0  # compressed tensors may change dtype/shape: reduce one by one
+        grouped: Dict[int, int] = {}
+        if self.explicit_groups:
+            for gi, members in enumerate(self.explicit_groups):
+                for i in members:
+                    grouped[i] = gi
+        layouts: List[List[int]] = []
+        # dtype/device -> [members, bytes used, byte limit] of the bucket still accepting tensors
+        open_by_key: Dict[Any, list] = {}
+        emitted_groups = set()
+        position = {i: k for k, i in enumerate(order)}
+        for i in order:
+            if i in grouped:
+                gi = grouped[i]
+                if gi not in emitted_groups:
+                    emitted_groups.add(gi)
+                    layouts.append(sorted(self.explicit_groups[gi], key=position.__getitem__))
+                continue
+            p = self.params[i]
+            key = (p.dtype, p.device)
+            nbytes = p.numel() * p.element_size()
+            entry = open_by_key.get(key)
+            if entry is not None and entry[1] + nbytes <= entry[2]:
+                entry[0].append(i)
+                entry[1] += nbytes
+                continue
+            members = [i]
+            layouts.append(members)
+            open_by_key[key] = [members, nbytes, first_cap if len(layouts) == 1 else cap]
+        for b_index, members in enumerate(layouts):
+            b = _Bucket(b_index, members)
+            self._allocate(b)
+            for s, i in enumerate(members):
+                self.slot[i] = (b, s)
+            self.buckets.append(b)
+
+    def _allocate(self, b: _Bucket) -> None:
+        if self.comp_kind == "custom":
+            b.custom = [None] * len(b.members)
+            return
+        first = self.params[b.members[0]]
+        dtype = first.dtype
+        if self.comp_kind == "fp16" and first.is_floating_point():
+            dtype = torch.float16
+        total = sum(self.params[i].numel() for i in b.members)
+        b.buffer = torch.zeros(total, dtype=dtype, device=first.device)
+        off = 0
+        for i in b.members:
+            n = self.params[i].numel()
+            b.views.append(b.buffer[off:off + n].view(self.params[i].shape))
+            off += n
+
+    # ----------------------------------------------------------------------------- hooks
+    def _register_hooks(self) -> None:
+        ref = weakref.ref(self)
+        for i, p in enumerate(self.params):
+            def hook(_param: torch.Tensor, i: int = i) -> None:
+                reducer = ref()
+                if reducer is not None:
+                    reducer.on_grad(i)
+            self.handles.append(p.register_post_accumulate_grad_hook(hook))
+
+    def remove_hooks(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def on_grad(self, i: int) -> None:
+        """A gradient was accumulated into ``params[i].grad`` by backward."""
+        d = self.delay[i]
+        if d <= 0:
+            raise AssertionError(_TOO_MANY_BACKWARDS)
+        self.touched = True
+        d -= 1
+        self.delay[i] = d
+        if d:
+            return
+        if self.arrival is not None:
+            self.arrival.append(i)
+        b, s = self.slot[i]
+        self._fill(b, s, i)
+        b.pending -= 1
+        if b.pending == 0 and b.index == self.next_bucket:
+            self._launch_ready()
+
+    def _fill(self, b: _Bucket, s: int, i: int) -> None:
+        """Copy (scaled / compressed) the gradient of ``params[i]`` into its bucket slot."""
+        p = self.params[i]
+        g = p.grad
+        if g is None:
+            # Horovod: a gradient that never arrived is reduced as zeros (other ranks may have one).
+            g = p.grad = torch.zeros_like(p)
+        elif g.is_sparse:
+            if self.sparse_as_dense:
+                g = p.grad = g.to_dense()
+            else:
+                self.sparse_pending[i] = g
+                if b.custom is not None:
+                    b.custom[s] = (None, None)
+                else:
+                    b.views[s].zero_()
+                return
+        if b.custom is not None:
+            c, ctx = self.compression.compress(g)
+            c = c.detach().clone() if c is g else c.detach()
+            if self.prescale != 1.0:
+                c.mul_(self.prescale)
+            b.custom[s] = (c, ctx)
+            return
+        view = b.views[s]
+        if self.prescale != 1.0:
+            torch.mul(g, self.prescale, out=view)
+        else:
+            view.copy_(g)
+
+    def _launch_ready(self) -> None:
+        buckets = self.buckets
+        n = len(buckets)
+        while self.next_bucket < n and buckets[self.next_bucket].pending == 0:
+            self._launch(buckets[self.next_bucket])
+            self.next_bucket += 1
+
+    def _launch(self, b: _Bucket) -> None:
+        if b.custom is None:
+            b.work = dist.all_reduce(b.buffer, op=self.wire_op, group=self.group, async_op=True)
+            return
+        works = []
+        for c, _ctx in b.custom:
+            if c is not None:
+                works.append(dist.all_reduce(c, op=self.wire_op, group=self.group, async_op=True))
+        b.work = works
+
+    # ----------------------------------------------------------------------------- synchronize
+    def synchronize(self) -> None:
+        """Reduce every gradient (missing ones as zeros), wait, and write results into ``p.grad``."""
+        for b in self.buckets[self.next_bucket:]:
+            if b.pending:
+                for s, i in enumerate(b.members):
+                    if self.delay[i] > 0:
+                        self.delay[i] = 0
+                        self._fill(b, s, i)
+                b.pending = 0
+        self._launch_ready()
+        post = self.postscale
+        for b in self.buckets:
+            work = b.work
+            if isinstance(work, list):
+                for w in work:
+                    w.wait()
+            elif work is not None:
+                work.wait()
+            b.work = None
+            if b.custom is not None:
+                for s, i in enumerate(b.members):
+                    c, ctx = b.custom[s]
+                    if c is None:
+                        continue
+                    if post != 1.0:
+                        c.mul_(post)
+                    out = self.compression.decompress(c, ctx)
+                    self.params[i].grad.copy_(out)
+                    b.custom[s] = None
+            else:
+                grads = []
+                views = []
+                for s, i in enumerate(b.members):
+                    if i in self.sparse_pending:
+                        continue
+                    grads.append(self.params[i].grad)
+                    views.append(b.views[s])
+                if post != 1.0:
+                    for g, v in zip(grads, views):
+                        torch.mul(v, post, out=g)
+                elif grads:
+                    torch._foreach_copy_(grads, views)
+            b.pending = len(b.members)
+        if self.sparse_pending:
+            for i in sorted(self.sparse_pending):
+                self.params[i].grad = self._sparse_allreduce(self.sparse_pending[i])
+            self.sparse_pending.clear()
+        self.next_bucket = 0
+        self.delay = [self.bpps] * len(self.params)
+        self.touched = False
+        if self.arrival is not None:
+            self._maybe_rebuild()
+
+    def _sparse_allreduce(self, g: torch.Tensor) -> torch.Tensor:
+        """Reduce a sparse gradient by allgather of its indices and values (Horovod's method)."""
+        g = g.coalesce()
+        idx, val = g.indices(), g.values()
+        counts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+        dist.all_gather(counts, torch.tensor([idx.shape[1]], dtype=torch.int64), group=self.group)
+        n_max = max(int(c.item()) for c in counts)
+        pad_idx = torch.zeros((idx.shape[0], n_max), dtype=idx.dtype)
+        pad_idx[:, :idx.shape[1]] = idx
+        pad_val = torch.zeros((n_max,) + tuple(val.shape[1:]), dtype=val.dtype)
+        pad_val[:val.shape[0]] = val
+        all_idx = [torch.empty_like(pad_idx) for _ in range(self.size)]
+        all_val = [torch.empty_like(pad_val) for _ in range(self.size)]
+        dist.all_gather(all_idx, pad_idx, group=self.group)
+        dist.all_gather(all_val, pad_val, group=self.group)
+        idx = torch.cat([t[:, :int(c.item())] for t, c in zip(all_idx, counts)], dim=1)
+        val = torch.cat([t[:int(c.item())] for t, c in zip(all_val, counts)], dim=0)
+        if self.op_name == "Average":
+            val = val / self.size
+        return torch.sparse_coo_tensor(idx, val, g.shape).coalesce()
+
+    def _maybe_rebuild(self) -> None:
+        """After the first iteration, rebuild buckets in the arrival order the first rank observed."""
+        seen = self.arrival or []
+        self.arrival = None
+        order = list(dict.fromkeys(seen))
+        order += [i for i in reversed(range(len(self.params))) if i not in set(order)]
+        t = torch.tensor(order, dtype=torch.int64)
+        dist.broadcast(t, src=self.root, group=self.group)
+        order = t.tolist()
+        if order != list(reversed(range(len(self.params)))):
+            for b in self.buckets:
+                b.buffer = None
+                b.views = []
+            self._build(order)
+        self.rebuilt = True
+
+    def wait_pending(self) -> None:
+        """Wait for in-flight collectives and forget everything pending (used by load_state_dict)."""
+        for b in self.buckets:
+            works = b.work if isinstance(b.work, list) else [b.work]
+            for w in works:
+                if w is not None:
+                    w.wait()
+            b.work = None
+            b.pending = len(b.members)
+            if b.custom is not None:
+                b.custom = [None] * len(b.members)
+        self.sparse_pending.clear()
+        self.next_bucket = 0
+        self.delay = [self.bpps] * len(self.params)
+        self.touched = False
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Methods copied into the dynamic subclass of the user's optimizer class.
+
+    ``_hvd_base`` (set on the dynamic class) is the user's class; calls go to it explicitly because
+    zero-argument ``super()`` would not see this class in the dynamic class's MRO.
+    """
+
+    _hvd_base: type = torch.optim.Optimizer
+
+    def __init__(self, params: Any, named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]],
+                 compression: Any, backward_passes_per_step: int, op: Any,
+                 gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
+                 process_set: Any):
+        self._hvd_base.__init__(self, params)
+        self._hvd_reducer: Optional[_GradReducer] = None
+        self._compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        self._synchronized = False
+        self._should_synchronize = True
+
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [(f"allreduce.noname.{i}.{j}", v)
+                                for i, group in enumerate(self.param_groups)
+                                for j, v in enumerate(group["params"])]
+        if any(not isinstance(p, tuple) for p in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                             "usually produced by model.named_parameters().")
+        seen, dups = set(), []
+        for name, _ in named_parameters:
+            if name in seen and name not in dups:
+                dups.append(name)
+            seen.add(name)
+        if dups:
+            raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: %s"
+                             % ", ".join(str(d) for d in dups))
+        all_ids = {id(v) for group in self.param_groups for v in group["params"]}
+        named_ids = {id(v) for _, v in named_parameters}
+        unnamed = all_ids - named_ids
+        if unnamed:
+            raise ValueError("named_parameters was specified, but one or more model parameters were "
+                             "not named. Python object ids: %s" % ", ".join(str(u) for u in sorted(unnamed)))
+        self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+
+        params_list = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        index = {id(p): i for i, p in enumerate(params_list)}
+        explicit = _explicit_groups(groups, params_list, index)
+
+        if _backend.group_size(process_set) > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
+            self._hvd_reducer = _GradReducer(
+                params_list, [self._parameter_names.get(p, "") for p in params_list],
+                op_name=_backend.op_name(op), compression=compression,
+                backward_passes_per_step=backward_passes_per_step,
+                predivide=float(gradient_predivide_factor), explicit_groups=explicit,
+                sparse_as_dense=sparse_as_dense, process_set=process_set)
+
+    def __del__(self) -> None:
+        reducer = self.__dict__.get("_hvd_reducer")
+        if reducer is not None:
+            reducer.remove_hooks()
+
+    def synchronize(self) -> None:
+        """Finish reducing every gradient and write the results into ``p.grad``.
+
+        Parameters whose gradient never arrived on this rank are reduced as zeros (their ``grad``
+        becomes a tensor), so ranks that used different parameters do not hang.
+        """
+        if self._hvd_reducer is not None:
+            self._hvd_reducer.synchronize()
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Inside this context ``step()`` does not synchronize (use after an explicit synchronize())."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Any = None) -> Any:
+        """Synchronize (unless inside ``skip_synchronize()``), then take the wrapped optimizer's step."""
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(_STEP_AFTER_SYNC)
+            self.synchronize()
+        self._synchronized = False
+        return self._hvd_base.step(self, closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero gradients; an ``AssertionError`` while gradient reductions are pending (as Horovod)."""
+        reducer = self.__dict__.get("_hvd_reducer")
+        if reducer is not None and reducer.touched:
+            raise AssertionError(_ZERO_GRAD_PENDING)
+        return self._hvd_base.zero_grad(self, set_to_none)
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Load optimizer state; pending reductions are awaited and dropped first."""
+        reducer = self.__dict__.get("_hvd_reducer")
+        if reducer is not None:
+            reducer.wait_pending()
+        self._synchronized = False
+        self._should_synchronize = True
+        return self._hvd_base.load_state_dict(self, state_dict)
+
+
+def _explicit_groups(groups: Any, params: List[torch.Tensor], index: Dict[int, int]) -> Optional[List[List[int]]]:
+    """Validate Horovod's ``groups`` and turn it into lists of parameter indices."""
+    if groups is None:
+        return None
+    if isinstance(groups, bool) or not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
+        raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
+    if isinstance(groups, int):
+        # Split the parameters, in gradient order (reversed), into `groups` near-equal groups.
+        order = list(reversed(range(len(params))))
+        n = min(groups, len(order)) or 1
+        q, r = divmod(len(order), n)
+        out, start = [], 0
+        for k in range(n):
+            end = start + q + (1 if k < r else 0)
+            if end > start:
+                out.append(order[start:end])
+            start = end
+        return out
+    seen = set()
+    out = []
+    for sub in groups:
+        if not isinstance(sub, (list, tuple)):
+            raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
+        members = []
+        for p in sub:
+            if not isinstance(p, torch.Tensor):
+                raise ValueError("groups must consist of torch.Tensor.")
+            if id(p) in seen:
+                raise ValueError("A parameter can only appear once in groups.")
+            seen.add(id(p))
+            if not getattr(p, "requires_grad", False):
+                continue
+            if id(p) not in index:
+                raise ValueError("groups contains a tensor that is not a parameter of the optimizer.")
+            members.append(index[id(p)])
+        if members:
+            out.append(members)
+    return out
+
+
+_COPIED = {k: v for k, v in _DistributedOptimizer.__dict__.items() if k not in ("__dict__", "__weakref__")}
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
+                         compression: Any = None,
+                         backward_passes_per_step: int = 1,
+                         op: Any = None,
+                         gradient_predivide_factor: float = 1.0,
+                         num_groups: int = 0,
+                         groups: Any = None,
+                         sparse_as_dense: bool = False,
+                         process_set: Any = _GLOBAL) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that its ``step()`` uses gradients reduced over the process set.
+
+    Arguments are Horovod's: ``compression`` (``Compression.none`` default, ``Compression.fp16``),
+    ``backward_passes_per_step`` (local accumulation before each reduction), ``op`` (``Average``
+    default, ``Sum``, ``Adasum``), ``gradient_predivide_factor`` (Average as ``sum(g / f) * f / size``),
+    ``groups`` (an int, or lists of parameters reduced together), ``num_groups`` (deprecated alias),
+    ``sparse_as_dense`` (reduce sparse gradients densely).  Returns an instance of a subclass of
+    ``type(optimizer)`` with the same name.
+    """
+    _backend.check_initialized()
+    if op is None:
+        op = _backend.op("Average")
+    if compression is None:
+        comp = _backend._core_attr("Compression", ("compression",))
+        compression = getattr(comp, "none", None) if comp is not None else None
+    if process_set is _GLOBAL:
+        process_set = _backend.global_process_set()
+    name = _backend.op_name(op)
+    if gradient_predivide_factor != 1.0 and name != "Average":
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in "
+                      "a future release.", DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    base = optimizer.__class__
+    if name == "Adasum" and _backend.group_size(process_set) > 1:
+        from ._adasum import make_adasum_optimizer
+        return make_adasum_optimizer(optimizer, named_parameters, compression, backward_passes_per_step,
+                                     op, gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    cls = type(base.__name__, (base,), dict(_COPIED, _hvd_base=base))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor, groups, sparse_as_dense, process_set)
