@@ -56,8 +56,10 @@ def collect_sources(sources: Sequence[str]) -> List[Tuple[Path, Path]]:
                     if name.endswith((".py", ".ipynb")):
                         full = Path(root) / name
                         files.append((full, full.relative_to(path)))
+        elif path.exists():
+            raise FileNotFoundError(f"{source}: not a regular file or directory")
         else:
-            raise FileNotFoundError(source)
+            raise FileNotFoundError(f"{source}: no such file or directory")
     return files
 
 
@@ -93,7 +95,7 @@ def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = sys.stdout, stde
     try:
         files = collect_sources(args.sources)
     except FileNotFoundError as err:
-        stderr.write(f"horovod-compat-migrate: error: {err.args[0]}: no such file or directory\n")
+        stderr.write(f"horovod-compat-migrate: error: {err.args[0]}\n")
         return 2
     single_file = len(args.sources) == 1 and Path(args.sources[0]).is_file()
     out = Path(args.output) if args.output else None

@@ -10,6 +10,7 @@ all units (remove the Horovod import only if no ``hvd.`` use is left anywhere).
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 from typing import Dict, List, Sequence, Set
 
@@ -53,6 +54,13 @@ class UnitResult:
 
 
 def _parse(unit: Unit) -> cst.Module:
+    # Python's own parser gives the location users expect; libcst's can point a line off.
+    try:
+        compile(unit.source, unit.location, "exec",
+                ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+    except SyntaxError as err:
+        line = (err.lineno or 1) + unit.line_offset
+        raise MigrationError(f"{unit.location}:{line}:{err.offset or 1}: syntax error: {err.msg}") from None
     try:
         return cst.parse_module(unit.source)
     except cst.ParserSyntaxError as err:

@@ -1,0 +1,241 @@
+"""The command line: in place, -o, --diff, --check, notebooks, and errors for bad input."""
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from horovod_compat.migrate.cli import main
+
+HVD_SCRIPT = """\
+import torch
+import horovod.torch as hvd
+
+hvd.init()
+print(hvd.rank(), hvd.size())
+"""
+FLAGGED_SCRIPT = """\
+import torch
+import horovod.torch as hvd
+
+hvd.init()
+parts = hvd.allgather(torch.ones(hvd.rank() + 1))
+"""
+NATIVE_SCRIPT = "import torch.distributed as dist\nprint(dist.get_rank())\n"
+
+
+def run(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    status = main([str(a) for a in argv], stdout=out, stderr=err)
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_rewrites_in_place_and_reports(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(HVD_SCRIPT)
+    status, out, err = run(script)
+    assert status == 0 and out == ""
+    text = script.read_text()
+    assert "horovod" not in text
+    assert "print(dist.get_rank(), dist.get_world_size())" in text
+    assert "2 rewrite(s), 0 TODO(s)" in err or "rewrite(s), 0 TODO(s)" in err
+
+
+def test_todo_is_reported_with_file_and_line(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(FLAGGED_SCRIPT)
+    status, _, err = run(script)
+    assert status == 0
+    assert f"{script}:5: TODO hvd.allgather:" in err
+    text = script.read_text()
+    assert "# TODO(horovod-compat): hvd.allgather:" in text
+    assert "import horovod.torch as hvd" in text  # still used, so still imported
+
+
+def test_verbose_lists_rewrites(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(HVD_SCRIPT)
+    _, _, err = run("-v", script)
+    assert f"{script}:4: rewrote hvd.init:" in err
+    assert f"{script}:5: rewrote hvd.rank:" in err
+
+
+def test_check_fails_without_writing_when_work_remains(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(HVD_SCRIPT)
+    status, out, _ = run("--check", script)
+    assert status == 1 and out == ""
+    assert script.read_text() == HVD_SCRIPT
+
+
+def test_check_fails_on_a_file_with_only_todos_left(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(FLAGGED_SCRIPT)
+    assert run(script)[0] == 0  # rewrite what can be rewritten
+    status, _, err = run("--check", script)
+    assert status == 1 and "TODO hvd.allgather" in err
+
+
+def test_check_passes_on_native_code(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(NATIVE_SCRIPT)
+    assert run("--check", script)[0] == 0
+
+
+def test_diff_prints_and_does_not_write(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(HVD_SCRIPT)
+    status, out, _ = run("--diff", script)
+    assert status == 0
+    assert out.startswith(f"--- a/{str(script).lstrip('/')}\n+++ b/")
+    assert "-import horovod.torch as hvd\n" in out
+    assert "+print(dist.get_rank(), dist.get_world_size())\n" in out
+    assert script.read_text() == HVD_SCRIPT
+
+
+def test_output_file(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(HVD_SCRIPT)
+    target = tmp_path / "out" / "native.py"
+    assert run(script, "-o", target)[0] == 0
+    assert script.read_text() == HVD_SCRIPT
+    assert "dist.get_rank()" in target.read_text()
+
+
+def test_output_directory_mirrors_a_source_tree(tmp_path):
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "train.py").write_text(HVD_SCRIPT)
+    (src / "native.py").write_text(NATIVE_SCRIPT)
+    (src / "notes.txt").write_text("not python")
+    out = tmp_path / "out"
+    assert run(src, "-o", out)[0] == 0
+    assert "dist.get_world_size()" in (out / "pkg" / "train.py").read_text()
+    assert (out / "native.py").read_text() == NATIVE_SCRIPT  # copied unchanged, tree complete
+    assert not (out / "notes.txt").exists()
+    assert (src / "pkg" / "train.py").read_text() == HVD_SCRIPT
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    status, _, err = run(tmp_path / "nope.py")
+    assert status == 2
+    assert f"{tmp_path / 'nope.py'}: no such file or directory" in err
+
+
+def test_syntax_error_names_file_line_and_column(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import horovod.torch as hvd\n\ndef f(:\n    pass\n")
+    good = tmp_path / "good.py"
+    good.write_text(HVD_SCRIPT)
+    status, _, err = run(bad, good)
+    assert status == 2
+    assert f"{bad}:3:" in err and "syntax error" in err
+    assert bad.read_text().startswith("import horovod.torch as hvd")
+    assert "dist.get_rank()" in good.read_text()  # other files are still processed
+
+
+def _notebook(cells):
+    return {
+        "cells": cells,
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3"}, "custom": {"keep": [1, 2]}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+def _code(lines, outputs=()):
+    return {"cell_type": "code", "execution_count": 1, "metadata": {"tags": ["x"]},
+            "outputs": list(outputs), "source": lines}
+
+
+def _write_nb(path, nb):
+    path.write_text(json.dumps(nb, indent=1) + "\n")
+
+
+def test_notebook_code_cells_rewritten_rest_intact(tmp_path):
+    output = {"output_type": "stream", "name": "stdout", "text": ["0\n"]}
+    nb = _notebook([
+        {"cell_type": "markdown", "metadata": {}, "source": ["Call `hvd.init()` first\n"]},
+        _code(["%pip install torch\n", "import horovod.torch as hvd\n"]),
+        _code(["hvd.init()\n", "!nvidia-smi\n", "print(hvd.rank())"], [output]),
+        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+         "source": ["%sh\n", "ls -l hvd.init()\n"]},
+    ])
+    path = tmp_path / "train.ipynb"
+    _write_nb(path, nb)
+    status, _, err = run(path)
+    assert status == 0, err
+    new = json.loads(path.read_text())
+    assert new["metadata"] == nb["metadata"] and new["nbformat"] == 4
+    assert new["cells"][0] == nb["cells"][0]  # markdown untouched
+    assert new["cells"][3] == nb["cells"][3]  # %sh cell is not Python: untouched
+    first = "".join(new["cells"][1]["source"])
+    assert first.startswith("%pip install torch\n")  # magic restored
+    assert "horovod" not in first and "import torch.distributed as dist" in first
+    second = new["cells"][2]
+    assert "!nvidia-smi\n" in second["source"]
+    assert "print(dist.get_rank())" in "".join(second["source"])
+    assert second["outputs"] == [output] and second["metadata"] == {"tags": ["x"]}
+
+
+def test_notebook_keeps_hvd_import_used_in_another_cell(tmp_path):
+    nb = _notebook([
+        _code(["import horovod.torch as hvd\n"]),
+        _code(["hvd.init()\n", "x = hvd.allgather(t)\n"]),
+    ])
+    path = tmp_path / "nb.ipynb"
+    _write_nb(path, nb)
+    status, _, err = run(path)
+    assert status == 0
+    new = json.loads(path.read_text())
+    assert "import horovod.torch as hvd" in "".join(new["cells"][0]["source"])
+    assert f"{path}[cell 1]:2: TODO hvd.allgather" in err
+
+
+def test_notebook_model_used_in_another_cell_is_not_wrapped(tmp_path):
+    nb = _notebook([
+        _code(["import torch\n", "import horovod.torch as hvd\n", "model = torch.nn.Linear(1, 1)\n",
+               "opt = torch.optim.SGD(model.parameters(), lr=1.0)\n",
+               "opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())\n"]),
+        _code(["loss = model(torch.ones(1)).sum()\n"]),
+    ])
+    path = tmp_path / "nb.ipynb"
+    _write_nb(path, nb)
+    _, _, err = run(path)
+    assert "TODO hvd.DistributedOptimizer: `model` is also used in another notebook cell" in err
+    new = json.loads(path.read_text())
+    assert "hvd.DistributedOptimizer(" in "".join(new["cells"][0]["source"])
+    assert new["cells"][1] == nb["cells"][1]
+
+
+def test_untouched_notebook_is_byte_identical(tmp_path):
+    path = tmp_path / "plain.ipynb"
+    text = json.dumps(_notebook([_code(["print(1)\n"])]), indent=2)  # no trailing newline, indent 2
+    path.write_text(text)
+    assert run(path)[0] == 0
+    assert path.read_text() == text
+
+
+def test_notebook_diff_is_per_cell(tmp_path):
+    path = tmp_path / "nb.ipynb"
+    _write_nb(path, _notebook([_code(["import horovod.torch as hvd\n", "hvd.init()\n"])]))
+    status, out, _ = run("--diff", path)
+    assert status == 0 and "nb.ipynb[cell 0]" in out and "-hvd.init()" in out
+
+
+def test_invalid_notebook_is_a_clear_error(tmp_path):
+    path = tmp_path / "broken.ipynb"
+    path.write_text("{not json")
+    status, _, err = run(path)
+    assert status == 2 and f"{path}:1:2: not valid notebook JSON" in err
+
+
+def test_python_dash_m_entry_point(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(HVD_SCRIPT)
+    proc = subprocess.run([sys.executable, "-m", "horovod_compat.migrate", "--check", str(script)],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[3], timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "rewrite(s)" in proc.stderr
