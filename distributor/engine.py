@@ -24,7 +24,7 @@ from .hub import DriverHub
 from .launchers import Launcher, PythonLauncher
 from .placement import JobContext, LocalPlacement, Placement
 from .protocol import SEND_NOTHING, SEND_RESULT, Channel, Kind
-from .spec import FunctionTarget, LaunchRequest, OutputHandler, ScriptTarget
+from .spec import FunctionTarget, LaunchRequest, MessageHandler, OutputHandler, ScriptTarget
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +50,17 @@ _COLLATERAL_MARKERS = (
 )
 
 
-def print_output(rank: int, stream: str, line: str) -> None:
+def print_output(rank: Optional[int], stream: str, line: str) -> None:
     """Default output handler: each line on the driver's stdout/stderr with a rank prefix."""
     target = sys.stdout if stream == "stdout" else sys.stderr
-    target.write(f"[rank {rank}] {line}\n")
+    prefix = "[launcher]" if rank is None else f"[rank {rank}]"
+    target.write(f"{prefix} {line}\n")
     target.flush()
+
+
+def print_message(rank: int, message: Any) -> None:
+    """Default handler of what ranks send with `distributor.worker.send_to_driver`."""
+    print(f"[rank {rank}] {message}", flush=True)
 
 
 @dataclass
@@ -70,6 +76,7 @@ class _RankState:
     channel: Optional[Channel] = None
     disconnected: bool = False  # its hub connection has been read to the end
     exit_seen: Optional[float] = None
+    disconnect_time: Optional[float] = None
     last_seen: float = field(default_factory=time.monotonic)
     tail: Deque[str] = field(default_factory=lambda: collections.deque(maxlen=OUTPUT_TAIL_LINES))
 
@@ -83,8 +90,10 @@ class Job:
         placement: Optional[Placement] = None,
         launcher: Optional[Launcher] = None,
         output: Optional[OutputHandler] = None,
+        on_message: Optional[MessageHandler] = None,
     ) -> None:
         self.request = request
+        self.on_message = on_message or print_message
         self.placement = placement or LocalPlacement()
         self.launcher = launcher or PythonLauncher()
         self.output = output or print_output
@@ -96,11 +105,16 @@ class Job:
         self._channels: Dict[Channel, int] = {}
         self.hub: Optional[DriverHub] = None
         self._stopping = False
+        self._launcher_tail: Deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
 
     # ---- events, called from hub and supervisor threads -------------------------------------
-    def on_output(self, rank: int, stream: str, line: str) -> None:
-        state = self._states[rank]
-        state.tail.append(line)
+    def on_output(self, rank: Optional[int], stream: str, line: str) -> None:
+        """A line from a rank, or (rank None) from the launcher itself, e.g. mpirun."""
+        state = self._states.get(rank) if rank is not None else None
+        if state is not None:
+            state.tail.append(line)
+        else:
+            self._launcher_tail.append(line)
         self.output(rank, stream, line)
 
     def on_exit(self, rank: int, returncode: int) -> None:
@@ -130,6 +144,9 @@ class Job:
         if kind == Kind.EXITED:
             self.on_exit(*body)
             return
+        if kind == Kind.MESSAGE:
+            self.on_message(*body)
+            return
         rank = self._channels.get(channel)
         if rank is None:
             return
@@ -147,6 +164,7 @@ class Job:
         rank = self._channels.get(channel)
         if rank is not None:
             self._states[rank].disconnected = True
+            self._states[rank].disconnect_time = time.time()
         self._wake.put("closed")
 
     # ---- the run --------------------------------------------------------------------------
@@ -253,7 +271,10 @@ class Job:
 
     @staticmethod
     def _failed(state: _RankState) -> bool:
-        return state.error is not None or (state.returncode not in (None, 0))
+        """Raised, or exited non-zero before reporting success."""
+        return state.error is not None or (
+            state.returncode not in (None, 0) and state.finished_at is None
+        )
 
     def _stop_all(self) -> None:
         """Stop every rank that is still running; only the first call acts."""
@@ -271,7 +292,7 @@ class Job:
     def _failure_error(self) -> Optional[RankFailedError]:
         failed = [
             s for s in self._states.values()
-            if s.error is not None or (s.returncode not in (None, 0) and not s.stopped_by_driver)
+            if self._failed(s) and (s.error is not None or not s.stopped_by_driver)
         ]
         if not failed:
             return None
@@ -281,13 +302,14 @@ class Job:
             if s is not root and (self._failed(s) or s.stopped_by_driver)
         ]
         error = root.error or {}
+        tail = list(root.tail) + [f"[launcher] {line}" for line in self._launcher_tail]
         return RankFailedError(
             rank=root.rank,
             exit_code=root.returncode,
             exc_type=error.get("exc_type"),
             exc_message=error.get("exc_message"),
             traceback=error.get("traceback"),
-            output_tail=list(root.tail),
+            output_tail=tail,
             other_failures=others,
         )
 
@@ -296,7 +318,10 @@ class Job:
         """Prefer a rank that failed on its own over one whose peers' death broke its collective."""
         message = (state.error or {}).get("exc_message", "") or ""
         collateral = any(marker in message for marker in _COLLATERAL_MARKERS)
-        when = (state.error or {}).get("time") or state.exit_time or float("inf")
+        # A rank that died without a word is seen first by its hub connection dropping (several
+        # ranks under one mpirun share one exit report).
+        died_at = state.disconnect_time if state.result is None and state.finished_at is None else None
+        when = (state.error or {}).get("time") or died_at or state.exit_time or float("inf")
         return (1 if collateral else 0, when)
 
     @staticmethod
@@ -327,6 +352,7 @@ def launch(
     placement: Optional[Placement] = None,
     launcher: Optional[Launcher] = None,
     output: Optional[OutputHandler] = None,
+    on_message: Optional[MessageHandler] = None,
 ) -> Any:
     """Run `request` and return rank 0's value (or every rank's with `return_all`)."""
-    return Job(request, placement, launcher, output).run()
+    return Job(request, placement, launcher, output, on_message).run()

@@ -39,6 +39,7 @@ class Kind(enum.IntEnum):
     EXITED = 7  # (rank, returncode) from a supervisor
     STOP = 8  # driver → supervisor/rank: stop now
     AGENT = 9  # (node_rank, [ranks]) a supervisor announces the ranks it runs
+    MESSAGE = 10  # (rank, object) sent by user code with distributor.worker.send_to_driver
 
 
 #: First byte of a PAYLOAD frame: whether the rank must send its return value back.

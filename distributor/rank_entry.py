@@ -20,10 +20,17 @@ import time
 import traceback
 from typing import Any, Optional
 
-from . import protocol
+from . import protocol, worker
 from .payload import dumps_value
 from .protocol import SEND_RESULT, Channel, Kind
-from .rank_env import HUB_ADDRESS_VAR, PARENT_PID_VAR, RANK_VAR, SECRET_VAR
+from .rank_env import (
+    HUB_ADDRESS_VAR,
+    PARENT_PID_VAR,
+    PRIVATE_VARS,
+    RANK_VAR,
+    SECRET_VAR,
+    from_mpi_environment,
+)
 
 HEARTBEAT_INTERVAL = 5.0
 _PR_SET_PDEATHSIG = 1
@@ -116,8 +123,13 @@ def main() -> int:
     faulthandler.enable()  # a crash in native code still prints the Python stack
     host, port = os.environ.pop(HUB_ADDRESS_VAR).rsplit(":", 1)
     secret = bytes.fromhex(os.environ.pop(SECRET_VAR))
-    rank = int(os.environ.pop(RANK_VAR))
-    os.environ.pop(PARENT_PID_VAR, None)
+    if RANK_VAR in os.environ:
+        rank = int(os.environ.pop(RANK_VAR))
+    else:  # one launcher process started several ranks: MPI tells which one this is
+        os.environ.update(from_mpi_environment(os.environ))
+        rank = int(os.environ["RANK"])
+    for name in PRIVATE_VARS:
+        os.environ.pop(name, None)
 
     channel = protocol.connect((host, int(port)), secret)
     channel.send(Kind.HELLO, (rank, os.getpid()))
@@ -125,6 +137,7 @@ def main() -> int:
     if kind != Kind.PAYLOAD:
         raise RuntimeError(f"driver hub sent {kind.name} instead of the payload")
     link = _DriverLink(channel)
+    worker.attach(channel, rank)
     send_result, payload = body[:1] == SEND_RESULT, body[1:]
 
     exit_code = 0

@@ -18,7 +18,12 @@ HUB_ADDRESS_VAR = "DISTRIBUTOR_HUB_ADDRESS"
 SECRET_VAR = "DISTRIBUTOR_JOB_SECRET"
 RANK_VAR = "DISTRIBUTOR_RANK"
 PARENT_PID_VAR = "DISTRIBUTOR_PARENT_PID"
-PRIVATE_VARS = (HUB_ADDRESS_VAR, SECRET_VAR, RANK_VAR, PARENT_PID_VAR)
+GPU_IDS_VAR = "DISTRIBUTOR_GPU_IDS"  # under mpirun: the host's GPUs, one per local rank
+PRIVATE_VARS = (HUB_ADDRESS_VAR, SECRET_VAR, RANK_VAR, PARENT_PID_VAR, GPU_IDS_VAR)
+
+#: Per-rank variables of the torchrun contract; a launcher that starts several ranks from one
+#: environment (mpirun) leaves them to `from_mpi_environment` in each rank.
+PER_RANK_VARS = ("RANK", "LOCAL_RANK", "ROLE_RANK", "GROUP_RANK", "NODE_RANK", "CUDA_VISIBLE_DEVICES")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -71,4 +76,35 @@ def rank_environment(
     if spec.local_world_size > 1 and "OMP_NUM_THREADS" not in base:
         env["OMP_NUM_THREADS"] = "1"  # as torchrun does, so N ranks don't oversubscribe the cores
     env.update(user_env)
+    return env
+
+
+def from_mpi_environment(environ: Mapping[str, str]) -> Dict[str, str]:
+    """The torchrun variables of a rank started by mpirun, from what MPI set.
+
+    Open MPI sets OMPI_COMM_WORLD_*; MPICH and Intel MPI set PMI_RANK/PMI_SIZE (and
+    MPI_LOCALRANKID). Ranks are laid out host by host (`--map-by slot`), so the host index is
+    rank // local size. Returns {} when the process was not started by MPI.
+    """
+    if "OMPI_COMM_WORLD_RANK" in environ:
+        rank = int(environ["OMPI_COMM_WORLD_RANK"])
+        size = int(environ["OMPI_COMM_WORLD_SIZE"])
+        local_rank = int(environ.get("OMPI_COMM_WORLD_LOCAL_RANK", rank))
+        local_size = int(environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", size))
+    elif "PMI_RANK" in environ:
+        rank, size = int(environ["PMI_RANK"]), int(environ["PMI_SIZE"])
+        local_rank = int(environ.get("MPI_LOCALRANKID", rank))
+        local_size = int(environ.get("MPI_LOCALNRANKS", size))
+    else:
+        return {}
+    node_rank = rank // max(local_size, 1)
+    env = {
+        "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_size), "GROUP_RANK": str(node_rank),
+        "NODE_RANK": str(node_rank), "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(size),
+        "GROUP_WORLD_SIZE": str(max(size // max(local_size, 1), 1)),
+    }
+    gpus = [g for g in environ.get(GPU_IDS_VAR, "").split(",") if g]
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = gpus[local_rank % len(gpus)]
     return env

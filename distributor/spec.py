@@ -12,7 +12,9 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Unio
 from .errors import LaunchValidationError
 
 #: Called for every output line: (rank, stream name "stdout"/"stderr", line without newline).
-OutputHandler = Callable[[int, str, str], None]
+OutputHandler = Callable[[Optional[int], str, str], None]
+#: Called for every message a rank sends with `distributor.worker.send_to_driver`: (rank, message).
+MessageHandler = Callable[[int, Any], None]
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,16 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Dict, List, Mapping, Optional, Protocol, Sequence
+from typing import IO, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+
+#: Maps (stream, line) of a multi-rank process to (rank or None for the launcher, stream, text).
+Demux = Callable[[str, str], Tuple[Optional[int], str, str]]
 
 
 class RankEventSink(Protocol):
     """Where the supervisor reports what its ranks do."""
 
-    def on_output(self, rank: int, stream: str, line: str) -> None: ...
+    def on_output(self, rank: Optional[int], stream: str, line: str) -> None: ...
 
     def on_exit(self, rank: int, returncode: int) -> None: ...
 
@@ -30,6 +33,7 @@ class _RankProcess:
     rank: int
     popen: subprocess.Popen
     pumps: List[threading.Thread] = field(default_factory=list)
+    group: Tuple[int, ...] = ()  # every rank this process runs, when it runs several
 
 
 class Supervisor:
@@ -63,20 +67,49 @@ class Supervisor:
         threading.Thread(target=self._wait, args=(proc,), name=f"rank{rank}-wait", daemon=True).start()
         return popen.pid
 
-    def _pump(self, rank: int, stream: str, pipe: IO[bytes]) -> None:
+    def start_group(
+        self, ranks: Sequence[int], argv: Sequence[str], env: Mapping[str, str], demux: "Demux"
+    ) -> int:
+        """Start one process that runs several ranks (e.g. `mpirun`) and tags their output.
+
+        `demux` maps each output line to (rank, stream, text); rank None marks a line of the
+        launcher itself. When the process exits, every rank of the group is reported as exited
+        with its status.
+        """
+        popen = subprocess.Popen(
+            list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True,
+        )
+        proc = _RankProcess(ranks[0], popen, group=tuple(ranks))
+        for stream, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
+            pump = threading.Thread(
+                target=self._pump, args=(None, stream, pipe, demux), name=f"group-{stream}", daemon=True
+            )
+            pump.start()
+            proc.pumps.append(pump)
+        with self._lock:
+            self._procs[ranks[0]] = proc
+        threading.Thread(target=self._wait, args=(proc,), name="group-wait", daemon=True).start()
+        return popen.pid
+
+    def _pump(self, rank: Optional[int], stream: str, pipe: IO[bytes], demux: Optional["Demux"] = None) -> None:
         with pipe:
             for raw in iter(pipe.readline, b""):
                 line = raw.decode("utf-8", errors="replace")
                 if line.endswith("\n"):
                     line = line[:-2] if line.endswith("\r\n") else line[:-1]
-                self._sink.on_output(rank, stream, line)
+                if demux is None:
+                    self._sink.on_output(rank, stream, line)
+                else:
+                    self._sink.on_output(*demux(stream, line))
 
     def _wait(self, proc: _RankProcess) -> None:
         returncode = proc.popen.wait()
         for pump in proc.pumps:
             # Pipes stay open while a grandchild holds them; don't let one block the report.
             pump.join(timeout=None if returncode == 0 else 5.0)
-        self._sink.on_exit(proc.rank, returncode)
+        for rank in proc.group or (proc.rank,):
+            self._sink.on_exit(rank, returncode)
 
     def pids(self) -> Dict[int, int]:
         with self._lock:

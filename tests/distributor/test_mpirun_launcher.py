@@ -1,0 +1,81 @@
+"""Ranks started by a real `mpirun` (Open MPI from PyPI), demultiplexed per rank."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from distributor import FunctionTarget, Job, LaunchRequest, RankFailedError, run_function
+from distributor.launchers import MpirunLauncher
+from distributor.launchers.mpirun import demux_tagged, mpirun_command
+from distributor.rank_env import from_mpi_environment
+
+
+def _allreduce_and_env():
+    import torch
+    import torch.distributed as dist
+    from distributor.worker import send_to_driver
+
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    send_to_driver({"rank": dist.get_rank(), "note": "hello"})
+    print(f"line from rank {dist.get_rank()}")
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "OMPI_COMM_WORLD_RANK")
+    return t.item(), {k: os.environ.get(k) for k in keys}
+
+
+def test_mpirun_ranks_get_the_torchrun_contract_and_stream_per_rank():
+    lines, messages = [], []
+    job = Job(
+        LaunchRequest(FunctionTarget(_allreduce_and_env), 2, return_all=True),
+        launcher=MpirunLauncher(),
+        output=lambda r, s, l: lines.append((r, s, l)),
+        on_message=lambda r, m: messages.append((r, m)),
+    )
+    values = job.run()
+    assert [v[0] for v in values] == [2.0, 2.0]
+    for rank, (_, env) in enumerate(values):
+        assert env["RANK"] == env["LOCAL_RANK"] == env["OMPI_COMM_WORLD_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2" and env["GROUP_RANK"] == "0"
+    assert (0, "stdout", "line from rank 0") in lines and (1, "stdout", "line from rank 1") in lines
+    assert sorted(messages, key=lambda m: m[0]) == [
+        (0, {"rank": 0, "note": "hello"}), (1, {"rank": 1, "note": "hello"})
+    ]
+
+
+def _die_in_rank1():
+    if os.environ["RANK"] == "1":
+        print("rank 1 going down", flush=True)
+        os._exit(4)
+    time.sleep(60)
+
+
+def test_mpirun_failure_names_the_rank_that_died_first():
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        run_function(_die_in_rank1, num_processes=2, launcher=MpirunLauncher(), output=lambda *a: None)
+    assert info.value.rank == 1 and info.value.exit_code == 4
+    assert "rank 1 going down" in info.value.output_tail
+    assert time.monotonic() - started < 20
+
+
+def test_demux_and_command_shape():
+    assert demux_tagged("stdout", "[1,3]<stderr>: boom") == (3, "stderr", "boom")
+    assert demux_tagged("stderr", "prterun detected a problem") == (None, "stderr", "prterun detected a problem")
+    argv = mpirun_command(4, ["python", "x.py"], hosts=[("h1", 2), ("h2", 2)], export=["HOROVOD_TIMELINE"], mpirun="mpirun")
+    assert argv[-2:] == ["python", "x.py"]
+    assert argv[argv.index("-np") + 1] == "4" and "h1:2,h2:2" in argv
+    assert argv[argv.index("-x") + 1] == "HOROVOD_TIMELINE"
+
+
+def test_mpi_environment_mapping():
+    env = from_mpi_environment({
+        "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "DISTRIBUTOR_GPU_IDS": "5,7",
+    })
+    assert env["RANK"] == "3" and env["LOCAL_RANK"] == "1" and env["GROUP_RANK"] == "1"
+    assert env["GROUP_WORLD_SIZE"] == "2" and env["CUDA_VISIBLE_DEVICES"] == "7"
+    assert from_mpi_environment({"PMI_RANK": "0", "PMI_SIZE": "1"})["WORLD_SIZE"] == "1"
+    assert from_mpi_environment({}) == {}
