@@ -1,0 +1,1011 @@
+"""Horovod's collectives on ``torch.distributed``: allreduce, allgather, broadcast, alltoall,
+reducescatter, their async / in-place / grouped variants, barrier, join, poll and synchronize.
+
+Semantics follow Horovod 0.28.1 (see docs/horovod_torch_api.md): ``X`` returns a new tensor,
+``X_`` works in place, ``X_async`` / ``X_async_`` return an int handle for ``poll`` / ``synchronize``;
+reduce ops ``Average=0, Sum=1, Adasum=2, Min=3, Max=4, Product=5``; integer Average truncates;
+``allgather`` accepts different first dimensions; ``broadcast``'s root is a global rank even inside a
+process set.  Every op goes through ``negotiation.submit`` (cross-rank checks, stall inspector,
+``hooks`` for the timeline).
+
+Gloo gaps are closed here: int16 is reduced as int32 and moved as bytes; Average is a Sum followed
+by a (truncating, for integers) division; unequal ``all_gather`` pads to the largest first
+dimension.  The per-call path is kept thin: one small control message that overlaps the transfer,
+no extra copies for in-place ops, one output allocation for out-of-place ones.
+"""
+from __future__ import annotations
+
+import itertools
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from . import lifecycle
+from . import negotiation as _neg
+from .compression import Compression
+from .exceptions import HorovodInternalError
+from .negotiation import Agreement, Desc, Plan, SetState
+from .process_sets import ProcessSet, global_process_set
+
+__all__ = [
+    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "allreduce", "allreduce_async", "allreduce_", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_",
+    "sparse_allreduce_async",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_async", "broadcast_", "broadcast_async_",
+    "alltoall", "alltoall_async",
+    "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
+    "join", "barrier", "poll", "synchronize",
+]
+
+# Reduce ops: plain ints, as in Horovod (``hvd.Average == 0``).
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+_OP_NAMES = {0: "Average", 1: "Sum", 2: "Adasum", 3: "Min", 4: "Max", 5: "Product"}
+_TORCH_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
+              Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
+
+_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+_DTYPE_NAMES: Dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    n = _DTYPE_NAMES.get(dtype)
+    if n is None:
+        n = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return n
+
+
+_DTYPES_BY_NAME = {n: getattr(torch, n) for n in (
+    "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "bool",
+    "complex64", "complex128")}
+
+# gloo cannot reduce int16: reduce as int32 (wrap-around of sums/products is preserved mod 2**16).
+_REDUCE_WIRE = {torch.int16: torch.int32}
+
+
+def _move_view(t: torch.Tensor) -> torch.Tensor:
+    """A flat view of a contiguous tensor in a dtype gloo can move (int16 travels as bytes)."""
+    flat = t.reshape(-1)
+    return flat.view(torch.uint8) if t.dtype == torch.int16 else flat
+
+
+def _identity(op: int, dtype: torch.dtype) -> Union[int, float, bool]:
+    """The element that leaves a reduction unchanged (used by dummy contributions)."""
+    if op in (Min, Max):
+        if dtype == torch.bool:
+            return op == Min
+        info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+        return info.max if op == Min else info.min
+    if op == Product:
+        return 1
+    return 0
+
+
+# ----------------------------------------------------------------------------- handles
+
+_handles: Dict[int, Any] = {}
+_handle_ids = itertools.count(1)
+_noname: Dict[str, Any] = {}
+
+
+def _auto_name(kind: str) -> str:
+    c = _noname.get(kind)
+    if c is None:
+        c = _noname[kind] = itertools.count()
+    return f"{kind}.noname.{next(c)}"
+
+
+class _Handle:
+    """What ``X_async`` hands out: a negotiation ``Pending`` plus an optional post-processing step."""
+
+    __slots__ = ("pending", "post")
+
+    def __init__(self, pending: Any, post: Optional[Callable[[Any], Any]] = None) -> None:
+        self.pending = pending
+        self.post = post
+
+    def poll(self) -> bool:
+        return self.pending.poll()
+
+    def wait(self) -> Any:
+        out = self.pending.wait()
+        return self.post(out) if self.post is not None else out
+
+
+def _new_handle(h: Any) -> int:
+    hid = next(_handle_ids)
+    _handles[hid] = h
+    return hid
+
+
+def poll(handle: int) -> bool:
+    """True when the async op behind ``handle`` has finished (``synchronize`` will not block)."""
+    try:
+        h = _handles[handle]
+    except KeyError:
+        raise ValueError(f"Handle {handle} was not created or has been cleared.") from None
+    return h.poll()
+
+
+def synchronize(handle: int) -> Any:
+    """Wait for the async op behind ``handle``, release the handle and return its output.
+
+    A failed op raises ``HorovodInternalError``.
+    """
+    try:
+        h = _handles.pop(handle)
+    except KeyError:
+        raise ValueError(f"Handle {handle} was not created or has been cleared.") from None
+    return h.wait()
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _set_state(process_set: Optional[ProcessSet]) -> SetState:
+    if not lifecycle.state.initialized:
+        raise ValueError(lifecycle.NOT_INITIALIZED)
+    ps = global_process_set if process_set is None else process_set
+    st = ps.negotiation
+    if st is None:
+        if ps.process_set_id is None:
+            raise ValueError(f"{ps} has not been registered (hvd.init / hvd.add_process_set)")
+        raise ValueError(f"Rank {dist.get_rank()} is not part of {ps}")
+    return st
+
+
+def _resolve_op(average: Optional[bool], op: Optional[int]) -> int:
+    if average is not None:
+        if op is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in "
+                      "v1.0", DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    if op is None:
+        return Average
+    if op not in _OP_NAMES:
+        raise ValueError(f"Unknown reduce op {op!r}; use hvd.Average, Sum, Adasum, Min, Max or Product")
+    return op
+
+
+def _desc_shape(t: torch.Tensor) -> Tuple[int, ...]:
+    return tuple(t.shape)
+
+
+# ----------------------------------------------------------------------------- allreduce
+
+class _AllreducePlan(Plan):
+    """One or more tensors reduced with the same op (``allreduce`` and ``grouped_allreduce``)."""
+
+    speculative = True
+    __slots__ = ("bufs", "outs", "op", "postscale", "st", "single", "_gathered")
+
+    def launch(self, agr: Agreement) -> List[Any]:
+        if self.op == Adasum:
+            return _adasum_launch(self, agr)
+        top = _TORCH_OPS[self.op]
+        pg = self.st.pg
+        return [dist.all_reduce(b, op=top, group=pg, async_op=True) for b in self.bufs]
+
+    def finish(self, agr: Agreement) -> Any:
+        n = self.st.n
+        if self.op == Adasum:
+            _adasum_finish(self)
+        for b, o in zip(self.bufs, self.outs):
+            if self.op == Average:
+                if b.is_floating_point() or b.is_complex():
+                    b.mul_(self.postscale / n) if self.postscale != 1.0 else b.div_(n)
+                else:
+                    b.div_(n, rounding_mode="trunc")
+                    if self.postscale != 1.0:
+                        b.copy_(b * self.postscale)
+            elif self.postscale != 1.0:
+                b.mul_(self.postscale) if b.is_floating_point() else b.copy_(b * self.postscale)
+            if o is not b:
+                o.copy_(b)
+        return self.outs[0] if self.single else list(self.outs)
+
+
+def _allreduce_dummy(agr: Agreement, st: SetState) -> List[Any]:
+    d = agr.template(st.me)
+    joined = agr.descs[st.me] is None
+    dtypes = d.dtype.split(",")
+    if d.op == Adasum:
+        return [_gather(torch.zeros(st.n * _numel(s), dtype=_DTYPES_BY_NAME[dt]),
+                        torch.zeros(_numel(s), dtype=_DTYPES_BY_NAME[dt]), group=st.ctl_data(),
+                        async_op=True) for s, dt in zip(d.shapes, dtypes)]
+    top = _TORCH_OPS[d.op]
+    works = []
+    for s, dt in zip(d.shapes, dtypes):
+        dtype = _DTYPES_BY_NAME[dt]
+        dtype = _REDUCE_WIRE.get(dtype, dtype)
+        fill = 0 if joined else _identity(d.op, dtype)
+        works.append(dist.all_reduce(torch.full(s, fill, dtype=dtype), op=top, group=st.pg,
+                                     async_op=True))
+    return works
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _validate_same(descs: Sequence[Optional[Desc]], st: SetState) -> Optional[str]:
+    """Allreduce / reducescatter / broadcast: identical dtype, shapes, op and scaling everywhere."""
+    live = [d for d in descs if d is not None]
+    a = live[0]
+    kind = a.kind.upper().replace("GROUPED_", "")
+    for b in live[1:]:
+        if len(b.shapes) != len(a.shapes):
+            return (f"Mismatched number of tensors in grouped {kind}: One rank sent {len(a.shapes)} "
+                    f"tensors, but another rank sent {len(b.shapes)} tensors.")
+        if b.op != a.op:
+            return (f"Mismatched {kind} reduction operations: One rank did {_OP_NAMES.get(a.op)}, "
+                    f"but another rank did {_OP_NAMES.get(b.op)}.")
+        if b.dtype != a.dtype:
+            for x, y in zip(a.dtype.split(","), b.dtype.split(",")):
+                if x != y:
+                    return (f"Mismatched data types: One rank had type {x}, but another rank had "
+                            f"type {y}.")
+        if b.shapes != a.shapes:
+            for x, y in zip(a.shapes, b.shapes):
+                if x != y:
+                    return (f"Mismatched {kind} tensor shapes: One rank sent a tensor of shape "
+                            f"{list(x)}, but another rank sent a tensor of shape {list(y)}.")
+        if b.extra != a.extra:
+            if a.kind == "broadcast":
+                return (f"Mismatched BROADCAST root ranks: One rank specified root rank "
+                        f"{a.extra[0]}, but another rank specified root rank {b.extra[0]}.")
+            return (f"Mismatched prescale and/or postscale factors: One rank sent factors "
+                    f"{a.extra}, but another rank sent factors {b.extra}.")
+    return None
+
+
+def _prep_reduce(t: torch.Tensor, inplace: bool, prescale: float) -> torch.Tensor:
+    """The buffer gloo reduces: the tensor itself when possible, else one contiguous copy."""
+    wire = _REDUCE_WIRE.get(t.dtype, t.dtype)
+    if inplace and wire is t.dtype and prescale == 1.0 and t.is_contiguous():
+        return t
+    if wire is t.dtype:
+        buf = t.clone(memory_format=torch.contiguous_format)
+    else:
+        buf = t.to(wire, memory_format=torch.contiguous_format)
+    if prescale != 1.0:
+        if buf.is_floating_point() or buf.is_complex():
+            buf.mul_(prescale)
+        else:
+            buf.copy_(buf * prescale)
+    return buf
+
+
+def _submit_allreduce(tensors: Sequence[torch.Tensor], outs: Optional[Sequence[torch.Tensor]],
+                      name: Optional[str], op: int, prescale: float, postscale: float,
+                      process_set: Optional[ProcessSet], kind: str) -> Any:
+    st = _set_state(process_set)
+    if op == Adasum and any(not (t.is_floating_point()) for t in tensors):
+        raise ValueError("Adasum only supports floating-point tensors")
+    inplace = outs is not None
+    plan = _AllreducePlan()
+    plan.st = st
+    plan.op = op
+    plan.postscale = float(postscale)
+    plan.single = kind == "allreduce"
+    plan.bufs = [_prep_reduce(t, inplace, float(prescale)) for t in tensors]
+    plan.outs = list(outs) if inplace else plan.bufs
+    if inplace:
+        # in-place with a converted buffer: write back in finish()
+        plan.outs = list(outs)
+    elif any(b.dtype != t.dtype for b, t in zip(plan.bufs, tensors)):
+        plan.outs = [torch.empty_like(t) for t in tensors]
+    dt = ",".join(_dtype_name(t.dtype) for t in tensors)
+    extra = (float(prescale), float(postscale)) if (prescale != 1.0 or postscale != 1.0) else ()
+    plan.desc = Desc(kind, name or "", op, dt, tuple(_desc_shape(t) for t in tensors), extra)
+    plan.name = name or _auto_name(kind)
+    return _neg.submit(st, plan)
+
+
+def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+                    op: Optional[int] = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Start reducing ``tensor`` over all ranks into a new tensor; returns a handle."""
+    op = _resolve_op(average, op)
+    return _new_handle(_submit_allreduce([tensor], None, name, op, prescale_factor,
+                                         postscale_factor, process_set, "allreduce"))
+
+
+def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+                     op: Optional[int] = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """Start reducing ``tensor`` in place; returns a handle (``synchronize`` returns ``tensor``)."""
+    op = _resolve_op(average, op)
+    return _new_handle(_submit_allreduce([tensor], [tensor], name, op, prescale_factor,
+                                         postscale_factor, process_set, "allreduce"))
+
+
+def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+               op: Optional[int] = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Reduce ``tensor`` in place over all ranks and return it."""
+    op = _resolve_op(average, op)
+    return _submit_allreduce([tensor], [tensor], name, op, prescale_factor, postscale_factor,
+                             process_set, "allreduce").wait()
+
+
+def _allreduce_nograd(tensor: torch.Tensor, name: Optional[str], op: int, prescale: float,
+                      postscale: float, process_set: Optional[ProcessSet]) -> torch.Tensor:
+    return _submit_allreduce([tensor], None, name, op, prescale, postscale, process_set,
+                             "allreduce").wait()
+
+
+class _AllreduceFn(torch.autograd.Function):
+    """Differentiable allreduce: the gradient is allreduced with the same op."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale, postscale, process_set):  # type: ignore[override]
+        ctx.args = (op, prescale, postscale, process_set)
+        return _allreduce_nograd(tensor, name, op, prescale, postscale, process_set)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        op, prescale, postscale, process_set = ctx.args
+        return (_allreduce_nograd(grad.contiguous(), None, op, prescale, postscale, process_set),
+                None, None, None, None, None)
+
+
+def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+              compression: Any = Compression.none, op: Optional[int] = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Reduce ``tensor`` over all ranks (default: Average) and return a new tensor.
+
+    Differentiable; ``compression`` compresses for the wire (e.g. ``Compression.fp16``).
+    """
+    op = _resolve_op(average, op)
+    t, ctx = compression.compress(tensor) if compression is not Compression.none else (tensor, None)
+    if t.requires_grad and torch.is_grad_enabled():
+        out = _AllreduceFn.apply(t, name, op, prescale_factor, postscale_factor, process_set)
+    else:
+        out = _allreduce_nograd(t, name, op, prescale_factor, postscale_factor, process_set)
+    return compression.decompress(out, ctx) if compression is not Compression.none else out
+
+
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                            name: Optional[str] = None, op: Optional[int] = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Start reducing a list of tensors as one op; ``synchronize`` returns a list of new tensors."""
+    op = _resolve_op(average, op)
+    return _new_handle(_submit_allreduce(list(tensors), None, name, op, prescale_factor,
+                                         postscale_factor, process_set, "grouped_allreduce"))
+
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                             name: Optional[str] = None, op: Optional[int] = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> int:
+    """Start reducing a list of tensors in place as one op; returns a handle."""
+    op = _resolve_op(average, op)
+    tensors = list(tensors)
+    return _new_handle(_submit_allreduce(tensors, tensors, name, op, prescale_factor,
+                                         postscale_factor, process_set, "grouped_allreduce"))
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                       name: Optional[str] = None, op: Optional[int] = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
+    """Reduce a list of tensors in place as one op and return them."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+class _GroupedAllreduceFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale, postscale, process_set, *tensors):  # type: ignore[override]
+        ctx.args = (op, prescale, postscale, process_set)
+        return tuple(_submit_allreduce(list(tensors), None, name, op, prescale, postscale,
+                                       process_set, "grouped_allreduce").wait())
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        op, prescale, postscale, process_set = ctx.args
+        out = _submit_allreduce([g.contiguous() for g in grads], None, None, op, prescale,
+                                postscale, process_set, "grouped_allreduce").wait()
+        return (None, None, None, None, None, *out)
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                      name: Optional[str] = None, compression: Any = Compression.none,
+                      op: Optional[int] = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
+    """Reduce a list of tensors as one op; returns new tensors (differentiable)."""
+    op = _resolve_op(average, op)
+    pairs = [compression.compress(t) for t in tensors]
+    ts = [p[0] for p in pairs]
+    if any(t.requires_grad for t in ts) and torch.is_grad_enabled():
+        outs = list(_GroupedAllreduceFn.apply(name, op, prescale_factor, postscale_factor,
+                                              process_set, *ts))
+    else:
+        outs = _submit_allreduce(ts, None, name, op, prescale_factor, postscale_factor,
+                                 process_set, "grouped_allreduce").wait()
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+# ----------------------------------------------------------------------------- Adasum
+
+def _adasum_launch(plan: _AllreducePlan, agr: Agreement) -> List[Any]:
+    st = plan.st
+    plan._gathered = []  # type: ignore[attr-defined]
+    works = []
+    for b in plan.bufs:
+        g = torch.empty(st.n * b.numel(), dtype=b.dtype)
+        plan._gathered.append(g)  # type: ignore[attr-defined]
+        works.append(_gather(g, b.reshape(-1), group=st.ctl_data(), async_op=True))
+    return works
+
+
+def _adasum_pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Adasum of two gradients: each scaled down by its projection on the other."""
+    a64, b64 = a.double(), b.double()
+    dot = torch.dot(a64, b64)
+    na, nb = torch.dot(a64, a64), torch.dot(b64, b64)
+    ca = 1.0 - dot / (2 * na) if na > 0 else torch.tensor(1.0, dtype=torch.float64)
+    cb = 1.0 - dot / (2 * nb) if nb > 0 else torch.tensor(1.0, dtype=torch.float64)
+    return (ca * a64 + cb * b64).to(a.dtype)
+
+
+def _adasum_finish(plan: _AllreducePlan) -> None:
+    """Combine the gathered vectors with Adasum along a binary tree (rank pairs 0-1, 2-3, then
+    (0,1)-(2,3) ...), the order of Horovod's recursive halving; every rank gets the same result."""
+    n = plan.st.n
+    for b, g in zip(plan.bufs, plan._gathered):  # type: ignore[attr-defined]
+        vecs = list(g.view(n, -1).unbind(0))
+        while len(vecs) > 1:
+            nxt = [_adasum_pair(vecs[i], vecs[i + 1]) for i in range(0, len(vecs) - 1, 2)]
+            if len(vecs) % 2:
+                nxt.append(vecs[-1])
+            vecs = nxt
+        b.copy_(vecs[0].view_as(b))
+    # Adasum results are not averaged again
+    plan.op = Sum
+
+
+def _ctl_data(self: SetState) -> Any:
+    return self.pg
+
+
+SetState.ctl_data = _ctl_data  # type: ignore[attr-defined]
+
+
+# ----------------------------------------------------------------------------- allgather
+
+class _AllgatherPlan(Plan):
+    speculative = True
+    __slots__ = ("tensors", "st", "single", "outs", "parts")
+
+    def launch(self, agr: Agreement) -> List[Any]:
+        return _allgather_launch(self, agr, self.tensors)
+
+    def finish(self, agr: Agreement) -> Any:
+        res = []
+        for i, (out, padded, dims, rest, dtype) in enumerate(self.parts):
+            if padded:
+                n, m = len(dims), max(dims)
+                v = out.view(dtype).view((n, m) + rest) if dtype == torch.int16 else out.view((n, m) + rest)
+                res.append(torch.cat([v[j, :d] for j, d in enumerate(dims)]))
+            else:
+                res.append(out.view(dtype).view((sum(dims),) + rest) if dtype == torch.int16
+                           else out.view((sum(dims),) + rest))
+        return res[0] if self.single else res
+
+
+def _allgather_launch(plan: Optional[_AllgatherPlan], agr: Agreement,
+                      tensors: Optional[Sequence[torch.Tensor]], st: Optional[SetState] = None) -> List[Any]:
+    st = st or plan.st
+    tmpl = agr.template(st.me)
+    dtypes = tmpl.dtype.split(",")
+    works, parts = [], []
+    for i, (shape, dtn) in enumerate(zip(tmpl.shapes, dtypes)):
+        dtype = _DTYPES_BY_NAME[dtn]
+        rest = tuple(shape[1:])
+        dims = [d.shapes[i][0] if d is not None else 0 for d in agr.descs]
+        m = max(dims)
+        padded = min(dims) != m
+        if tensors is not None:
+            t = tensors[i].contiguous()
+        else:
+            mine = agr.descs[st.me]
+            t = torch.zeros((mine.shapes[i][0] if mine is not None else 0,) + rest, dtype=dtype)
+        if padded and t.shape[0] != m:
+            p = torch.zeros((m,) + rest, dtype=dtype)
+            p[: t.shape[0]] = t
+            t = p
+        inp = _move_view(t)
+        out = torch.empty(len(dims) * inp.numel(), dtype=inp.dtype)
+        works.append(_gather(out, inp, group=st.pg, async_op=True))
+        parts.append((out, padded, dims, rest, dtype))
+    if plan is not None:
+        plan.parts = parts
+    return works
+
+
+def _validate_allgather(descs: Sequence[Optional[Desc]], st: SetState) -> Optional[str]:
+    live = [d for d in descs if d is not None]
+    a = live[0]
+    for b in live[1:]:
+        if len(b.shapes) != len(a.shapes):
+            return (f"Mismatched number of tensors in grouped ALLGATHER: One rank sent "
+                    f"{len(a.shapes)} tensors, but another rank sent {len(b.shapes)} tensors.")
+        for x, y in zip(a.dtype.split(","), b.dtype.split(",")):
+            if x != y:
+                return f"Mismatched data types: One rank had type {x}, but another rank had type {y}."
+        for x, y in zip(a.shapes, b.shapes):
+            if len(x) != len(y):
+                return (f"Mismatched ALLGATHER tensor shapes: One rank sent a tensor of rank "
+                        f"{len(x)}, but another rank sent a tensor of rank {len(y)}.")
+            for k in range(1, len(x)):
+                if x[k] != y[k]:
+                    return (f"Mismatched ALLGATHER tensor shapes: One rank sent a tensor with "
+                            f"dimension {k} equal to {x[k]}, but another rank sent a tensor with "
+                            f"dimension {k} equal to {y[k]}.")
+    return None
+
+
+def _submit_allgather(tensors: Sequence[torch.Tensor], name: Optional[str],
+                      process_set: Optional[ProcessSet], kind: str) -> Any:
+    st = _set_state(process_set)
+    plan = _AllgatherPlan()
+    plan.st = st
+    plan.single = kind == "allgather"
+    plan.tensors = [t if t.dim() > 0 else t.reshape(1) for t in tensors]
+    plan.desc = Desc(kind, name or "", -1, ",".join(_dtype_name(t.dtype) for t in plan.tensors),
+                     tuple(_desc_shape(t) for t in plan.tensors))
+    plan.name = name or _auto_name(kind)
+    return _neg.submit(st, plan)
+
+
+def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Start concatenating every rank's ``tensor`` along dim 0; returns a handle."""
+    return _new_handle(_submit_allgather([tensor], name, process_set, "allgather"))
+
+
+def _allgather_with_dims(tensor: torch.Tensor, name: Optional[str],
+                         process_set: Optional[ProcessSet]) -> Tuple[torch.Tensor, List[int]]:
+    p = _submit_allgather([tensor], name, process_set, "allgather")
+    out = p.wait()
+    return out, [d.shapes[0][0] if d is not None else 0 for d in p.agr.descs]
+
+
+class _AllgatherFn(torch.autograd.Function):
+    """Differentiable allgather: backward averages the gradient, then keeps this rank's rows."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):  # type: ignore[override]
+        out, dims = _allgather_with_dims(tensor, name, process_set)
+        ctx.dims, ctx.process_set = dims, process_set
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        st = _set_state(ctx.process_set)
+        reduced = _allreduce_nograd(grad.contiguous(), None, Average, 1.0, 1.0, ctx.process_set)
+        start = sum(ctx.dims[: st.me])
+        return reduced[start: start + ctx.dims[st.me]], None, None
+
+
+def allgather(tensor: torch.Tensor, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Concatenate every rank's ``tensor`` along dim 0 (first dimensions may differ)."""
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _AllgatherFn.apply(tensor, name, process_set)
+    return _submit_allgather([tensor], name, process_set, "allgather").wait()
+
+
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Start allgathering a list of tensors as one op; returns a handle."""
+    return _new_handle(_submit_allgather(list(tensors), name, process_set, "grouped_allgather"))
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                      process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
+    """Allgather a list of tensors as one op."""
+    return _submit_allgather(list(tensors), name, process_set, "grouped_allgather").wait()
+
+
+# ----------------------------------------------------------------------------- broadcast
+
+class _BroadcastPlan(Plan):
+    speculative = False
+    __slots__ = ("buf", "out", "root", "st")
+
+    def launch(self, agr: Agreement) -> List[Any]:
+        return [dist.broadcast(_move_view(self.buf), src=self.root, group=self.st.pg, async_op=True)]
+
+    def finish(self, agr: Agreement) -> Any:
+        if self.out is not self.buf:
+            self.out.copy_(self.buf)
+        return self.out
+
+
+def _broadcast_dummy(agr: Agreement, st: SetState) -> List[Any]:
+    d = agr.template(st.me)
+    buf = torch.zeros(d.shapes[0], dtype=_DTYPES_BY_NAME[d.dtype])
+    return [dist.broadcast(_move_view(buf), src=d.extra[0], group=st.pg, async_op=True)]
+
+
+def _submit_broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str],
+                      process_set: Optional[ProcessSet], inplace: bool) -> Any:
+    st = _set_state(process_set)
+    root_rank = int(root_rank)
+    if root_rank not in st.ranks:
+        raise ValueError(f"broadcast root rank {root_rank} is not part of process set with ranks "
+                         f"{st.ranks}")
+    plan = _BroadcastPlan()
+    plan.st = st
+    plan.root = root_rank
+    if inplace:
+        plan.out = tensor
+        plan.buf = tensor if tensor.is_contiguous() else tensor.contiguous()
+    else:
+        plan.buf = plan.out = tensor.clone(memory_format=torch.contiguous_format)
+    plan.desc = Desc("broadcast", name or "", -1, _dtype_name(tensor.dtype),
+                     (_desc_shape(tensor),), (root_rank,))
+    plan.name = name or _auto_name("broadcast")
+    return _neg.submit(st, plan)
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Start broadcasting ``tensor`` from global rank ``root_rank`` into a new tensor."""
+    return _new_handle(_submit_broadcast(tensor, root_rank, name, process_set, False))
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """Start broadcasting in place from global rank ``root_rank``; returns a handle."""
+    return _new_handle(_submit_broadcast(tensor, root_rank, name, process_set, True))
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Overwrite ``tensor`` with global rank ``root_rank``'s value and return it."""
+    return _submit_broadcast(tensor, root_rank, name, process_set, True).wait()
+
+
+class _BroadcastFn(torch.autograd.Function):
+    """Differentiable broadcast: averaged gradient on the root, zero elsewhere."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):  # type: ignore[override]
+        ctx.root, ctx.process_set = root_rank, process_set
+        return _submit_broadcast(tensor, root_rank, name, process_set, False).wait()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        reduced = _allreduce_nograd(grad.contiguous(), None, Average, 1.0, 1.0, ctx.process_set)
+        if dist.get_rank() != ctx.root:
+            reduced = reduced * 0
+        return reduced, None, None, None
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Return global rank ``root_rank``'s ``tensor`` on every rank (differentiable)."""
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _BroadcastFn.apply(tensor, root_rank, name, process_set)
+    return _submit_broadcast(tensor, root_rank, name, process_set, False).wait()
+
+
+# ----------------------------------------------------------------------------- alltoall
+
+class _AlltoallPlan(Plan):
+    speculative = True
+    __slots__ = ("tensor", "st", "with_splits", "out", "recv")
+
+    def launch(self, agr: Agreement) -> List[Any]:
+        works, self.out, self.recv = _alltoall_launch(agr, self.st, self.tensor)
+        return works
+
+    def finish(self, agr: Agreement) -> Any:
+        out = self.out.view(torch.int16) if self.tensor.dtype == torch.int16 else self.out
+        out = out.view((sum(self.recv),) + tuple(self.tensor.shape[1:]))
+        if self.with_splits:
+            return out, torch.tensor(self.recv, dtype=torch.int32)
+        return out
+
+
+def _alltoall_launch(agr: Agreement, st: SetState, tensor: Optional[torch.Tensor]):
+    tmpl = agr.template(st.me)
+    dtype = _DTYPES_BY_NAME[tmpl.dtype]
+    rest = tuple(tmpl.shapes[0][1:])
+    row = _numel(rest) * (2 if dtype == torch.int16 else 1)
+    if tensor is None:
+        tensor = torch.zeros(tmpl.shapes[0], dtype=dtype)
+    send = list(tmpl.extra[0])
+    recv = [d.extra[0][st.me] for d in agr.descs]
+    inp = _move_view(tensor.contiguous())
+    out = torch.empty(sum(recv) * row, dtype=inp.dtype)
+    w = dist.all_to_all_single(out, inp, [r * row for r in recv], [s * row for s in send],
+                               group=st.pg, async_op=True)
+    return [w], out, recv
+
+
+def _validate_alltoall(descs: Sequence[Optional[Desc]], st: SetState) -> Optional[str]:
+    a = descs[0]
+    for b in descs:
+        if b.dtype != a.dtype:
+            return f"Mismatched data types: One rank had type {a.dtype}, but another rank had type {b.dtype}."
+        if len(b.shapes[0]) != len(a.shapes[0]) or b.shapes[0][1:] != a.shapes[0][1:]:
+            return (f"Mismatched ALLTOALL tensor shapes: One rank sent a tensor of shape "
+                    f"{list(a.shapes[0])}, but another rank sent a tensor of shape {list(b.shapes[0])}.")
+    return None
+
+
+def _submit_alltoall(tensor: torch.Tensor, splits: Any, name: Optional[str],
+                     process_set: Optional[ProcessSet]) -> Any:
+    st = _set_state(process_set)
+    if tensor.dim() == 0:
+        raise ValueError("alltoall: the tensor must have at least one dimension")
+    d0 = tensor.shape[0]
+    if splits is None:
+        base, extra = divmod(d0, st.n)
+        sp = tuple(base + (1 if i < extra else 0) for i in range(st.n))
+    else:
+        sp = tuple(int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits))
+        if len(sp) != st.n:
+            raise ValueError(f"alltoall: splits has {len(sp)} entries, expected one per rank ({st.n})")
+        if any(s < 0 for s in sp) or sum(sp) != d0:
+            raise ValueError(f"alltoall: splits {list(sp)} must be non-negative and sum to the "
+                             f"first dimension ({d0})")
+    plan = _AlltoallPlan()
+    plan.st, plan.tensor, plan.with_splits = st, tensor, splits is not None
+    plan.desc = Desc("alltoall", name or "", -1, _dtype_name(tensor.dtype), (_desc_shape(tensor),),
+                     (sp,))
+    plan.name = name or _auto_name("alltoall")
+    return _neg.submit(st, plan)
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
+                   process_set: ProcessSet = global_process_set) -> int:
+    """Start an alltoall: rows ``splits[i]`` of ``tensor`` go to rank i; returns a handle."""
+    return _new_handle(_submit_alltoall(tensor, splits, name, process_set))
+
+
+class _AlltoallFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):  # type: ignore[override]
+        res = _submit_alltoall(tensor, splits, name, process_set).wait()
+        out, recv = (res, None) if splits is None else res
+        ctx.process_set = process_set
+        ctx.recv = None if recv is None else recv.tolist()
+        if recv is None:
+            recv = torch.empty(0, dtype=torch.int32)
+        ctx.mark_non_differentiable(recv)
+        return out, recv
+
+    @staticmethod
+    def backward(ctx, grad, _):  # type: ignore[override]
+        if ctx.recv is None:
+            g = _submit_alltoall(grad.contiguous(), None, None, ctx.process_set).wait()
+        else:
+            g, _r = _submit_alltoall(grad.contiguous(), ctx.recv, None, ctx.process_set).wait()
+        return g, None, None, None
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
+             process_set: ProcessSet = global_process_set) -> Any:
+    """Scatter rows of ``tensor`` to every rank and gather theirs.
+
+    Returns ``output``, or ``(output, received_splits)`` when ``splits`` is given.
+    """
+    if tensor.requires_grad and torch.is_grad_enabled():
+        out, recv = _AlltoallFn.apply(tensor, splits, name, process_set)
+        return out if splits is None else (out, recv)
+    return _submit_alltoall(tensor, splits, name, process_set).wait()
+
+
+# ----------------------------------------------------------------------------- reducescatter
+
+class _ReducescatterPlan(Plan):
+    speculative = True
+    __slots__ = ("bufs", "op", "postscale", "st", "single")
+
+    def launch(self, agr: Agreement) -> List[Any]:
+        return [dist.all_reduce(b, op=dist.ReduceOp.SUM, group=self.st.pg, async_op=True)
+                for b in self.bufs]
+
+    def finish(self, agr: Agreement) -> Any:
+        n, me = self.st.n, self.st.me
+        outs = []
+        for b, dtn in zip(self.bufs, self.desc.dtype.split(",")):
+            base, extra = divmod(b.shape[0], n)
+            start = me * base + min(me, extra)
+            part = b[start: start + base + (1 if me < extra else 0)].clone()
+            if self.op == Average:
+                if part.is_floating_point():
+                    part.mul_(self.postscale / n)
+                else:
+                    part.div_(n, rounding_mode="trunc")
+            elif self.postscale != 1.0:
+                part.mul_(self.postscale)
+            dtype = _DTYPES_BY_NAME[dtn]
+            outs.append(part if part.dtype == dtype else part.to(dtype))
+        return outs[0] if self.single else outs
+
+
+def _reducescatter_dummy(agr: Agreement, st: SetState) -> List[Any]:
+    d = agr.template(st.me)
+    works = []
+    for s, dtn in zip(d.shapes, d.dtype.split(",")):
+        dtype = _DTYPES_BY_NAME[dtn]
+        works.append(dist.all_reduce(torch.zeros(s, dtype=_REDUCE_WIRE.get(dtype, dtype)),
+                                     group=st.pg, async_op=True))
+    return works
+
+
+def _submit_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str], op: int,
+                          prescale: float, postscale: float, process_set: Optional[ProcessSet],
+                          kind: str) -> Any:
+    st = _set_state(process_set)
+    if op not in (Average, Sum):
+        raise ValueError(f"reducescatter only supports Average and Sum, not {_OP_NAMES.get(op, op)}")
+    for t in tensors:
+        if t.dim() == 0:
+            raise ValueError("reducescatter does not support scalar tensors: the tensor must have "
+                             "at least one dimension")
+    plan = _ReducescatterPlan()
+    plan.st, plan.op, plan.postscale = st, op, float(postscale)
+    plan.single = kind == "reducescatter"
+    plan.bufs = [_prep_reduce(t, False, float(prescale)) for t in tensors]
+    extra = (float(prescale), float(postscale)) if (prescale != 1.0 or postscale != 1.0) else ()
+    plan.desc = Desc(kind, name or "", op, ",".join(_dtype_name(t.dtype) for t in tensors),
+                     tuple(_desc_shape(t) for t in tensors), extra)
+    plan.name = name or _auto_name(kind)
+    return _neg.submit(st, plan)
+
+
+class _ReducescatterFn(torch.autograd.Function):
+    """Differentiable reducescatter: backward allgathers the gradient (divided by size for Average)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale, postscale, process_set):  # type: ignore[override]
+        ctx.args = (op, process_set)
+        return _submit_reducescatter([tensor], name, op, prescale, postscale, process_set,
+                                     "reducescatter").wait()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        op, process_set = ctx.args
+        g = _submit_allgather([grad.contiguous()], None, process_set, "allgather").wait()
+        if op == Average:
+            g = g / _set_state(process_set).n
+        return g, None, None, None, None, None
+
+
+def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
+                  compression: Any = Compression.none, op: int = Average,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce ``tensor`` over all ranks and return this rank's block of rows (Sum or Average)."""
+    t, ctx = compression.compress(tensor)
+    if t.requires_grad and torch.is_grad_enabled():
+        out = _ReducescatterFn.apply(t, name, op, prescale_factor, postscale_factor, process_set)
+    else:
+        out = _submit_reducescatter([t], name, op, prescale_factor, postscale_factor, process_set,
+                                    "reducescatter").wait()
+    return compression.decompress(out, ctx)
+
+
+def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: int = Average,
+                        process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> int:
+    """Start a reducescatter; returns a handle."""
+    return _new_handle(_submit_reducescatter([tensor], name, op, prescale_factor, postscale_factor,
+                                             process_set, "reducescatter"))
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                          compression: Any = Compression.none, op: int = Average,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> List[torch.Tensor]:
+    """Reducescatter a list of tensors as one op."""
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _submit_reducescatter([p[0] for p in pairs], name, op, prescale_factor, postscale_factor,
+                                 process_set, "grouped_reducescatter").wait()
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                                op: int = Average, process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+    """Start a grouped reducescatter; returns a handle."""
+    return _new_handle(_submit_reducescatter(list(tensors), name, op, prescale_factor,
+                                             postscale_factor, process_set,
+                                             "grouped_reducescatter"))
+
+
+# ----------------------------------------------------------------------------- sparse
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
+                           process_set: ProcessSet = global_process_set) -> int:
+    """Reduce a sparse COO tensor by allgathering its indices and values; returns a handle whose
+    ``synchronize`` gives the (uncoalesced) sparse sum, divided by size for Average."""
+    if op not in (Average, Sum):
+        raise ValueError("sparse_allreduce_async supports only Average and Sum")
+    t = tensor.coalesce()
+    st = _set_state(process_set)
+    pi = _submit_allgather([t.indices().t().contiguous()], f"{name}.indices" if name else None,
+                           process_set, "allgather")
+    pv = _submit_allgather([t.values().contiguous()], f"{name}.values" if name else None,
+                           process_set, "allgather")
+
+    class _Both:
+        def poll(self) -> bool:
+            return pi.poll() and pv.poll()
+
+        def wait(self) -> torch.Tensor:
+            idx, vals = pi.wait(), pv.wait()
+            if op == Average:
+                vals = vals / st.n if vals.is_floating_point() else vals.div(st.n, rounding_mode="trunc")
+            return torch.sparse_coo_tensor(idx.t(), vals, t.shape)
+
+    return _new_handle(_Both())
+
+
+# ----------------------------------------------------------------------------- barrier / join
+
+class _BarrierPlan(Plan):
+    speculative = False
+    __slots__ = ()
+
+    def launch(self, agr: Agreement) -> List[Any]:
+        return []
+
+    def finish(self, agr: Agreement) -> Any:
+        return None
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Block until every rank of the process set reached the barrier."""
+    st = _set_state(process_set)
+    plan = _BarrierPlan()
+    plan.desc = Desc("barrier", "", -1, "", ())
+    plan.name = _auto_name("barrier")
+    _neg.submit(st, plan).wait()
+
+
+def join(device: int = -1) -> int:
+    """Declare this rank out of data: until every rank joined, contribute zeros to the other
+    ranks' collectives (Average still divides by the full size).  Returns the last rank to join."""
+    return _neg.join(_set_state(global_process_set))
+
+
+# ----------------------------------------------------------------------------- registration
+
+_neg.register_kind("allreduce", _validate_same, _allreduce_dummy)
+_neg.register_kind("grouped_allreduce", _validate_same, _allreduce_dummy)
+_neg.register_kind("allgather", _validate_allgather,
+                   lambda agr, st: _allgather_launch(None, agr, None, st))
+_neg.register_kind("grouped_allgather", _validate_allgather,
+                   lambda agr, st: _allgather_launch(None, agr, None, st))
+_neg.register_kind("broadcast", _validate_same, _broadcast_dummy)
+_neg.register_kind("alltoall", _validate_alltoall, lambda agr, st: _alltoall_launch(agr, st, None)[0])
+_neg.register_kind("reducescatter", _validate_same, _reducescatter_dummy)
+_neg.register_kind("grouped_reducescatter", _validate_same, _reducescatter_dummy)
+_neg.register_kind("barrier", lambda descs, st: None, lambda agr, st: [])

@@ -1,0 +1,451 @@
+"""Lifecycle and topology: ``hvd.init``/``shutdown``, ``rank``/``size``..., capability queries.
+
+Where rank and size come from (first match wins):
+
+1. ``torch.distributed`` already initialised by the user: its default group is used as is.
+2. horovodrun (gloo mode): ``HOROVOD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE/CROSS_RANK/CROSS_SIZE``; the
+   rendezvous is ``MASTER_ADDR/MASTER_PORT`` if set, else ``HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT``.
+3. torchrun and our own engine: ``RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/GROUP_RANK`` with
+   ``MASTER_ADDR/MASTER_PORT`` (under torchrun the elastic agent's store is reused).
+4. mpirun: ``OMPI_COMM_WORLD_*`` or ``PMI_RANK/PMI_SIZE``.  Without ``MASTER_ADDR``, rank 0 picks its
+   address and a free port and sends them to every rank through mpi4py.
+5. nothing: a size-1 job.
+
+Re-initialisation (``init -> shutdown -> init``, which Horovod's own test-suite does for every test)
+needs care on ``torch.distributed``: gloo's full-mesh connect cannot reuse the keys of a previous
+group in the same store.  We keep one rendezvous store per process and give every init generation
+its own key prefix, so a re-init costs no new rendezvous and never collides with an old one.
+
+The backend is gloo for CPU tensors and, when CUDA and NCCL are present, ``cpu:gloo,cuda:nccl`` so a
+GPU job keeps working for CPU tensors too.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import threading
+import warnings
+from datetime import timedelta
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+
+from . import process_sets as _ps
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "cross_rank",
+    "cross_size", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
+    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline",
+    "stop_timeline", "is_homogeneous",
+]
+
+NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+
+
+class _State:
+    """Everything ``init`` establishes; reset by ``shutdown``."""
+
+    def __init__(self) -> None:
+        self.initialized = False
+        self.rank = 0
+        self.size = 1
+        self.local_rank = 0
+        self.local_size = 1
+        self.cross_rank = 0
+        self.cross_size = 1
+        self.source = "none"          # which launcher provided the topology
+        self.owns_default_pg = False  # True when we created torch's default group
+        self.mpi = False              # launched under mpirun
+        self.dynamic_process_sets = False
+        self.store: Optional[dist.Store] = None  # this generation's (prefixed) rendezvous store
+
+
+state = _State()
+_lock = threading.RLock()
+_generation = 0
+_base_store: Optional[dist.Store] = None
+_base_store_key: Optional[tuple] = None
+_malloc_tuned = False
+
+
+def _env_int(*names: str) -> Optional[int]:
+    for n in names:
+        v = os.environ.get(n)
+        if v not in (None, ""):
+            try:
+                return int(v)
+            except ValueError:
+                pass
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _discover() -> Dict[str, Any]:
+    """Read this process's place in the job from the launcher's environment."""
+    e = os.environ
+    if _env_int("HOROVOD_RANK") is not None and _env_int("HOROVOD_SIZE") is not None:
+        size = _env_int("HOROVOD_SIZE")
+        return dict(source="horovodrun", rank=_env_int("HOROVOD_RANK"), size=size,
+                    local_rank=_env_int("HOROVOD_LOCAL_RANK", "LOCAL_RANK"),
+                    local_size=_env_int("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"),
+                    cross_rank=_env_int("HOROVOD_CROSS_RANK", "GROUP_RANK", "NODE_RANK"),
+                    cross_size=_env_int("HOROVOD_CROSS_SIZE"),
+                    addr=e.get("MASTER_ADDR") or e.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"),
+                    port=_env_int("MASTER_PORT", "HOROVOD_GLOO_RENDEZVOUS_PORT"))
+    if _env_int("RANK") is not None and _env_int("WORLD_SIZE") is not None:
+        local_size = _env_int("LOCAL_WORLD_SIZE")
+        size = _env_int("WORLD_SIZE")
+        return dict(source="torchrun", rank=_env_int("RANK"), size=size,
+                    local_rank=_env_int("LOCAL_RANK"), local_size=local_size,
+                    cross_rank=_env_int("GROUP_RANK", "NODE_RANK"),
+                    cross_size=_env_int("GROUP_WORLD_SIZE"),
+                    addr=e.get("MASTER_ADDR"), port=_env_int("MASTER_PORT"))
+    if _env_int("OMPI_COMM_WORLD_SIZE") is not None:
+        return dict(source="mpirun", rank=_env_int("OMPI_COMM_WORLD_RANK"),
+                    size=_env_int("OMPI_COMM_WORLD_SIZE"),
+                    local_rank=_env_int("OMPI_COMM_WORLD_LOCAL_RANK"),
+                    local_size=_env_int("OMPI_COMM_WORLD_LOCAL_SIZE"),
+                    cross_rank=_env_int("OMPI_COMM_WORLD_NODE_RANK"), cross_size=None,
+                    addr=e.get("MASTER_ADDR"), port=_env_int("MASTER_PORT"))
+    if _env_int("PMI_SIZE") is not None and _env_int("PMI_RANK") is not None:
+        return dict(source="mpirun", rank=_env_int("PMI_RANK"), size=_env_int("PMI_SIZE"),
+                    local_rank=_env_int("MPI_LOCALRANKID"), local_size=_env_int("MPI_LOCALNRANKS"),
+                    cross_rank=None, cross_size=None,
+                    addr=e.get("MASTER_ADDR"), port=_env_int("MASTER_PORT"))
+    return dict(source="none", rank=0, size=1, local_rank=0, local_size=1, cross_rank=0,
+                cross_size=1, addr=None, port=None)
+
+
+def _mpi_rendezvous(info: Dict[str, Any]) -> None:
+    """Under mpirun without MASTER_ADDR: rank 0's address and a free port, sent by MPI_Bcast."""
+    from mpi4py import MPI  # imported only here: importing it initialises MPI
+
+    comm = MPI.COMM_WORLD
+    if comm.Get_rank() == 0:
+        all_local = info.get("local_size") == info["size"]
+        addr = "127.0.0.1" if all_local else socket.gethostbyname(socket.gethostname())
+        payload = (addr, _free_port())
+    else:
+        payload = None
+    info["addr"], info["port"] = comm.bcast(payload, root=0)
+
+
+def _store_for(info: Dict[str, Any]) -> dist.Store:
+    """The process-wide rendezvous store (created once, reused by every init generation)."""
+    global _base_store, _base_store_key
+    key = (info["source"], info["addr"], info["port"], info["rank"], info["size"])
+    if _base_store is not None and _base_store_key == key:
+        return _base_store
+    timeout = timedelta(seconds=float(os.environ.get("HOROVOD_COMPAT_INIT_TIMEOUT", "300")))
+    if info["source"] == "torchrun" and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        # env:// honours TORCHELASTIC_USE_AGENT_STORE, i.e. reuses torchrun's agent store.
+        store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+    else:
+        url = f"tcp://{info['addr']}:{info['port']}?rank={info['rank']}&world_size={info['size']}"
+        store, _, _ = next(dist.rendezvous(url, timeout=timeout))
+    _base_store, _base_store_key = store, key
+    return store
+
+
+def _tune_malloc() -> None:
+    """Keep freed large blocks in glibc's heap so out-of-place collectives do not page-fault.
+
+    A fresh 64 MB output buffer costs ~25 ms of page faults on every ``hvd.allreduce`` when glibc
+    serves it with mmap; raising the mmap/trim thresholds makes it reuse freed blocks.  Opt out with
+    ``HOROVOD_COMPAT_MALLOC_TUNING=0``.
+    """
+    global _malloc_tuned
+    if _malloc_tuned or os.environ.get("HOROVOD_COMPAT_MALLOC_TUNING", "1") == "0":
+        return
+    _malloc_tuned = True
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def _backend_name() -> str:
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        return "cpu:gloo,cuda:nccl"
+    return "gloo"
+
+
+def _fill_topology(info: Dict[str, Any], store: Optional[dist.Store], prefix: str) -> None:
+    """Complete local/cross rank and size; exchange hostnames through the store if the launcher
+    did not say."""
+    if None not in (info["local_rank"], info["local_size"], info["cross_rank"], info["cross_size"]):
+        return
+    if info["local_rank"] is not None and info["local_size"] and info["cross_rank"] is not None:
+        info["cross_size"] = max(1, info["size"] // info["local_size"])
+        return
+    if store is None or info["size"] == 1:
+        info.update(local_rank=0, local_size=1, cross_rank=0, cross_size=1)
+        return
+    host = socket.gethostname()
+    store.set(f"{prefix}host/{info['rank']}", host)
+    hosts = [store.get(f"{prefix}host/{r}").decode() for r in range(info["size"])]
+    mine = [r for r, h in enumerate(hosts) if h == host]
+    order = list(dict.fromkeys(hosts))
+    info["local_rank"], info["local_size"] = mine.index(info["rank"]), len(mine)
+    info["cross_rank"], info["cross_size"] = order.index(host), len(order)
+
+
+def _resolve_comm(comm: Any, world_size: int) -> Optional[List[int]]:
+    """``init(comm=...)``: a list of global ranks, or an mpi4py communicator."""
+    if comm is None:
+        return None
+    if isinstance(comm, (list, tuple)):
+        ranks = sorted(int(r) for r in comm)
+    else:  # mpi4py communicator: translate its ranks to COMM_WORLD ranks
+        from mpi4py import MPI
+
+        ranks = sorted(comm.Get_group().Translate_ranks(list(range(comm.Get_size())),
+                                                        MPI.COMM_WORLD.Get_group()))
+    if not ranks or len(set(ranks)) != len(ranks) or ranks[0] < 0 or ranks[-1] >= world_size:
+        raise ValueError(f"init(comm=...): invalid ranks {ranks} for a job of size {world_size}")
+    return ranks
+
+
+def init(comm: Any = None, process_sets: Union[None, str, Sequence["_ps.ProcessSet"]] = None) -> None:
+    """Initialise Horovod: join the job's process group and register process sets.
+
+    Safe to call again while initialised (a no-op).  ``comm`` restricts the job to a list of global
+    ranks (or an mpi4py communicator's ranks); ``process_sets`` is a list of ``ProcessSet`` to
+    register now, or ``"dynamic"`` to allow ``add_process_set``/``remove_process_set`` later (as does
+    ``HOROVOD_DYNAMIC_PROCESS_SETS=1``).
+    """
+    global _generation
+    with _lock:
+        if state.initialized:
+            return
+        _tune_malloc()
+        info = _discover()
+        owns = False
+        prefix = f"horovod_compat/{_generation}/"
+        store = None
+        if dist.is_available() and dist.is_initialized():
+            info.update(rank=dist.get_rank(), size=dist.get_world_size())
+            if info["source"] == "none":
+                info["source"] = "torch.distributed"
+                info.update(local_rank=None, local_size=None, cross_rank=None, cross_size=None)
+        else:
+            if info["source"] == "mpirun" and (not info["addr"] or not info["port"]) and info["size"] > 1:
+                _mpi_rendezvous(info)
+            if info["size"] == 1 and not (info["addr"] and info["port"]):
+                store = dist.HashStore()
+                base = store
+            else:
+                if not info["addr"] or not info["port"]:
+                    raise ValueError(
+                        f"hvd.init(): a {info['size']}-rank job ({info['source']}) needs a rendezvous "
+                        "address: set MASTER_ADDR and MASTER_PORT")
+                base = _store_for(info)
+                store = dist.PrefixStore(prefix, base)
+            timeout = timedelta(seconds=float(os.environ.get("HOROVOD_COMPAT_OP_TIMEOUT", "1800")))
+            dist.init_process_group(_backend_name(), store=store, rank=info["rank"],
+                                    world_size=info["size"], timeout=timeout)
+            owns = True
+        _generation += 1
+        try:
+            _fill_topology(info, store, "topo/")
+            ranks = _resolve_comm(comm, info["size"])
+            dynamic = process_sets == "dynamic" or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") == "1"
+            initial = [] if process_sets in (None, "dynamic") else list(process_sets)
+            _ps._setup(ranks, initial, dynamic)
+        except BaseException:
+            if owns:
+                dist.destroy_process_group()
+            raise
+        gps = _ps.global_process_set
+        state.rank = gps.rank() if ranks is not None else info["rank"]
+        state.size = gps.size() if ranks is not None else info["size"]
+        state.local_rank, state.local_size = info["local_rank"], info["local_size"]
+        state.cross_rank, state.cross_size = info["cross_rank"], info["cross_size"]
+        state.source, state.owns_default_pg = info["source"], owns
+        state.mpi = info["source"] == "mpirun"
+        state.dynamic_process_sets = dynamic
+        state.store = store
+        state.initialized = True
+        from . import negotiation
+
+        negotiation.start_stall_inspector()
+
+
+def shutdown() -> None:
+    """Leave the job: stop the stall inspector, drop process sets and (if we created it) torch's
+    default group.  ``init()`` may be called again afterwards."""
+    with _lock:
+        if not state.initialized:
+            return
+        from . import negotiation
+
+        negotiation.stop_stall_inspector()
+        _ps._teardown()
+        if state.owns_default_pg and dist.is_initialized():
+            dist.destroy_process_group()
+        state.__init__()
+
+
+def control_store() -> Optional[dist.Store]:
+    """A store shared by the job's ranks for small control data (the stall inspector's posts)."""
+    base = state.store
+    if base is None and dist.is_initialized():
+        try:
+            base = dist.distributed_c10d._get_default_store()
+        except Exception:
+            return None
+    return None if base is None else dist.PrefixStore(f"horovod_compat/stall/{_generation}/", base)
+
+
+def is_initialized() -> bool:
+    """True between ``init()`` and ``shutdown()``."""
+    return state.initialized
+
+
+def _check() -> _State:
+    if not state.initialized:
+        raise ValueError(NOT_INITIALIZED)
+    return state
+
+
+def size() -> int:
+    """Number of ranks in the job (of the ``init(comm=...)`` set, if given)."""
+    return _check().size
+
+
+def rank() -> int:
+    """This process's rank in the job."""
+    return _check().rank
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on its host."""
+    return _check().local_rank
+
+
+def local_size() -> int:
+    """Number of ranks on this host."""
+    return _check().local_size
+
+
+def cross_rank() -> int:
+    """Index of this host among the job's hosts (rank among ranks with the same local rank)."""
+    return _check().cross_rank
+
+
+def cross_size() -> int:
+    """Number of hosts in the job."""
+    return _check().cross_size
+
+
+def is_homogeneous() -> bool:
+    """True when every host runs the same number of ranks."""
+    s = _check()
+    return s.local_size * s.cross_size == s.size
+
+
+# ----------------------------------------------------------------------------- capabilities
+
+def mpi_built() -> bool:
+    """True when MPI is usable from Python (mpi4py importable without initialising MPI)."""
+    import importlib.util
+
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def mpi_enabled() -> bool:
+    """True when this job was launched by mpirun and MPI is available."""
+    return state.initialized and state.mpi and mpi_built()
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI runs with MPI_THREAD_MULTIPLE (False when MPI is not in use)."""
+    _check()
+    if not mpi_enabled():
+        return False
+    from mpi4py import MPI
+
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def gloo_built() -> bool:
+    """Gloo is always available through torch.distributed."""
+    return dist.is_available() and dist.is_gloo_available()
+
+
+def gloo_enabled() -> bool:
+    """Gloo carries the collectives of CPU tensors in every job (also mpirun-launched ones)."""
+    return gloo_built()
+
+
+def nccl_built() -> int:
+    """NCCL version code (e.g. 21803 for 2.18.3) when torch has CUDA and NCCL, else 0."""
+    if not (torch.cuda.is_available() and dist.is_nccl_available()):
+        return 0
+    try:
+        v = torch.cuda.nccl.version()
+        major, minor, patch = (v + (0, 0, 0))[:3] if isinstance(v, tuple) else (v // 1000, v // 100 % 10, v % 100)
+        return int(major) * 10000 + int(minor) * 100 + int(patch)
+    except Exception:
+        return 0
+
+
+def ddl_built() -> bool:
+    """IBM DDL is not supported."""
+    return False
+
+
+def ccl_built() -> bool:
+    """oneCCL is not supported."""
+    return False
+
+
+def cuda_built() -> bool:
+    """True when torch was built with CUDA."""
+    return torch.backends.cuda.is_built() and torch.version.cuda is not None
+
+
+def rocm_built() -> bool:
+    """True when torch was built with ROCm."""
+    return getattr(torch.version, "hip", None) is not None
+
+
+# ----------------------------------------------------------------------------- timeline
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start recording a Chrome-trace timeline of every collective into ``file_path``.
+
+    The recorder is a separate module (``horovod_compat.torch.timeline``) that attaches to
+    ``horovod_compat.torch.hooks``; until it exists this warns and records nothing.
+    """
+    _check()
+    try:
+        from . import timeline  # type: ignore[attr-defined]
+    except ImportError as exc:
+        if exc.name != f"{__package__}.timeline":
+            raise
+        warnings.warn("hvd.start_timeline: timeline recording is not available in this "
+                      "horovod_compat version; nothing is recorded", RuntimeWarning, stacklevel=2)
+        return
+    timeline.start(file_path, mark_cycles=mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stop a timeline started by ``start_timeline`` (a no-op when none is recording)."""
+    _check()
+    try:
+        from . import timeline  # type: ignore[attr-defined]
+    except ImportError as exc:
+        if exc.name != f"{__package__}.timeline":
+            raise
+        return
+    timeline.stop()
