@@ -74,7 +74,7 @@ def rewrite_allreduce(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome
     text = f'_native_allreduce({code_of(pos[0].value)}, "{op}"{inplace})'
     return Rewritten(
         cst.parse_expression(text),
-        f'-> {op} over all ranks into a {"the same" if inplace else "new"} tensor (integers truncate)',
+        f'-> {op} over all ranks into a {"the same" if inplace else "new"} tensor' + (" (integers truncate)" if op == "average" else ""),
     )
 
 
