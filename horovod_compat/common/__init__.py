@@ -1,0 +1,2 @@
+"""``horovod.common``: framework-independent pieces of the Horovod API (its exceptions)."""
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
