@@ -1,0 +1,449 @@
+"""Recording a Horovod timeline: a crash-safe Chrome-trace file and the recorder that fills it.
+
+Two layers, both independent of torch:
+
+``TraceFile``
+    A JSON array on disk that is *valid JSON after every write*: the file always ends with ``\\n]``;
+    each append overwrites those two bytes (``os.pwrite`` at a remembered offset) with
+    ``,\\n{event}...\\n]`` in ONE system call.  A rank that is SIGKILLed between two flushes leaves a
+    complete file; what was still in memory is lost, never the file's validity.  This is the fix for
+    Horovod's ``[``-only files after a crash.
+
+``TimelineRecorder``
+    The hot path is one ``deque.append`` of ``(perf_counter_ns, event, name, info)`` per collective
+    event (a few hundred ns).  A daemon thread wakes every ``flush_ms`` (default 100 ms), turns the
+    queued events into Horovod's trace events (one pid per tensor name with ``process_name``
+    metadata, ``NEGOTIATE_<OP>`` span with one ``X`` tick per rank, the ``<OP>`` span with the backend
+    activity (``GLOO_ALLREDUCE`` ...) inside it, fusion-buffer copies, dtype and shape on the closing
+    ``E``) and appends them to the file with one write.  Formatting off the training thread is what
+    keeps the timeline cheap.
+
+Bounds for long runs: ``max_bytes`` stops opening new spans once the file is that large (open spans
+are still closed, so the file stays balanced) and ``cycles=(start, stop)`` records only the bursts
+of collective activity numbered ``start <= n < stop`` (a *cycle* here is a burst: it begins when a
+collective is submitted while none is in flight; with ``DistributedOptimizer`` that is one training
+step).  Both write a ``timeline_truncated`` metadata event when they drop something.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+
+__all__ = ["TraceFile", "TimelineRecorder", "op_label", "backend_activity", "format_shape",
+           "format_dtype", "NEGOTIATE_START", "ALL_READY", "OP_START", "OP_END", "ACTIVITY_START",
+           "ACTIVITY_END"]
+
+# Event names of ``horovod_compat.torch.hooks`` (kept as plain strings so this package does not
+# import torch).
+NEGOTIATE_START = "NEGOTIATE_START"
+ALL_READY = "ALL_READY"
+OP_START = "OP_START"
+OP_END = "OP_END"
+ACTIVITY_START = "ACTIVITY_START"
+ACTIVITY_END = "ACTIVITY_END"
+
+_TAIL = b"\n]"
+
+# collective kind -> Horovod's op label (the suffix of NEGOTIATE_<OP> and the op span's name)
+_OP_LABELS = {
+    "allreduce": "ALLREDUCE", "grouped_allreduce": "ALLREDUCE", "sparse_allreduce": "ALLREDUCE",
+    "adasum": "ALLREDUCE",
+    "allgather": "ALLGATHER", "grouped_allgather": "ALLGATHER",
+    "broadcast": "BROADCAST",
+    "alltoall": "ALLTOALL",
+    "reducescatter": "REDUCESCATTER", "grouped_reducescatter": "REDUCESCATTER",
+    "barrier": "BARRIER", "join": "JOIN",
+}
+# op label -> backend activity suffix (Horovod writes GLOO_BCAST, not GLOO_BROADCAST)
+_BACKEND_SUFFIX = {"BROADCAST": "BCAST"}
+_KNOWN_PREFIXES = frozenset(_OP_LABELS)
+
+
+def op_label(kind: str) -> str:
+    """Horovod's name for a collective kind: ``grouped_allreduce`` -> ``ALLREDUCE``."""
+    return _OP_LABELS.get(kind) or kind.upper()
+
+
+def backend_activity(label: str, backend: str = "GLOO") -> Optional[str]:
+    """The activity Horovod nests in an op span: ``GLOO_ALLREDUCE``, ``NCCL_ALLREDUCE``, ``GLOO_BCAST``.
+
+    None for ops without a data transfer (barrier, join).
+    """
+    if label in ("BARRIER", "JOIN"):
+        return None
+    return f"{backend}_{_BACKEND_SUFFIX.get(label, label)}"
+
+
+def format_dtype(dtype: Any) -> str:
+    """``torch.float32`` / ``"torch.float32"`` -> ``"float32"`` (Horovod's spelling)."""
+    s = str(dtype)
+    return s[6:] if s.startswith("torch.") else s
+
+
+def format_shape(shape: Any) -> str:
+    """``(3, 2)`` -> ``"[3, 2]"``; a sequence of shapes -> ``"[[3, 2], [1, 2]]"``."""
+    if shape is None:
+        return "[]"
+    if isinstance(shape, str):
+        return shape
+    items = list(shape)
+    if items and isinstance(items[0], (tuple, list)):
+        return "[" + ", ".join(format_shape(s) for s in items) + "]"
+    return "[" + ", ".join(str(int(d)) for d in items) + "]"
+
+
+class TraceFile:
+    """A Chrome-trace JSON array that is valid after every ``append`` (see the module docstring)."""
+
+    def __init__(self, path: str, first_events: Sequence[str]) -> None:
+        self.path = path
+        d = os.path.dirname(os.path.abspath(path))
+        os.makedirs(d, exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        head = ("[\n" + ",\n".join(first_events)).encode()
+        os.write(self._fd, head + _TAIL)
+        self._end = len(head)          # offset of the closing "\n]"
+        self._lock = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        """Bytes in the file, the closing bracket included."""
+        return self._end + len(_TAIL)
+
+    def append(self, events: Sequence[str]) -> None:
+        """Add already-serialised events; one ``pwrite`` that also rewrites the closing bracket."""
+        if not events:
+            return
+        data = (",\n" + ",\n".join(events)).encode()
+        with self._lock:
+            if self._fd < 0:
+                return
+            os.pwrite(self._fd, data + _TAIL, self._end)
+            self._end += len(data)
+
+    def close(self) -> None:
+        """Close the file descriptor (the content is already complete)."""
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+class _Track:
+    """Per tensor name: its pid and which spans are open."""
+
+    __slots__ = ("pid", "label", "kind", "busy", "neg_open", "neg_ts", "op_open", "backend", "dtype",
+                 "shape", "activities", "recorded")
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.label = ""
+        self.kind = ""
+        self.busy = False       # between submission (or launch) and the end of the op
+        self.neg_open = False
+        self.neg_ts = 0
+        self.op_open = False
+        self.backend: Optional[str] = None
+        self.dtype: Any = None
+        self.shape: Any = None
+        self.activities = 0
+        self.recorded = False   # the current op's spans are being written (bounds may skip ops)
+
+
+class TimelineRecorder:
+    """Collects collective events on the hot path and writes Horovod's timeline on a thread.
+
+    ``listener`` is the callable to subscribe to ``horovod_compat.torch.hooks``
+    (``listener(event, tensor_name, info)``).  ``anchor`` is ``(perf_counter_ns, time_ns)`` taken at
+    the same moment (``hvd.init``): timestamps are µs since then, and the wall-clock anchor is
+    written into the metadata so per-rank files can be merged onto one time axis.
+    """
+
+    def __init__(self, path: str, *, rank: int = 0, size: int = 1, mark_cycles: bool = False,
+                 anchor: Optional[Tuple[int, int]] = None, flush_ms: float = 100.0,
+                 max_bytes: int = 0, cycles: Optional[Tuple[int, Optional[int]]] = None,
+                 backend: str = "GLOO") -> None:
+        if anchor is None:
+            anchor = (time.perf_counter_ns(), time.time_ns())
+        self.path = path
+        self.rank = rank
+        self.size = size
+        self.mark_cycles = mark_cycles
+        self.backend = backend
+        self.max_bytes = int(max_bytes or 0)
+        self.cycles = cycles
+        self._anchor_perf = anchor[0]
+        self._anchor_wall_us = anchor[1] // 1000
+        self._flush_s = max(0.001, flush_ms / 1000.0)
+        self._queue: Deque[tuple] = collections.deque()
+        self._tracks: Dict[str, _Track] = {}
+        self._inflight = 0
+        self._next_pid = 0
+        self._cycle = -1
+        self._truncated = False
+        self._drain_lock = threading.Lock()
+        meta = {"start_time_since_epoch_in_micros": self._anchor_wall_us,
+                "horovod_compat": {"rank": rank, "size": size, "host": socket.gethostname(),
+                                   "pid": os.getpid(), "clock": "perf_counter"}}
+        self._file = TraceFile(path, [
+            '{"name": "process_name", "ph": "M", "pid": 0, "args": ' + json.dumps(meta) + "}",
+            '{"name": "process_sort_index", "ph": "M", "pid": 0, "args": {"sort_index": 0}}',
+        ])
+        queue_append = self._queue.append
+        clock = time.perf_counter_ns
+
+        def listener(event: str, name: str, info: Dict[str, Any]) -> None:
+            queue_append((clock(), event, name, info))
+
+        self.listener: Callable[[str, str, Dict[str, Any]], None] = listener
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="horovod_compat-timeline", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------------------ control
+    def set_mark_cycles(self, on: bool) -> None:
+        """Turn ``CYCLE_START`` instants on or off from the next cycle on."""
+        self.mark_cycles = bool(on)
+
+    def flush(self) -> None:
+        """Write everything queued so far (callable from any thread)."""
+        self._drain()
+
+    def close(self) -> None:
+        """Stop the thread, write what is queued, close spans still open (args ``incomplete``)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        self._drain(final=True)
+        self._file.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._stop.is_set()
+
+    # ------------------------------------------------------------------------------ thread
+    def _run(self) -> None:
+        while not self._stop.wait(self._flush_s):
+            try:
+                self._drain()
+            except Exception:  # a broken timeline must never break training
+                pass
+
+    def _ts(self, t_ns: int) -> int:
+        return (t_ns - self._anchor_perf) // 1000
+
+    def _drain(self, final: bool = False) -> None:
+        with self._drain_lock:
+            out: List[str] = []
+            q = self._queue
+            while q:
+                t_ns, event, name, info = q.popleft()
+                self._translate(out, self._ts(t_ns), event, name, info)
+            if final:
+                ts = self._ts(time.perf_counter_ns())
+                for tr in self._tracks.values():
+                    if tr.busy:
+                        self._close_all(out, tr, ts, incomplete=True)
+            if out:
+                self._file.append(out)
+
+    # ------------------------------------------------------------------------------ translation
+    def _over_budget(self) -> bool:
+        if self.max_bytes and self._file.size >= self.max_bytes:
+            return True
+        if self.cycles is not None:
+            start, stop = self.cycles
+            if self._cycle < start or (stop is not None and self._cycle >= stop):
+                return True
+        return False
+
+    def _note_truncated(self, out: List[str], ts: int, why: str) -> None:
+        if not self._truncated:
+            self._truncated = True
+            out.append('{"name": "timeline_truncated", "ph": "M", "pid": 0, "args": '
+                       + json.dumps({"ts": ts, "reason": why}) + "}")
+
+    def _get(self, name: str) -> _Track:
+        tr = self._tracks.get(name)
+        if tr is None:
+            tr = self._tracks[name] = _Track(0)
+        return tr
+
+    def _ensure_pid(self, out: List[str], tr: _Track, name: str) -> None:
+        """Give the tensor its pid (and write the ``process_name`` metadata) on first recording."""
+        if tr.pid:
+            return
+        self._next_pid += 1
+        tr.pid = self._next_pid
+        label = display_name(name, tr.kind)
+        out.append('{"name": "process_name", "ph": "M", "pid": %d, "args": {"name": %s}}'
+                   % (tr.pid, json.dumps(label)))
+        out.append('{"name": "process_sort_index", "ph": "M", "pid": %d, "args": {"sort_index": %d}}'
+                   % (tr.pid, tr.pid))
+
+    def _begin_op(self, out: List[str], tr: _Track, name: str, ts: int) -> None:
+        """``tr`` becomes busy: count cycles, mark them, decide (bounds) whether the op is recorded."""
+        if self._inflight == 0:
+            self._cycle += 1
+            if self.mark_cycles and not self._over_budget():
+                out.append('{"ph": "i", "name": "CYCLE_START", "ts": %d, "s": "g"}' % ts)
+        self._inflight += 1
+        tr.busy = True
+        if self._over_budget():
+            reason = "max_bytes" if self.max_bytes and self._file.size >= self.max_bytes else "cycles"
+            self._note_truncated(out, ts, reason)
+            tr.recorded = False
+        else:
+            tr.recorded = True
+            self._ensure_pid(out, tr, name)
+
+    def _translate(self, out: List[str], ts: int, event: str, name: str, info: Dict[str, Any]) -> None:
+        if event == NEGOTIATE_START:
+            tr = self._get(name)
+            if tr.busy:
+                self._close_all(out, tr, ts, incomplete=True)   # a previous op never ended
+            tr.kind = info.get("kind", "") or tr.kind
+            tr.label = op_label(tr.kind)
+            self._begin_op(out, tr, name, ts)
+            tr.neg_open, tr.neg_ts = True, ts
+            if tr.recorded:
+                out.append('{"ph": "B", "name": "NEGOTIATE_%s", "ts": %d, "pid": %d}' % (tr.label, ts, tr.pid))
+                out.append('{"ph": "X", "name": "%d", "ts": %d, "pid": %d, "dur": 0}' % (self.rank, ts, tr.pid))
+        elif event == ALL_READY:
+            tr = self._tracks.get(name)
+            if tr is None or not tr.neg_open:
+                if tr is not None and tr.recorded and tr.op_open:
+                    self._ready_ticks(out, tr, ts, info)   # late news of a speculative launch
+                return
+            tr.neg_open = False
+            if tr.recorded:
+                self._ready_ticks(out, tr, ts, info)
+                out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, tr.pid))
+        elif event == OP_START:
+            tr = self._get(name)
+            kind = info.get("kind") or ""
+            if kind:
+                tr.kind = kind
+            tr.label = op_label(tr.kind) if tr.kind else "ALLREDUCE"
+            if tr.op_open:
+                self._close_all(out, tr, ts, incomplete=True)
+            if not tr.busy:
+                self._begin_op(out, tr, name, ts)   # an op without negotiation (optimizer bucket)
+            elif tr.recorded:
+                # speculative launch on a cache hit: the transfer itself waits for the peers
+                out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, tr.pid))
+            tr.neg_open = False
+            tr.op_open = True
+            if not tr.recorded:
+                return
+            tr.dtype, tr.shape = info.get("dtype"), info.get("shape")
+            out.append('{"ph": "B", "name": "%s", "ts": %d, "pid": %d}' % (tr.label, ts, tr.pid))
+            fused = info.get("fused")
+            if fused:
+                out.append('{"ph": "B", "name": "MEMCPY_IN_FUSION_BUFFER", "ts": %d, "pid": %d}' % (ts, tr.pid))
+                names = list(fused) if isinstance(fused, (list, tuple)) else []
+                out.append('{"ph": "E", "ts": %d, "pid": %d, "args": {"tensors": %s}}'
+                           % (ts, tr.pid, json.dumps(names)))
+            dev = str(info.get("device") or "")
+            be = info.get("backend") or ("NCCL" if dev.startswith("cuda") else self.backend)
+            tr.backend = backend_activity(tr.label, str(be).upper())
+            if tr.backend:
+                out.append('{"ph": "B", "name": "%s", "ts": %d, "pid": %d}' % (tr.backend, ts, tr.pid))
+        elif event == OP_END:
+            tr = self._tracks.get(name)
+            if tr is not None and tr.busy:
+                self._close_all(out, tr, ts, error=info.get("error"))
+        elif event == ACTIVITY_START:
+            tr = self._tracks.get(name)
+            if tr is None or not tr.recorded or not tr.op_open:
+                return
+            act = str(info.get("activity", "ACTIVITY"))
+            if tr.backend and tr.activities == 0 and act.startswith("MEMCPY_OUT"):
+                # the transfer is over once the copies out start: close the backend span first
+                out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, tr.pid))
+                tr.backend = None
+            tr.activities += 1
+            out.append('{"ph": "B", "name": %s, "ts": %d, "pid": %d}' % (json.dumps(act), ts, tr.pid))
+        elif event == ACTIVITY_END:
+            tr = self._tracks.get(name)
+            if tr is None or not tr.recorded or tr.activities <= 0:
+                return
+            tr.activities -= 1
+            out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, tr.pid))
+
+    def _ready_ticks(self, out: List[str], tr: _Track, ts: int, info: Dict[str, Any]) -> None:
+        """One ``X`` tick per other rank, from the wall-clock readiness times negotiation reports."""
+        ready = info.get("ready_us")
+        if not ready:
+            return
+        ranks = info.get("ranks") or list(range(len(ready)))
+        ticks = []
+        for r, t_us in zip(ranks, ready):
+            if t_us is None or int(r) == self.rank:
+                continue
+            ticks.append((int(t_us) - self._anchor_wall_us, int(r)))
+        for t, r in sorted(ticks):
+            t = min(max(t, tr.neg_ts), ts)   # clock skew between hosts must not leave the span
+            out.append('{"ph": "X", "name": "%d", "ts": %d, "pid": %d, "dur": 0}' % (r, t, tr.pid))
+
+    def _close_all(self, out: List[str], tr: _Track, ts: int, error: Any = None,
+                   incomplete: bool = False) -> None:
+        """``tr`` becomes idle: close every span open on it (innermost first); the op's ``E``
+        carries dtype and shape, as Horovod's does."""
+        if not tr.busy:
+            return
+        tr.busy = False
+        if self._inflight > 0:
+            self._inflight -= 1
+        if tr.recorded:
+            pid = tr.pid
+            while tr.activities > 0:
+                tr.activities -= 1
+                out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, pid))
+            extra: Dict[str, Any] = {}
+            if error:
+                extra["error"] = str(error)
+            if incomplete:
+                extra["incomplete"] = True
+            if tr.op_open:
+                if tr.backend:
+                    out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, pid))
+                args: Dict[str, Any] = {}
+                if tr.dtype:
+                    args["dtype"] = format_dtype(tr.dtype)
+                if tr.shape is not None and tr.label not in ("BARRIER", "JOIN"):
+                    args["shape"] = format_shape(tr.shape)
+                args.update(extra)
+                if args:
+                    out.append('{"ph": "E", "ts": %d, "pid": %d, "args": %s}' % (ts, pid, json.dumps(args)))
+                else:
+                    out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, pid))
+            if tr.neg_open:
+                if extra:
+                    out.append('{"ph": "E", "ts": %d, "pid": %d, "args": %s}' % (ts, pid, json.dumps(extra)))
+                else:
+                    out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, pid))
+        tr.neg_open = tr.op_open = False
+        tr.backend = None
+        tr.activities = 0
+        tr.dtype = tr.shape = None
+
+
+def display_name(name: str, kind: str) -> str:
+    """The process name Horovod shows for a tensor: ``allreduce.grad_a``.
+
+    Names that already carry a collective prefix (``allreduce.x``, ``grouped_allreduce.g_1of2``) are
+    kept; others get ``<kind>.``; an empty name becomes ``<kind>.noname``.
+    """
+    head = name.split(".", 1)[0]
+    if head in _KNOWN_PREFIXES:
+        return name
+    kind = kind or "op"
+    return f"{kind}.{name}" if name else f"{kind}.noname"
