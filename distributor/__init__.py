@@ -14,10 +14,11 @@ from .errors import (
     PayloadPicklingError,
     RankFailedError,
 )
-from .spec import FunctionTarget, LaunchRequest, RankSpec, ScriptTarget
+from .spec import CommandTarget, FunctionTarget, LaunchRequest, RankSpec, ScriptTarget
 from .torch_distributor import TorchDistributor
 
 __all__ = [
+    "CommandTarget",
     "DistributedRunError",
     "FunctionTarget",
     "Job",

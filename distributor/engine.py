@@ -24,7 +24,7 @@ from .hub import DriverHub
 from .launchers import Launcher, PythonLauncher
 from .placement import JobContext, LocalPlacement, Placement
 from .protocol import SEND_NOTHING, SEND_RESULT, Channel, Kind
-from .spec import FunctionTarget, LaunchRequest, MessageHandler, OutputHandler, ScriptTarget
+from .spec import CommandTarget, FunctionTarget, LaunchRequest, MessageHandler, OutputHandler, ScriptTarget
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,8 @@ FAILURE_SETTLE_SECONDS = 0.5
 #: How long a rank that already sent its result may take to exit before it is stopped.
 EXIT_GRACE_SECONDS = 30.0
 OUTPUT_TAIL_LINES = 200
+#: How long after the placement reports that nothing runs any more the engine waits for frames.
+PLACEMENT_END_GRACE_SECONDS = 2.0
 #: How long after a rank's exit the engine keeps reading what it sent before the exit.
 DISCONNECT_GRACE_SECONDS = 10.0
 
@@ -174,9 +176,11 @@ class Job:
         self.placement.validate(self.request)
         if isinstance(target, FunctionTarget):
             self._payload = payload.dumps_function(target.fn, tuple(target.args), dict(target.kwargs))
-        else:
-            assert isinstance(target, ScriptTarget)
+        elif isinstance(target, ScriptTarget):
             self._payload = payload.dumps_script(target.path, target.argv)
+        else:
+            assert isinstance(target, CommandTarget)
+            self._payload = payload.dumps_command(target.argv)
         secret = protocol.new_secret()
         self.hub = DriverHub(secret, self._on_frame, self._on_close, bind_host=self.placement.hub_bind_host)
         try:
@@ -199,6 +203,7 @@ class Job:
         started = time.monotonic()
         first_failure_at: Optional[float] = None
         timeout_error: Optional[BaseException] = None
+        placement_ended_at: Optional[float] = None
         while True:
             try:
                 self._wake.get(timeout=0.2)
@@ -209,7 +214,14 @@ class Job:
                 states = list(self._states.values())
             if all(self._ended(s, now) for s in states):
                 break
+            if self.placement.finished():  # no rank can still run (the Spark job has ended)
+                placement_ended_at = placement_ended_at or now
+                if now - placement_ended_at > PLACEMENT_END_GRACE_SECONDS:
+                    break  # the frames they sent before the end have been read by now
             if self._stopping:
+                continue
+            if self.placement.failure() is not None:
+                self._stop_all()
                 continue
             if first_failure_at is None and any(self._failed(s) for s in states):
                 first_failure_at = now
@@ -229,7 +241,7 @@ class Job:
                 log.warning("ranks %s finished but did not exit within %ss; stopping them",
                             overdue, EXIT_GRACE_SECONDS)
                 self.placement.stop()
-        failure = self._failure_error()
+        failure = self._failure_error() or self.placement.failure()
         return failure if failure is not None else timeout_error
 
     def _check_timeouts(self, states: List[_RankState], elapsed: float, now: float) -> Optional[BaseException]:
@@ -328,7 +340,7 @@ class Job:
     def _summary(state: _RankState) -> str:
         if state.stopped_by_driver and state.error is None:
             return f"stopped by the driver ({describe_exit(state.returncode)})"
-        if state.error:
+        if state.error and state.error.get("exc_type"):
             return f"{state.error['exc_type']}: {state.error['exc_message']}"
         return describe_exit(state.returncode)
 

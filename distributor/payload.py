@@ -43,6 +43,11 @@ def dumps_script(path: str, argv: Sequence[str]) -> bytes:
     return cloudpickle.dumps(("script", os.path.abspath(path), list(argv)))
 
 
+def dumps_command(argv: Sequence[str]) -> bytes:
+    """Pickle a command run for the ranks."""
+    return cloudpickle.dumps(("command", list(argv)))
+
+
 def dumps_value(value: Any, what: str) -> bytes:
     """Pickle a return value in a rank, with an error that says which value failed."""
     try:

@@ -14,6 +14,7 @@ import os
 import pickle
 import runpy
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -86,11 +87,30 @@ class _DriverLink:
                 return
 
 
+def _run_command(argv: list) -> None:
+    """Run a command as this rank, sharing its stdout/stderr; its exit status becomes ours."""
+    child = subprocess.Popen(argv, preexec_fn=_child_dies_with_us)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+    code = child.wait()
+    if code:
+        raise SystemExit(128 - code if code < 0 else code)
+
+
+def _child_dies_with_us() -> None:
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _run_target(payload: bytes) -> Any:
     target = pickle.loads(payload)
     if target[0] == "function":
         _, fn, args, kwargs = target
         return fn(*args, **kwargs)
+    if target[0] == "command":
+        return _run_command(target[1])
     _, path, argv = target
     sys.argv = [path, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
@@ -148,9 +168,12 @@ def main() -> int:
         code = exc.code
         exit_code = code if isinstance(code, int) else (0 if code is None else 1)
         if exit_code:
-            if not isinstance(code, int):
+            report = {**_error_report(exc), "traceback": None}
+            if isinstance(code, int):  # a plain exit status says it all
+                report.update(exc_type=None, exc_message=None)
+            else:
                 print(code, file=sys.stderr)
-            channel.send(Kind.ERROR, {**_error_report(exc), "traceback": None})
+            channel.send(Kind.ERROR, report)
         data = pickle.dumps(None) if send_result else None
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
         report = _error_report(exc)

@@ -42,7 +42,18 @@ class ScriptTarget:
         return self.path
 
 
-Target = Union[FunctionTarget, ScriptTarget]
+@dataclass(frozen=True)
+class CommandTarget:
+    """Run an arbitrary command (e.g. `pytest test_x.py`) as each rank, like `horovodrun CMD`."""
+
+    argv: Tuple[str, ...]
+
+    @property
+    def description(self) -> str:
+        return " ".join(self.argv)
+
+
+Target = Union[FunctionTarget, ScriptTarget, CommandTarget]
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,11 @@ class LaunchRequest:
                 raise LaunchValidationError(
                     f"Script arguments must be strings, got {list(self.target.argv)!r}; "
                     "convert them with str() as you would on a torchrun command line."
+                )
+        elif isinstance(self.target, CommandTarget):
+            if not self.target.argv or not all(isinstance(a, str) for a in self.target.argv):
+                raise LaunchValidationError(
+                    f"A command must be a non-empty list of strings, got {list(self.target.argv)!r}."
                 )
         elif not callable(self.target.fn):
             raise LaunchValidationError(f"{self.target.fn!r} is not callable.")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 from ..launchers import Launcher
 from ..spec import LaunchRequest
@@ -38,6 +38,20 @@ class Placement(abc.ABC):
     @abc.abstractmethod
     def stop(self) -> None:
         """Stop every rank that is still running (first SIGTERM, then SIGKILL)."""
+
+    def failure(self) -> Optional[BaseException]:
+        """An error of the placement itself (not of a rank) that ends the job, once it happened.
+
+        The engine stops every rank and raises it when no rank failed first. Local: never.
+        """
+        return None
+
+    def finished(self) -> bool:
+        """True once no rank of this placement can still be running (a Spark job that ended).
+
+        Lets the engine stop waiting for exit reports that a killed task can no longer send.
+        """
+        return False
 
     def close(self) -> None:
         """Release what `start` acquired; called once after every rank has ended."""

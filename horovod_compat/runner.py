@@ -1,0 +1,134 @@
+"""`HorovodRunner`: Databricks' `sparkdl.HorovodRunner` API on this project's engine.
+
+`HorovodRunner(np).run(main, **kwargs)` runs `main(**kwargs)` on |np| ranks started by `mpirun`
+and returns rank 0's value. `np < 0` runs -np ranks on the driver only (no Spark job); `np > 0`
+runs np ranks as one Spark barrier stage. Inside every rank `import horovod.torch as hvd` resolves
+to this project, `hvd.init()` reads rank and size from MPI, and `HOROVOD_*` variables set on the
+driver (notably `HOROVOD_TIMELINE`) are forwarded.
+
+`np == 0` was Databricks' deprecated "use every task slot" mode; here it is an error that says
+which value to pass instead, because silently grabbing the whole cluster surprises more users
+than it helps.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import warnings
+from typing import Any, Callable, Dict, Optional
+
+from distributor import FunctionTarget, LaunchRequest, launch, payload
+from distributor.launchers import MpirunLauncher
+from distributor.worker import in_rank, send_to_driver
+
+#: Databricks' threshold for warning about a large pickled `main` + kwargs.
+LARGE_PAYLOAD_BYTES = 10 * 1024 * 1024
+_VERBOSITIES = ("all", "log_callback_only")
+
+
+class HorovodRunner:
+    """Run a Horovod training function on `np` ranks (see the module docstring for `np`)."""
+
+    def __init__(self, np: int, driver_log_verbosity: str = "log_callback_only") -> None:
+        if isinstance(np, bool) or not isinstance(np, int):
+            raise TypeError(f"HorovodRunner: np must be an int, got {np!r} ({type(np).__name__}).")
+        if np == 0:
+            raise ValueError(
+                "HorovodRunner(np=0) is not supported: it was Databricks' deprecated 'use all task "
+                "slots' mode. Pass np=N (N > 0) to run N ranks as Spark tasks, or np=-N to run N "
+                "ranks on the driver only."
+            )
+        if driver_log_verbosity not in _VERBOSITIES:
+            raise ValueError(
+                f"HorovodRunner: driver_log_verbosity must be one of {_VERBOSITIES}, got "
+                f"{driver_log_verbosity!r}."
+            )
+        self.num_processor = np
+        self.driver_log_verbosity = driver_log_verbosity
+
+    @property
+    def local_mode(self) -> bool:
+        return self.num_processor < 0
+
+    def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
+        """Run `main(**kwargs)` on every rank and return rank 0's return value."""
+        if not callable(main):
+            raise TypeError(f"HorovodRunner.run: main must be a function, got {type(main).__name__}.")
+        _check_kwargs(main, kwargs)
+        _warn_if_large(main, kwargs)
+        request = LaunchRequest(
+            FunctionTarget(main, (), dict(kwargs)), abs(self.num_processor),
+            env=horovod_environment(), start_timeout=_start_timeout(),
+        )
+        show_all = self.driver_log_verbosity == "all"
+        return launch(
+            request,
+            placement=self._placement(),
+            launcher=MpirunLauncher(),
+            output=None if show_all else _keep_quiet,
+            on_message=_print_log_message,
+        )
+
+    def _placement(self) -> Any:
+        if self.local_mode:
+            return None  # the engine's default: this host
+        from distributor.placement.spark import SparkPlacement  # noqa: F401 - imported on demand
+
+        return SparkPlacement()
+
+
+def log_to_driver(message: Any) -> None:
+    """Show `message` in the driver's output; the only rank output shown by default."""
+    if in_rank():
+        send_to_driver(message)
+    else:
+        print(message, flush=True)
+
+
+def horovod_environment() -> Dict[str, str]:
+    """Driver variables every rank must see, as `mpirun -x` would forward them."""
+    return {k: v for k, v in os.environ.items() if k.startswith(("HOROVOD_", "NCCL_", "OMPI_MCA_"))}
+
+
+def _start_timeout() -> float:
+    return float(os.environ.get("HOROVOD_START_TIMEOUT", "120"))
+
+
+def _keep_quiet(rank: Optional[int], stream: str, line: str) -> None:
+    """Output handler of `log_callback_only`: lines are kept for the error report, not shown."""
+
+
+def _print_log_message(rank: int, message: Any) -> None:
+    print(message if isinstance(message, str) else repr(message), flush=True)
+
+
+def _check_kwargs(main: Callable[..., Any], kwargs: Dict[str, Any]) -> None:
+    try:
+        signature = inspect.signature(main)
+    except (TypeError, ValueError):
+        return  # builtins and some C callables have no signature to check
+    try:
+        signature.bind(**kwargs)
+    except TypeError as exc:
+        raise TypeError(
+            f"HorovodRunner.run: the keyword arguments {sorted(kwargs)} do not fit "
+            f"{getattr(main, '__name__', 'main')}{signature}: {exc}. Pass exactly the parameters "
+            "the training function takes, by name."
+        ) from None
+
+
+def _warn_if_large(main: Callable[..., Any], kwargs: Dict[str, Any]) -> None:
+    size = len(payload.dumps_function(main, (), kwargs))
+    if size <= LARGE_PAYLOAD_BYTES:
+        return
+    largest = ", ".join(f"{name} ({n / 2**20:.1f} MB)" for name, n in payload.pickled_size_report(main, (), kwargs))
+    warnings.warn(
+        f"HorovodRunner: the pickled training function and its arguments take {size / 2**20:.1f} MB "
+        f"(largest: {largest}). Every rank receives a copy; load large data inside the function "
+        "(e.g. from a file path you pass) instead of capturing it.",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+__all__ = ["HorovodRunner", "log_to_driver"]
