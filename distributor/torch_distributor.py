@@ -59,12 +59,12 @@ class TorchDistributor:
         return launch(request, self._placement())
 
     def _placement(self) -> Any:
+        """This host for `local_mode=True`; one barrier stage of the active SparkSession otherwise."""
         if self.local_mode:
             return None  # the engine's default: this host
-        raise NotImplementedError(
-            "TorchDistributor(local_mode=False) needs the Spark placement, which is not built yet; "
-            "use local_mode=True to run every rank on this host."
-        )
+        from .placement.spark import SparkPlacement
+
+        return SparkPlacement(required_modules=("torch",))
 
 
 def _active_spark_conf() -> dict:
