@@ -33,6 +33,11 @@ import torch.distributed as dist
 
 from . import _backend
 
+try:  # the core's instrumentation point (timeline); optional
+    from . import hooks as _hooks
+except ImportError:  # pragma: no cover
+    _hooks = None
+
 __all__ = ["DistributedOptimizer"]
 
 _MIB = 1024 * 1024
@@ -117,6 +122,7 @@ class _GradReducer:
         self.buckets: List[_Bucket] = []
         self.slot: List[Tuple[_Bucket, int]] = []
         self._build(list(reversed(range(len(params)))))
+        self._check_agreement()
         self.handles = []
         self._register_hooks()
 
@@ -181,6 +187,54 @@ class _GradReducer:
             n = self.params[i].numel()
             b.views.append(b.buffer[off:off + n].view(self.params[i].shape))
             off += n
+
+    def _check_agreement(self) -> None:
+        """One small allgather at construction: every rank must reduce the same tensors the same way.
+
+        Different models (shapes/dtypes), ops, compressions or bucket layouts would otherwise make
+        the bucket collectives hang or mix data; here every rank raises ``HorovodInternalError``
+        naming the ranks that differ, as Horovod reports mismatched collectives.
+        """
+        from .functions import allgather_object
+        mine = {"op": self.op_name, "compression": self.comp_kind,
+                "backward_passes_per_step": self.bpps,
+                "tensors": [(tuple(p.shape), str(p.dtype).replace("torch.", "")) for p in self.params],
+                "buckets": [b.members for b in self.buckets]}
+        everyone = allgather_object(mine, process_set=self.process_set)
+        ranks = _backend.group_ranks(self.process_set)
+        problems = []
+        for key in ("op", "compression", "backward_passes_per_step"):
+            values = {r: d[key] for r, d in zip(ranks, everyone)}
+            if len(set(map(repr, values.values()))) > 1:
+                problems.append(f"Mismatched DistributedOptimizer {key}: " +
+                                ", ".join(f"rank {r}: {v}" for r, v in values.items()))
+        counts = {r: len(d["tensors"]) for r, d in zip(ranks, everyone)}
+        if len(set(counts.values())) > 1:
+            problems.append("Mismatched number of parameters to reduce: " +
+                            ", ".join(f"rank {r}: {n}" for r, n in counts.items()))
+        else:
+            for j in range(len(self.params)):
+                shapes = {r: d["tensors"][j][0] for r, d in zip(ranks, everyone)}
+                dtypes = {r: d["tensors"][j][1] for r, d in zip(ranks, everyone)}
+                name = self.names[j] or f"#{j}"
+                if len(set(shapes.values())) > 1:
+                    a, b = list(dict.fromkeys(shapes.values()))[:2]
+                    problems.append(
+                        f"Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape {list(a)}, "
+                        f"but another rank sent a tensor of shape {list(b)}. (parameter {name}; " +
+                        ", ".join(f"rank {r}: {list(v)}" for r, v in shapes.items()) + ")")
+                    break
+                if len(set(dtypes.values())) > 1:
+                    a, b = list(dict.fromkeys(dtypes.values()))[:2]
+                    problems.append(
+                        f"Mismatched data types: One rank had type {a}, but another rank had type {b}. "
+                        f"(parameter {name}; " + ", ".join(f"rank {r}: {v}" for r, v in dtypes.items()) + ")")
+                    break
+            if not problems and len({repr(d["buckets"]) for d in everyone}) > 1:
+                problems.append("Mismatched gradient fusion layout (is HOROVOD_FUSION_THRESHOLD or "
+                                "`groups` different between ranks?)")
+        if problems:
+            raise _backend.horovod_internal_error()("; ".join(problems))
 
     # ----------------------------------------------------------------------------- hooks
     def _register_hooks(self) -> None:
@@ -252,7 +306,22 @@ class _GradReducer:
             self._launch(buckets[self.next_bucket])
             self.next_bucket += 1
 
+    def _emit(self, b: _Bucket, events: Tuple[str, ...]) -> None:
+        """Timeline events for the tensors of a bucket (only when a listener is subscribed)."""
+        for i in b.members:
+            p = self.params[i]
+            name = self.names[i] or f"allreduce.noname.{i}"
+            for ev in events:
+                if ev == "OP_START":
+                    _hooks.emit(_hooks.OP_START, name, kind="allreduce",
+                                dtype=str(p.dtype).replace("torch.", ""), shape=tuple(p.shape),
+                                op=self.op_name)
+                else:
+                    _hooks.emit(getattr(_hooks, ev), name)
+
     def _launch(self, b: _Bucket) -> None:
+        if _hooks is not None and _hooks.active:
+            self._emit(b, ("NEGOTIATE_START", "ALL_READY", "OP_START"))
         if b.custom is None:
             b.work = dist.all_reduce(b.buffer, op=self.wire_op, group=self.group, async_op=True)
             return
@@ -276,12 +345,18 @@ class _GradReducer:
         post = self.postscale
         for b in self.buckets:
             work = b.work
-            if isinstance(work, list):
-                for w in work:
-                    w.wait()
-            elif work is not None:
-                work.wait()
+            try:
+                if isinstance(work, list):
+                    for w in work:
+                        w.wait()
+                elif work is not None:
+                    work.wait()
+            except RuntimeError as exc:
+                raise _backend.horovod_internal_error()(
+                    f"DistributedOptimizer: gradient allreduce failed: {exc}") from exc
             b.work = None
+            if _hooks is not None and _hooks.active:
+                self._emit(b, ("OP_END",))
             if b.custom is not None:
                 for s, i in enumerate(b.members):
                     c, ctx = b.custom[s]

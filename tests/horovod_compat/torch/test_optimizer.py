@@ -268,6 +268,34 @@ def _scenarios():
     # ...and differs from plain averaging (the rule really is applied)
     rep["adasum_vs_average"] = diff(expected, averaged)
 
+    # ranks with different models: HorovodInternalError on every rank, naming the ranks, no hang
+    bad = torch.nn.Linear(4, 3 + rank)
+    try:
+        DistributedOptimizer(torch.optim.SGD(bad.parameters(), lr=0.1), named_parameters=bad.named_parameters())
+        rep["mismatch"] = None
+    except RuntimeError as e:
+        rep["mismatch"] = (type(e).__name__, str(e))
+
+    # timeline events for every reduced tensor, under its parameter name
+    try:
+        from horovod_compat.torch import hooks
+    except ImportError:
+        hooks = None
+    if hooks is not None:
+        events = []
+        listener = lambda ev, name, info: events.append((ev, name))
+        hooks.subscribe(listener)
+        try:
+            m = make()
+            opt = DistributedOptimizer(sgd(m.parameters(), 1.0), named_parameters=m.named_parameters())
+            x, y = local(0)
+            opt.zero_grad()
+            F.mse_loss(m(x), y).backward()
+            opt.step()
+        finally:
+            hooks.unsubscribe(listener)
+        rep["timeline"] = sorted({(ev, name) for ev, name in events if name.endswith("weight")})
+
     # memory: one flat copy of the gradients at most (half of it with fp16)
     m = make()
     opt = DistributedOptimizer(sgd(m.parameters(), 1.0))
@@ -444,6 +472,22 @@ def test_adasum_delta_optimizer(report):
         d, name = r["adasum"]
         assert d < 1e-6 and name == "SGD"
         assert r["adasum_vs_average"] > 1e-4
+
+
+def test_mismatched_models_raise_on_every_rank(report):
+    for r in report:
+        kind, msg = r["mismatch"]
+        assert kind == "HorovodInternalError"
+        assert "Mismatched ALLREDUCE tensor shapes" in msg and "rank 0: [3, 4]" in msg and "rank 1: [4, 4]" in msg
+
+
+def test_timeline_events_per_parameter(report):
+    if "timeline" not in report[0]:
+        pytest.skip("core hooks module not available")
+    events = report[0]["timeline"]
+    for ev in ("NEGOTIATE_START", "ALL_READY", "OP_START", "OP_END"):
+        for name in ("0.weight", "2.weight", "4.weight"):
+            assert (ev, name) in events
 
 
 def test_memory_one_gradient_copy(report):
