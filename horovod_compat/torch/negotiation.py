@@ -258,8 +258,12 @@ class Pending:
 
 def _emit_start(plan: Plan) -> None:
     d = plan.desc
-    hooks.emit(hooks.OP_START, plan.name, kind=d.kind, dtype=d.dtype,
-               shape=d.shapes[0] if len(d.shapes) == 1 else d.shapes, op=d.op)
+    info = dict(kind=d.kind, dtype=d.dtype, shape=d.shapes[0] if len(d.shapes) == 1 else d.shapes,
+                op=d.op)
+    if d.kind.startswith("grouped_"):
+        k = len(d.shapes)
+        info["tensor_names"] = [f"{plan.name}_{i}of{k}" for i in range(k)]
+    hooks.emit(hooks.OP_START, plan.name, **info)
 
 
 def _settle_speculation(st: SetState, g: List[List[int]], my_works: Optional[List[Any]]) -> None:

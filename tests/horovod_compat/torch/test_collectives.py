@@ -1,0 +1,253 @@
+"""Collectives of horovod_compat.torch on 2 real ranks.
+
+Each launch runs many checks inside the ranks (every dtype x op, every variant) and returns a report
+of (check name, ok, detail); the outer test asserts that the report is complete and has no failure.
+Inputs are deterministic per rank, so each rank computes the exact expected value independently.
+"""
+from __future__ import annotations
+
+from distributor import run_function
+
+DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
+
+
+class _Report:
+    def __init__(self):
+        self.rows = []
+
+    def check(self, name, ok, detail=""):
+        self.rows.append((name, bool(ok), "" if ok else str(detail)))
+
+    def equal(self, name, got, want):
+        import torch
+        ok = isinstance(got, torch.Tensor) and got.dtype == want.dtype and got.shape == want.shape \
+            and torch.equal(got, want)
+        self.check(name, ok, f"got {got!r}, want {want!r}")
+
+    def close(self, name, got, want, tol=1e-3):
+        import torch
+        ok = isinstance(got, torch.Tensor) and got.dtype == want.dtype and got.shape == want.shape \
+            and torch.allclose(got.double(), want.double(), atol=tol, rtol=tol)
+        self.check(name, ok, f"got {got!r}, want {want!r}")
+
+    def raises(self, name, exc_type, fn, match=""):
+        try:
+            fn()
+        except exc_type as e:
+            self.check(name, match in str(e), f"message {e!r} lacks {match!r}")
+            return
+        except Exception as e:  # wrong type
+            self.check(name, False, f"raised {type(e).__name__}: {e}")
+            return
+        self.check(name, False, "did not raise")
+
+
+def _dtype_op_matrix():
+    import torch
+    import horovod.torch as hvd
+    torch.set_num_threads(1)
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    rep = _Report()
+    ops = {"Average": hvd.Average, "Sum": hvd.Sum, "Min": hvd.Min, "Max": hvd.Max,
+           "Product": hvd.Product}
+    for dn in DTYPES:
+        dt = getattr(torch, dn)
+        base = [torch.tensor([3, 4, 1, 2]), torch.tensor([6, 8, 2, 1])]
+        mine, other = base[r].to(dt), base[1 - r].to(dt)
+        for on, op in ops.items():
+            a, b = mine.double(), other.double()
+            if on == "Average":
+                want = (a + b) / 2
+                want = want.trunc() if not dt.is_floating_point else want
+            elif on == "Sum":
+                want = a + b
+            elif on == "Min":
+                want = torch.minimum(a, b)
+            elif on == "Max":
+                want = torch.maximum(a, b)
+            else:
+                want = a * b
+            want = want.to(dt)
+            rep.equal(f"allreduce {dn} {on}", hvd.allreduce(mine, op=op), want)
+            t = mine.clone()
+            out = hvd.allreduce_(t, op=op, name=f"ip.{dn}.{on}")
+            rep.equal(f"allreduce_ {dn} {on}", t, want)
+            rep.check(f"allreduce_ returns its input {dn} {on}", out is t)
+            h = hvd.allreduce_async(mine, op=op, name=f"as.{dn}.{on}")
+            rep.equal(f"allreduce_async {dn} {on}", hvd.synchronize(h), want)
+            t2 = mine.clone()
+            h = hvd.allreduce_async_(t2, op=op)
+            hvd.synchronize(h)
+            rep.equal(f"allreduce_async_ {dn} {on}", t2, want)
+            if on == "Sum":
+                outs = hvd.grouped_allreduce([mine, mine * 0 + 1], op=op, name="grp")
+                rep.equal(f"grouped_allreduce {dn}", outs[0], want)
+                rep.equal(f"grouped_allreduce[1] {dn}", outs[1], (mine * 0 + 2).to(dt))
+        # allgather with different first dimensions (rank r sends r+1 rows)
+        g = hvd.allgather(torch.full((r + 1, 2), r + 1).to(dt))
+        rep.equal(f"allgather {dn}", g, torch.tensor([[1, 1], [2, 2], [2, 2]]).to(dt))
+        # broadcast from root 1, out of place and in place
+        src = (torch.arange(3) + 10 * r).to(dt)
+        rep.equal(f"broadcast {dn}", hvd.broadcast(src, 1), (torch.arange(3) + 10).to(dt))
+        rep.equal(f"broadcast keeps input {dn}", src, (torch.arange(3) + 10 * r).to(dt))
+        t = src.clone()
+        hvd.broadcast_(t, root_rank=0)
+        rep.equal(f"broadcast_ {dn}", t, torch.arange(3).to(dt))
+        # alltoall with splits
+        x = (torch.arange(3) + 10 * r).to(dt)
+        splits = [1, 2] if r == 0 else [2, 1]
+        out, recv = hvd.alltoall(x, splits=splits)
+        want = torch.tensor([0, 10, 11]) if r == 0 else torch.tensor([1, 2, 12])
+        rep.equal(f"alltoall {dn}", out, want.to(dt))
+        rep.check(f"alltoall received_splits {dn}", recv.tolist() == ([1, 2] if r == 0 else [2, 1]),
+                  recv)
+        # reducescatter Sum: 5 rows -> rank 0 gets 3, rank 1 gets 2
+        if dt != torch.uint8 or True:
+            rs = hvd.reducescatter(torch.arange(5).to(dt), op=hvd.Sum)
+            rep.equal(f"reducescatter {dn}", rs, (torch.arange(5) * 2)[:3].to(dt) if r == 0
+                      else (torch.arange(5) * 2)[3:].to(dt))
+    hvd.shutdown()
+    return rep.rows
+
+
+def test_every_dtype_and_op_on_two_ranks():
+    reports = run_function(_dtype_op_matrix, num_processes=2, return_all=True, timeout=180)
+    for rows in reports:
+        failures = [r for r in rows if not r[1]]
+        assert not failures, failures[:10]
+        # 8 dtypes x 5 ops x 5 checks + grouped + 6 other collectives per dtype
+        assert len(rows) >= len(DTYPES) * (5 * 5 + 2 + 7)
+
+
+def _semantics():
+    import warnings
+    import torch
+    import horovod.torch as hvd
+    torch.set_num_threads(1)
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    rep = _Report()
+    rep.check("op codes", (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product)
+              == (0, 1, 2, 3, 4, 5))
+    x = torch.tensor([3.0, 4.0]) if r == 0 else torch.tensor([6.0, 8.0])
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        s = hvd.allreduce(x, average=False)
+    rep.equal("average=False is Sum", s, torch.tensor([9.0, 12.0]))
+    rep.check("average= warns DeprecationWarning", any(issubclass(i.category, DeprecationWarning)
+                                                        for i in w), [str(i.message) for i in w])
+    rep.raises("average and op -> ValueError", ValueError,
+               lambda: hvd.allreduce(x, average=True, op=hvd.Sum))
+    rep.equal("integer Average truncates", hvd.allreduce(x.long()), torch.tensor([4, 6]))
+    rep.close("prescale/postscale", hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0,
+                                                  postscale_factor=0.5), torch.tensor([9.0, 12.0]))
+    rep.close("prescale Average", hvd.allreduce(x, prescale_factor=3.0), torch.tensor([13.5, 18.0]))
+    c = hvd.allreduce(x, compression=hvd.Compression.fp16)
+    rep.close("fp16 compression keeps dtype", c, torch.tensor([4.5, 6.0]))
+    # grouped names: <name>_{i}of{n} reach the hooks
+    seen = []
+    hvd.hooks.subscribe(lambda ev, name, info: seen.append((ev, name, info)))
+    hvd.grouped_allreduce([x, x], name="grp")
+    hvd.allreduce(x, name="hooked")
+    hvd.hooks._listeners.clear()
+    hvd.hooks.active = False
+    evs = [e for e, nm, _ in seen if nm == "hooked"]
+    rep.check("hooks: events of one op", set(evs) == {"NEGOTIATE_START", "ALL_READY", "OP_START", "OP_END"}, evs)
+    start = [i for e, nm, i in seen if nm == "hooked" and e == "OP_START"]
+    rep.check("hooks: OP_START has dtype and shape", start and start[0]["dtype"] == "float32"
+              and tuple(start[0]["shape"]) == (2,), start)
+    rep.check("grouped names", any(nm == "grp" and i.get("tensor_names") == ["grp_0of2", "grp_1of2"]
+                                   for e, nm, i in seen if e == "OP_START"), seen[:3])
+    # async: poll is False right after submission of a real op, True after synchronize
+    big = torch.ones(4 << 20)
+    h = hvd.allreduce_async(big, name="big")
+    first = hvd.poll(h)
+    out = hvd.synchronize(h)
+    rep.check("poll False right after submit", first is False, first)
+    rep.close("big async result", out[:4], torch.ones(4))
+    rep.raises("synchronize twice -> ValueError", ValueError, lambda: hvd.synchronize(h))
+    # duplicate in-flight name
+    h1 = hvd.allreduce_async(x, name="dup")
+    rep.raises("duplicate in-flight name -> ValueError", ValueError,
+               lambda: hvd.allreduce_async(x, name="dup"), "same name")
+    hvd.synchronize(h1)
+    # autograd
+    t = torch.tensor([1.0, 2.0], requires_grad=True)
+    (hvd.allreduce(t, op=hvd.Sum) * torch.tensor([1.0, 3.0])).sum().backward()
+    rep.close("allreduce grad = allreduce(grad, Sum)", t.grad, torch.tensor([2.0, 6.0]))
+    t = torch.ones(r + 1, 2, requires_grad=True)
+    g = hvd.allgather(t)
+    (g * torch.arange(3.0).view(3, 1)).sum().backward()
+    want = torch.zeros(1, 2) if r == 0 else torch.tensor([[1.0, 1.0], [2.0, 2.0]])
+    rep.close("allgather grad = own rows of averaged grad", t.grad, want)
+    t = torch.ones(2, requires_grad=True)
+    (hvd.broadcast(t, root_rank=1) * (r + 1)).sum().backward()
+    rep.close("broadcast grad: averaged on root, zero elsewhere", t.grad,
+              torch.full((2,), 1.5) if r == 1 else torch.zeros(2))
+    t = torch.ones(4, requires_grad=True)
+    (hvd.reducescatter(t, op=hvd.Sum) * 1.0).sum().backward()
+    rep.close("reducescatter grad", t.grad, torch.ones(4))
+    # reducescatter restrictions
+    rep.raises("reducescatter scalar -> ValueError", ValueError,
+               lambda: hvd.reducescatter(torch.tensor(1.0)))
+    rep.raises("reducescatter Max -> ValueError", ValueError,
+               lambda: hvd.reducescatter(torch.ones(2), op=hvd.Max))
+    rs = hvd.reducescatter(torch.arange(4.0) * (r + 1))
+    rep.close("reducescatter Average", rs, torch.tensor([0.0, 1.5]) if r == 0 else torch.tensor([3.0, 4.5]))
+    gr = hvd.grouped_reducescatter([torch.ones(2), torch.ones(4)], op=hvd.Sum)
+    rep.close("grouped_reducescatter", gr[1], torch.full((2,), 2.0))
+    h = hvd.reducescatter_async(torch.ones(2), op=hvd.Sum)
+    rep.close("reducescatter_async", hvd.synchronize(h), torch.full((1,), 2.0))
+    # grouped allgather / async variants
+    ga = hvd.grouped_allgather([torch.full((1,), float(r)), torch.full((r + 1, 1), 5.0)])
+    rep.close("grouped_allgather", ga[0], torch.tensor([0.0, 1.0]))
+    rep.check("grouped_allgather[1] rows", ga[1].shape == (3, 1), ga[1].shape)
+    h = hvd.allgather_async(torch.full((1,), float(r)))
+    rep.close("allgather_async", hvd.synchronize(h), torch.tensor([0.0, 1.0]))
+    h = hvd.broadcast_async(torch.full((1,), float(r)), 1)
+    rep.close("broadcast_async", hvd.synchronize(h), torch.tensor([1.0]))
+    t = torch.full((1,), float(r))
+    hvd.synchronize(hvd.broadcast_async_(t, 1))
+    rep.close("broadcast_async_", t, torch.tensor([1.0]))
+    h = hvd.grouped_allreduce_async([x], op=hvd.Sum)
+    rep.close("grouped_allreduce_async", hvd.synchronize(h)[0], torch.tensor([9.0, 12.0]))
+    ts = [x.clone()]
+    hvd.grouped_allreduce_(ts, op=hvd.Sum)
+    rep.close("grouped_allreduce_", ts[0], torch.tensor([9.0, 12.0]))
+    h = hvd.alltoall_async(torch.arange(2.0) + 2 * r)
+    rep.close("alltoall default splits", hvd.synchronize(h),
+              torch.tensor([0.0, 2.0]) if r == 0 else torch.tensor([1.0, 3.0]))
+    # sparse
+    sp = torch.sparse_coo_tensor(torch.tensor([[r]]), torch.tensor([1.0 + r]), (3,))
+    h = hvd.sparse_allreduce_async(sp, name="sp", op=hvd.Sum)
+    rep.close("sparse_allreduce_async", hvd.synchronize(h).to_dense(), torch.tensor([1.0, 2.0, 0.0]))
+    # Adasum: orthogonal gradients add up; identical ones stay as they are
+    a = torch.tensor([1.0, 0.0]) if r == 0 else torch.tensor([0.0, 1.0])
+    rep.close("Adasum orthogonal", hvd.allreduce(a, op=hvd.Adasum), torch.tensor([1.0, 1.0]))
+    rep.close("Adasum parallel", hvd.allreduce(torch.tensor([2.0, 2.0]), op=hvd.Adasum),
+              torch.tensor([2.0, 2.0]))
+    # barrier + join
+    hvd.barrier()
+    if r == 0:
+        last = hvd.join()
+        rep.check("join returns last rank", last == 1, last)
+    else:
+        z = hvd.allreduce(torch.tensor([4.0, 8.0]), name="after-join")
+        rep.close("joined rank contributes zeros, Average divides by size", z,
+                  torch.tensor([2.0, 4.0]))
+        z = hvd.allreduce(torch.tensor([4.0]), op=hvd.Sum)
+        rep.close("second op while joined", z, torch.tensor([4.0]))
+        last = hvd.join()
+        rep.check("join returns last rank", last == 1, last)
+    rep.close("works after join", hvd.allreduce(torch.ones(1), op=hvd.Sum), torch.tensor([2.0]))
+    hvd.shutdown()
+    return rep.rows
+
+
+def test_semantics_async_autograd_join_on_two_ranks():
+    reports = run_function(_semantics, num_processes=2, return_all=True, timeout=180)
+    for rows in reports:
+        failures = [r for r in rows if not r[1]]
+        assert not failures, failures
+        assert len(rows) >= 37
