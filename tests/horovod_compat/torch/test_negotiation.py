@@ -1,0 +1,143 @@
+"""Cross-rank checks and the stall inspector on 2 real ranks.
+
+A collective whose shape, dtype, op (or kind, name, root) differ across ranks must raise
+HorovodInternalError on EVERY rank with Horovod's message, leave good ranks' in-place tensors
+intact, and later collectives must still work.
+"""
+from __future__ import annotations
+
+import pytest
+
+from distributor import RankFailedError, run_function
+
+
+def _mismatches():
+    import torch
+    import horovod.torch as hvd
+    torch.set_num_threads(1)
+    hvd.init()
+    r = hvd.rank()
+    out = []
+
+    def attempt(label, fn):
+        try:
+            fn()
+            out.append((label, None))
+        except hvd.HorovodInternalError as e:
+            out.append((label, str(e)))
+        except Exception as e:  # wrong exception type is a failure the test reports
+            out.append((label, f"WRONG {type(e).__name__}: {e}"))
+        # the job keeps working after every mismatch
+        ok = hvd.allreduce(torch.ones(2), op=hvd.Sum, name=f"after-{label}")
+        out.append((f"after {label}", ok.tolist()))
+
+    attempt("shape", lambda: hvd.allreduce(torch.ones(4 if r == 0 else 3), name="m"))
+    attempt("dtype", lambda: hvd.allreduce(torch.ones(4, dtype=torch.float32 if r == 0 else torch.float64)))
+    attempt("op", lambda: hvd.allreduce(torch.ones(4), op=hvd.Sum if r == 0 else hvd.Max))
+    attempt("allgather rank", lambda: hvd.allgather(torch.ones(2, 2) if r == 0 else torch.ones(2)))
+    attempt("allgather dim", lambda: hvd.allgather(torch.ones(2, 3 + r)))
+    attempt("broadcast root", lambda: hvd.broadcast(torch.ones(2), root_rank=r))
+    attempt("kind", lambda: hvd.allreduce(torch.ones(2)) if r == 0 else hvd.allgather(torch.ones(2)))
+    attempt("grouped count", lambda: hvd.grouped_allreduce([torch.ones(2)] * (1 + r)))
+    attempt("names", lambda: hvd.allreduce(torch.ones(2), name=f"name{r}"))
+    # a cached, named, in-place op whose shape changes on one rank only: the speculative path
+    for _ in range(3):
+        hvd.allreduce_(torch.ones(4), name="cached")
+    kept = torch.arange(4.0)
+    attempt("changed on one rank", lambda: hvd.allreduce_(kept if r == 0 else torch.ones(5),
+                                                           name="cached", op=hvd.Sum))
+    out.append(("in-place tensor intact", kept.tolist()))
+    # unnamed ops share a cache slot; a one-rank change is caught too
+    for _ in range(3):
+        hvd.allreduce(torch.ones(3))
+    attempt("unnamed changed", lambda: hvd.allreduce(torch.ones(3 if r == 0 else 2)))
+    # a consistent shape change on every rank is legal
+    attempt("consistent change", lambda: hvd.allreduce_(torch.ones(6), name="cached", op=hvd.Sum))
+    res = hvd.allreduce(torch.full((6,), 1.0), name="cached", op=hvd.Sum)
+    out.append(("cached new shape value", res.tolist()))
+    hvd.shutdown()
+    return out
+
+
+def test_mismatches_fail_on_every_rank_and_job_keeps_working():
+    reports = run_function(_mismatches, num_processes=2, return_all=True, timeout=120)
+    r0, r1 = (dict(rep) for rep in reports)
+    want = {
+        "shape": "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [4], but another "
+                 "rank sent a tensor of shape [3].",
+        "dtype": "Mismatched data types: One rank had type float32, but another rank had type float64.",
+        "op": "Mismatched ALLREDUCE reduction operations: One rank did Sum, but another rank did Max.",
+        "allgather rank": "Mismatched ALLGATHER tensor shapes: One rank sent a tensor of rank 2, but "
+                          "another rank sent a tensor of rank 1.",
+        "allgather dim": "Mismatched ALLGATHER tensor shapes: One rank sent a tensor with dimension 1 "
+                         "equal to 3, but another rank sent a tensor with dimension 1 equal to 4.",
+        "broadcast root": "Mismatched BROADCAST root ranks: One rank specified root rank 0, but "
+                          "another rank specified root rank 1.",
+        "kind": "Mismatched collective operations: One rank did an ALLREDUCE, but another rank did "
+                "an ALLGATHER.",
+        "grouped count": "Mismatched number of tensors in grouped ALLREDUCE",
+        "names": "Mismatched ALLREDUCE tensor names: rank 0 submitted 'name0', but rank 1 submitted "
+                 "'name1'.",
+        "changed on one rank": "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape "
+                               "[4], but another rank sent a tensor of shape [5].",
+        "unnamed changed": "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [3], "
+                           "but another rank sent a tensor of shape [2].",
+    }
+    for rep in (r0, r1):
+        for label, msg in want.items():
+            assert rep[label] is not None and rep[label].startswith(msg), (label, rep[label])
+            assert rep[f"after {label}"] == [2.0, 2.0], label
+        assert rep["consistent change"] is None
+        assert rep["cached new shape value"] == [2.0] * 6
+    assert r0["in-place tensor intact"] == [0.0, 1.0, 2.0, 3.0]
+
+
+def _stall(capture: bool):
+    import io
+    import sys
+    import time
+    import torch
+    import horovod.torch as hvd
+    hvd.init()
+    buf = io.StringIO()
+    if capture:
+        sys.stderr = buf
+    if hvd.rank() == 1:
+        time.sleep(3.0)
+    hvd.allreduce(torch.ones(2), name="late.tensor")
+    sys.stderr = sys.__stderr__
+    hvd.shutdown()
+    return buf.getvalue()
+
+
+def test_stall_inspector_names_missing_ranks_and_tensors():
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"}
+    r0, r1 = run_function(_stall, True, num_processes=2, return_all=True, timeout=60, env=env)
+    assert "Missing ranks:\n1: [late.tensor]" in r0, r0
+    assert "waiting for remainder of ranks for more than 1 seconds" in r0
+    assert "Missing ranks" not in r1
+
+
+def test_stall_check_disable():
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_CHECK_DISABLE": "1"}
+    r0, _ = run_function(_stall, True, num_processes=2, return_all=True, timeout=60, env=env)
+    assert "Missing ranks" not in r0
+
+
+def _never_joins():
+    import time
+    import torch
+    import horovod.torch as hvd
+    hvd.init()
+    if hvd.rank() == 1:
+        time.sleep(60)
+    hvd.allreduce(torch.ones(2), name="orphan")
+    return "finished"
+
+
+def test_stall_shutdown_ends_the_job():
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"}
+    with pytest.raises(RankFailedError) as info:
+        run_function(_never_joins, num_processes=2, timeout=50, env=env)
+    assert info.value.rank == 0
+    assert info.value.exit_code == 1
