@@ -27,7 +27,7 @@ import cloudpickle
 from ..errors import DistributedRunError, LaunchValidationError
 from ..spec import LaunchRequest
 from .base import JobContext, Placement
-from .spark_plan import ranks_per_task, task_count
+from .spark_plan import NODE_PER_HOST, NODE_PER_TASK, ranks_per_task, task_count
 
 log = logging.getLogger(__name__)
 
@@ -150,9 +150,21 @@ class SparkPlacement(Placement):
 
     `spark` is a SparkSession or SparkContext (default: the active one). `required_modules` are
     checked for in the executors' Python before any rank starts (torch, for TorchDistributor).
+    `node_per` says what a torchrun "node" is: each barrier task (default, as PySpark does), or
+    each host (see `spark_plan.plan_ranks`).
     """
 
-    def __init__(self, spark: Any = None, required_modules: Sequence[str] = ("torch",)) -> None:
+    def __init__(
+        self,
+        spark: Any = None,
+        required_modules: Sequence[str] = ("torch",),
+        node_per: str = NODE_PER_TASK,
+    ) -> None:
+        if node_per not in (NODE_PER_TASK, NODE_PER_HOST):
+            raise LaunchValidationError(
+                f"node_per must be {NODE_PER_TASK!r} or {NODE_PER_HOST!r}, got {node_per!r}."
+            )
+        self._node_per = node_per
         self._sc = active_spark_context(spark)
         self._required = tuple(required_modules)
         self._per_task = 1
@@ -252,6 +264,7 @@ class SparkPlacement(Placement):
             "env": dict(request.env),
             "use_gpu": request.use_gpu,
             "ranks_per_task": self._per_task,
+            "node_per": self._node_per,
             "launcher": cloudpickle.dumps(job.launcher),
             "driver_python": sys.executable,
             "required_modules": list(self._required),

@@ -74,22 +74,31 @@ def task_count(num_processes: int, per_task: int) -> int:
     return math.ceil(num_processes / per_task)
 
 
-def plan_ranks(slots: Sequence[TaskSlot], per_task: int, use_gpu: bool) -> List[List[RankSpec]]:
+#: How ranks are grouped into torchrun "nodes" (LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK).
+NODE_PER_TASK = "task"
+NODE_PER_HOST = "host"
+
+
+def plan_ranks(
+    slots: Sequence[TaskSlot], per_task: int, use_gpu: bool, node_per: str = NODE_PER_TASK
+) -> List[List[RankSpec]]:
     """The ranks of every task, indexed by partition id.
 
-    Ranks follow partition order (task p runs ranks p*per_task ... p*per_task+per_task-1). Tasks
-    on the same host share a node: LOCAL_RANK counts that host's ranks in rank order,
-    LOCAL_WORLD_SIZE is their number, NODE_RANK numbers hosts in order of first appearance.
-    With `use_gpu`, the i-th rank of a task gets the task's i-th GPU address.
+    Ranks follow partition order: task p runs ranks p*per_task ... p*per_task+per_task-1.
+
+    `node_per="task"` (the default, as PySpark's TorchDistributor does: one torchrun node per
+    task): each task is a node, NODE_RANK is its partition id, LOCAL_RANK counts the task's own
+    ranks, and CUDA_VISIBLE_DEVICES holds the task's GPUs, so `cuda:LOCAL_RANK` is this rank's GPU
+    and Lightning's `devices=ranks_per_task, num_nodes=tasks` matches even when several
+    executors share a machine.
+
+    `node_per="host"`: tasks on the same host form one node; LOCAL_RANK counts that host's ranks
+    in rank order, NODE_RANK numbers hosts by first appearance, and every rank of a host sees the
+    GPUs of all the host's tasks in local-rank order, so `cuda:LOCAL_RANK` is still its own GPU.
     """
+    if node_per not in (NODE_PER_TASK, NODE_PER_HOST):
+        raise ValueError(f"node_per must be {NODE_PER_TASK!r} or {NODE_PER_HOST!r}, got {node_per!r}")
     world = len(slots) * per_task
-    host_index: Dict[str, int] = {}
-    host_size: Dict[str, int] = {}
-    for slot in slots:
-        host_index.setdefault(slot.host, len(host_index))
-        host_size[slot.host] = host_size.get(slot.host, 0) + per_task
-    next_local: Dict[str, int] = {host: 0 for host in host_index}
-    plan: List[List[RankSpec]] = []
     for partition, slot in enumerate(slots):
         if use_gpu and len(slot.gpus) < per_task:
             raise LaunchValidationError(
@@ -97,17 +106,26 @@ def plan_ranks(slots: Sequence[TaskSlot], per_task: int, use_gpu: bool) -> List[
                 f"{per_task} rank(s), one GPU each. Check spark.task.resource.gpu.amount and the "
                 "executors' GPU discovery script."
             )
+    keys = [str(p) if node_per == NODE_PER_TASK else slot.host for p, slot in enumerate(slots)]
+    node_index: Dict[str, int] = {}
+    node_gpus: Dict[str, List[str]] = {}
+    for key, slot in zip(keys, slots):
+        node_index.setdefault(key, len(node_index))
+        node_gpus.setdefault(key, []).extend(slot.gpus[:per_task] if use_gpu else ("",) * per_task)
+    next_local: Dict[str, int] = {key: 0 for key in node_index}
+    plan: List[List[RankSpec]] = []
+    for partition, key in enumerate(keys):
         specs = []
         for i in range(per_task):
             specs.append(RankSpec(
                 rank=partition * per_task + i,
                 world_size=world,
-                local_rank=next_local[slot.host],
-                local_world_size=host_size[slot.host],
-                node_rank=host_index[slot.host],
-                num_nodes=len(host_index),
-                gpu_ids=(slot.gpus[i],) if use_gpu else (),
+                local_rank=next_local[key],
+                local_world_size=len(node_gpus[key]),
+                node_rank=node_index[key],
+                num_nodes=len(node_index),
+                gpu_ids=tuple(node_gpus[key]) if use_gpu else (),
             ))
-            next_local[slot.host] += 1
+            next_local[key] += 1
         plan.append(specs)
     return plan

@@ -100,7 +100,7 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
                     tuple(_task_gpus(context)) if use_gpu else ())
     gathered = context.allGather(json.dumps({"host": mine.host, "port": mine.port, "gpus": mine.gpus}))
     slots = [TaskSlot(d["host"], int(d["port"]), tuple(d["gpus"])) for d in map(json.loads, gathered)]
-    specs: List[RankSpec] = plan_ranks(slots, per_task, use_gpu)[partition]
+    specs: List[RankSpec] = plan_ranks(slots, per_task, use_gpu, config["node_per"])[partition]
     master_addr, master_port = slots[0].host, slots[0].port
 
     secret = bytes.fromhex(config["secret"])

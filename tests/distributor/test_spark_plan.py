@@ -1,0 +1,219 @@
+"""The Spark placement's pure parts: rank and GPU mapping, error wording; no cluster needed."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from distributor import LaunchValidationError, TorchDistributor
+from distributor.placement import spark as spark_placement
+from distributor.placement.spark import (
+    TASK_ERROR_MARKER,
+    SparkPlacementError,
+    _barrier_task,
+    active_spark_context,
+    explain_spark_failure,
+)
+from distributor.placement.spark_plan import TaskSlot, plan_ranks, ranks_per_task, task_count
+
+
+def _table(plan):
+    return [
+        [(s.rank, s.local_rank, s.local_world_size, s.node_rank, s.num_nodes, s.world_size, tuple(s.gpu_ids))
+         for s in specs]
+        for specs in plan
+    ]
+
+
+# ---- ranks per task from spark.task.resource.gpu.amount ------------------------------------
+@pytest.mark.parametrize(
+    "num, use_gpu, amount, expected",
+    [
+        (4, False, None, 1),
+        (4, False, "2", 1),  # GPUs configured but not asked for: one rank per task
+        (3, True, "1", 1),
+        (3, True, "0.5", 1),  # a share of a GPU: one rank per task
+        (4, True, "2", 2),
+        (8, True, "4.0", 4),
+    ],
+)
+def test_ranks_per_task(num, use_gpu, amount, expected):
+    assert ranks_per_task(num, use_gpu, amount) == expected
+
+
+def test_num_processes_must_be_a_multiple_of_the_task_gpu_amount():
+    with pytest.raises(LaunchValidationError) as info:
+        ranks_per_task(5, True, "2")
+    message = str(info.value)
+    assert "num_processes=5 is not a multiple of spark.task.resource.gpu.amount=2" in message
+    assert "num_processes=4 or 6" in message
+
+
+@pytest.mark.parametrize(
+    "amount, match",
+    [
+        (None, "spark.task.resource.gpu.amount is not set"),
+        ("", "spark.task.resource.gpu.amount is not set"),
+        ("x", "is not a number"),
+        ("0", "gives no GPU"),
+        ("1.5", "must be whole GPUs"),
+    ],
+)
+def test_gpu_amount_errors_say_what_to_set(amount, match):
+    with pytest.raises(LaunchValidationError, match=match):
+        ranks_per_task(2, True, amount)
+
+
+def test_task_count():
+    assert task_count(4, 1) == 4 and task_count(4, 2) == 2 and task_count(8, 4) == 2
+
+
+# ---- rank plans ---------------------------------------------------------------------------
+def test_one_rank_per_task_each_task_is_a_node_in_partition_order():
+    slots = [TaskSlot("b", 1), TaskSlot("a", 2), TaskSlot("b", 3)]
+    assert _table(plan_ranks(slots, 1, use_gpu=False)) == [
+        [(0, 0, 1, 0, 3, 3, ())],
+        [(1, 0, 1, 1, 3, 3, ())],
+        [(2, 0, 1, 2, 3, 3, ())],
+    ]
+
+
+def test_node_per_host_counts_local_ranks_per_host_in_rank_order():
+    slots = [TaskSlot("b", 1), TaskSlot("a", 2), TaskSlot("b", 3)]
+    assert _table(plan_ranks(slots, 1, use_gpu=False, node_per="host")) == [
+        [(0, 0, 2, 0, 2, 3, ())],  # host b: node 0, ranks 0 and 2
+        [(1, 0, 1, 1, 2, 3, ())],  # host a: node 1
+        [(2, 1, 2, 0, 2, 3, ())],
+    ]
+
+
+def test_multi_gpu_tasks_run_one_rank_per_gpu_and_see_their_task_gpus():
+    slots = [TaskSlot("h1", 1, ("0", "1")), TaskSlot("h2", 2, ("2", "3"))]
+    assert _table(plan_ranks(slots, 2, use_gpu=True)) == [
+        [(0, 0, 2, 0, 2, 4, ("0", "1")), (1, 1, 2, 0, 2, 4, ("0", "1"))],
+        [(2, 0, 2, 1, 2, 4, ("2", "3")), (3, 1, 2, 1, 2, 4, ("2", "3"))],
+    ]
+
+
+def test_node_per_host_gpus_are_indexed_by_local_rank():
+    # Two single-GPU tasks on one host: each rank sees both GPUs, cuda:LOCAL_RANK is its own.
+    slots = [TaskSlot("h", 1, ("5",)), TaskSlot("h", 2, ("3",))]
+    plan = plan_ranks(slots, 1, use_gpu=True, node_per="host")
+    for specs in plan:
+        for spec in specs:
+            assert spec.gpu_ids == ("5", "3")
+    assert [specs[0].gpu_ids[specs[0].local_rank] for specs in plan] == ["5", "3"]
+
+
+def test_single_gpu_tasks_each_rank_gets_its_task_gpu():
+    slots = [TaskSlot("h", 1, ("5",)), TaskSlot("h", 2, ("3",))]
+    plan = plan_ranks(slots, 1, use_gpu=True)
+    assert [specs[0].gpu_ids for specs in plan] == [("5",), ("3",)]
+    assert all(specs[0].local_rank == 0 for specs in plan)
+
+
+def test_task_with_too_few_gpus_is_reported():
+    with pytest.raises(LaunchValidationError, match=r"task 1 on h2 was given GPUs \['2'\] but runs 2"):
+        plan_ranks([TaskSlot("h1", 1, ("0", "1")), TaskSlot("h2", 2, ("2",))], 2, use_gpu=True)
+
+
+# ---- error wording ------------------------------------------------------------------------
+_PY4J_TEXT = """An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.
+: org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover from a failed barrier ResultStage.
+org.apache.spark.api.python.PythonException: Traceback (most recent call last):
+  File "worker.py", line 1, in process
+RuntimeError: {marker} The executors' Python (/usr/bin/python3) has no 'torch' module. Install it.
+\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:1)
+"""
+
+
+def test_marked_task_errors_come_back_alone():
+    error = explain_spark_failure(RuntimeError(_PY4J_TEXT.format(marker=TASK_ERROR_MARKER)))
+    assert isinstance(error, SparkPlacementError)
+    assert str(error) == "The executors' Python (/usr/bin/python3) has no 'torch' module. Install it."
+    assert "collectAndServe" in error.spark_message
+
+
+def test_other_task_errors_name_the_python_exception():
+    text = _PY4J_TEXT.replace("RuntimeError: {marker} The", "OSError: [Errno 28] no space. The")
+    error = explain_spark_failure(RuntimeError(text), group="distributor-abc")
+    assert str(error).startswith("The Spark barrier job running the ranks failed (Spark job group distributor-abc)")
+    assert "a barrier task raised OSError: [Errno 28] no space" in str(error)
+    assert "\tat org.apache" not in str(error)
+
+
+def _call_task(config, monkeypatch, blocked_module):
+    monkeypatch.setitem(sys.modules, blocked_module, None)  # makes `import` of it fail
+    task = _barrier_task(config)
+    with pytest.raises(RuntimeError) as info:
+        list(task(iter([])))
+    return str(info.value)
+
+
+def test_task_without_this_project_says_so(monkeypatch):
+    message = _call_task({"required_modules": ["torch"]}, monkeypatch, "distributor.placement.spark_task")
+    assert message.startswith(TASK_ERROR_MARKER)
+    assert f"The executors' Python ({sys.executable}) cannot import this project's 'distributor' package" in message
+    assert "PYSPARK_PYTHON" in message
+
+
+def test_task_without_torch_says_so(monkeypatch):
+    message = _call_task({"required_modules": ["torch", "no_such_module_xyz"]}, monkeypatch, "unrelated_xyz")
+    assert "has no 'no_such_module_xyz' module" in message and "'torch'" not in message
+
+
+_UNPICKLE_WITHOUT_PROJECT = r"""
+import sys, importlib.abc
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "distributor" or name.startswith("distributor."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Block())
+import cloudpickle
+task = cloudpickle.loads(sys.stdin.buffer.read())
+try:
+    list(task(iter([])))
+except RuntimeError as exc:
+    print(exc)
+"""
+
+
+def test_barrier_task_unpickles_and_reports_on_an_executor_without_this_project():
+    """The task is pickled by value: an executor without this project can still run it, and it
+    says what is missing instead of failing to unpickle."""
+    import subprocess
+
+    import cloudpickle
+
+    blob = cloudpickle.dumps(_barrier_task({"required_modules": ["torch"]}))
+    done = subprocess.run([sys.executable, "-c", _UNPICKLE_WITHOUT_PROJECT], input=blob,
+                          capture_output=True, timeout=60)
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    assert out.startswith(TASK_ERROR_MARKER) and "cannot import this project's 'distributor'" in out
+
+
+def test_no_active_session_is_explained(monkeypatch):
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
+    with pytest.raises(LaunchValidationError, match="needs an active SparkSession"):
+        active_spark_context()
+    with pytest.raises(LaunchValidationError, match="use local_mode=True"):
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(lambda: 1)
+
+
+def test_spark_connect_session_is_explained():
+    class FakeConnectSession:
+        pass
+
+    FakeConnectSession.__module__ = "pyspark.sql.connect.session"
+    with pytest.raises(LaunchValidationError, match="Spark Connect session, which cannot run RDD barrier"):
+        active_spark_context(FakeConnectSession())
+
+
+def test_unknown_node_grouping_is_rejected():
+    with pytest.raises(LaunchValidationError, match="node_per must be"):
+        spark_placement.SparkPlacement(spark=object(), node_per="rack")
