@@ -1,6 +1,6 @@
 """End to end: the worked examples in migration_guide/examples, rewritten and run natively.
 
-For every example: the rewriter's output equals the committed ddp.py and imports no Horovod;
+For every example: the rewriter's output equals the committed train_ddp.py and imports no Horovod;
 the rewritten script, run under torchrun on 2 ranks, prints the golden per-step trace
 (expected_output.txt); the golden trace itself equals a single-process simulation of Horovod's
 semantics (so it is not just "whatever DDP printed"); and, once the hvd shim is importable, the
@@ -20,7 +20,7 @@ from horovod_compat.migrate import Kind, migrate_source
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "migration_guide" / "examples"
-NAMES = sorted(p.name for p in EXAMPLES.iterdir() if (p / "horovod.py").is_file())
+NAMES = sorted(p.name for p in EXAMPLES.iterdir() if (p / "train_horovod.py").is_file())
 HELPERS_SCRIPT = Path(__file__).parent / "e2e" / "helpers_horovod.py"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
@@ -79,10 +79,10 @@ def _no_horovod(source: str) -> None:
 
 @pytest.fixture(scope="module")
 def rewritten(tmp_path_factory):
-    """Each example's horovod.py rewritten by the CLI into a temporary directory."""
+    """Each example's train_horovod.py rewritten by the CLI into a temporary directory."""
     out = tmp_path_factory.mktemp("rewritten")
     for name in NAMES:
-        proc = subprocess.run([sys.executable, "-m", "horovod_compat.migrate", str(EXAMPLES / name / "horovod.py"),
+        proc = subprocess.run([sys.executable, "-m", "horovod_compat.migrate", str(EXAMPLES / name / "train_horovod.py"),
                                "-o", str(out / f"{name}.py")], cwd=ROOT, env=ENV, capture_output=True, text=True,
                               timeout=60)
         assert proc.returncode == 0, proc.stderr
@@ -92,9 +92,9 @@ def rewritten(tmp_path_factory):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_rewrite_equals_committed_ddp_and_imports_no_horovod(name, rewritten):
-    result = migrate_source((EXAMPLES / name / "horovod.py").read_text(), "horovod.py")
+    result = migrate_source((EXAMPLES / name / "train_horovod.py").read_text(), "train_horovod.py")
     assert not [f for f in result.findings if f.kind is Kind.TODO]
-    committed = (EXAMPLES / name / "ddp.py").read_text()
+    committed = (EXAMPLES / name / "train_ddp.py").read_text()
     assert result.source == committed == (rewritten / f"{name}.py").read_text()
     _no_horovod(committed)
 
@@ -120,7 +120,7 @@ def test_golden_trace_matches_a_single_process_simulation_of_horovod(name):
 @needs_shim
 @pytest.mark.parametrize("name", NAMES)
 def test_unchanged_horovod_example_on_the_shim_prints_the_same_trace(name):
-    stdout = torchrun(EXAMPLES / name / "horovod.py", cwd=EXAMPLES / name)
+    stdout = torchrun(EXAMPLES / name / "train_horovod.py", cwd=EXAMPLES / name)
     expected = (EXAMPLES / name / "expected_output.txt").read_text().splitlines()
     assert_same_trace(_trace(stdout), expected)
 

@@ -1,6 +1,6 @@
 """Worked example: a typical Horovod PyTorch training script.
 
-horovod.py is the Horovod original; ddp.py is what `horovod-compat-migrate horovod.py` makes of
+train_horovod.py is the Horovod original; train_ddp.py is what `horovod-compat-migrate` makes of
 it (the tests check that, and that both print the same losses).  Run either with:
     python -m torch.distributed.run --standalone --nproc_per_node=2 <file>
 Rank 0 prints one line per step: the local loss and the loss averaged over all ranks.

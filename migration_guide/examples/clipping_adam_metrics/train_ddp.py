@@ -2,8 +2,8 @@
 
 The Horovod idioms that change meaning under DDP: `optimizer.synchronize()` +
 `skip_synchronize()` around clipping, `broadcast_optimizer_state` on a fresh Adam, and integer
-`hvd.allreduce` (Sum, and Average which truncates).  horovod.py is the original, ddp.py the
-rewriter's output.  Run either with:
+`hvd.allreduce` (Sum, and Average which truncates).  train_horovod.py is the original,
+train_ddp.py the rewriter's output.  Run either with:
     python -m torch.distributed.run --standalone --nproc_per_node=2 <file>
 """
 import torch
