@@ -11,6 +11,7 @@ from typing import Callable, Dict, Optional, Union
 import libcst as cst
 
 from horovod_compat.migrate.context import (
+    HVD,
     Flagged,
     Outcome,
     RewriteContext,
@@ -121,6 +122,14 @@ def rewrite_allgather_object(name: str, call: cst.Call, ctx: RewriteContext) -> 
     return Rewritten(cst.parse_expression(text), "-> dist.all_gather_object")
 
 
+def rewrite_barrier(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
+    """``hvd.barrier()`` -> ``dist.barrier()`` (the global set; ``process_set=`` is flagged)."""
+    if call.args:
+        return Flagged("hvd.barrier(process_set=...): use dist.barrier(group=dist.new_group(ranks))")
+    ctx.need(HVD, "dist")
+    return Rewritten(cst.parse_expression("dist.barrier()"), "-> dist.barrier()")
+
+
 CALLS: Dict[str, Callable[[str, cst.Call, RewriteContext], Outcome]] = {
     "allreduce": rewrite_allreduce,
     "allreduce_": rewrite_allreduce,
@@ -128,4 +137,5 @@ CALLS: Dict[str, Callable[[str, cst.Call, RewriteContext], Outcome]] = {
     "broadcast_": rewrite_broadcast,
     "broadcast_object": rewrite_broadcast_object,
     "allgather_object": rewrite_allgather_object,
+    "barrier": rewrite_barrier,
 }

@@ -37,7 +37,6 @@ REASONS = {
         "Horovod's join (uneven inputs: joined ranks add zeros) maps to the "
         "torch.distributed.algorithms.Join context manager around the training loop; semantics differ"
     ),
-    "barrier": "use dist.barrier() (the rewriter does not know if process_set= matters here)",
     "Adasum": "Adasum has no torch.distributed/DDP equivalent",
     "ProcessSet": "process sets map to dist.new_group(ranks); collectives then take group=",
     "add_process_set": "process sets map to dist.new_group(ranks)",

@@ -30,6 +30,10 @@ _EXPRESSIONS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
     "gloo_enabled": ("dist.is_gloo_available()", ("dist",)),
     "mpi_built": ("dist.is_mpi_available()", ("dist",)),
     "cuda_built": ("torch.backends.cuda.is_built()", ("torch",)),
+    "rocm_built": ("torch.version.hip is not None", ("torch",)),
+    # Horovod answers False for these on any torch build we target; there is no native question.
+    "ddl_built": ("False", ()),
+    "ccl_built": ("False", ()),
 }
 
 _INIT = """\

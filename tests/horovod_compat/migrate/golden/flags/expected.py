@@ -27,10 +27,11 @@ evens = hvd.ProcessSet([0, 2])
 # TODO(horovod-compat): hvd.Adasum: Adasum has no torch.distributed/DDP equivalent
 op = hvd.Adasum
 try:
-    # TODO(horovod-compat): hvd.barrier: use dist.barrier() (the rewriter does not know if process_set= matters here)
-    hvd.barrier()
+    dist.barrier()
 # TODO(horovod-compat): hvd.HorovodInternalError: collective failures surface as torch.distributed.DistBackendError / RuntimeError
 except hvd.HorovodInternalError:
     pass
 # TODO(horovod-compat): hvd.stop_timeline: the Horovod timeline has no native form; use torch.profiler (see the guide)
 hvd.stop_timeline()
+# TODO(horovod-compat): hvd.barrier: hvd.barrier(process_set=...): use dist.barrier(group=dist.new_group(ranks))
+hvd.barrier(process_set=evens)

@@ -18,3 +18,4 @@ try:
 except hvd.HorovodInternalError:
     pass
 hvd.stop_timeline()
+hvd.barrier(process_set=evens)

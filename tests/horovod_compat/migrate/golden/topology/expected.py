@@ -12,7 +12,7 @@ print("rank %d of %d" % (dist.get_rank(), dist.get_world_size()))
 print(int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["GROUP_RANK"]), (dist.get_world_size() // int(os.environ["LOCAL_WORLD_SIZE"])))
 nodes_per_gpu = 8 / (dist.get_world_size() // int(os.environ["LOCAL_WORLD_SIZE"]))
 assert dist.is_initialized()
-if dist.is_nccl_available() and dist.is_gloo_available():
+if dist.is_nccl_available() and dist.is_gloo_available() and not False:
     print("both backends")
 if dist.is_initialized():
     dist.destroy_process_group()
