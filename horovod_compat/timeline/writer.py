@@ -184,6 +184,7 @@ class TimelineRecorder:
         self._tracks: Dict[str, _Track] = {}
         self._inflight = 0
         self._next_pid = 0
+        self._batch_bytes = 0
         self._cycle = -1
         self._truncated = False
         self._drain_lock = threading.Lock()
@@ -243,9 +244,15 @@ class TimelineRecorder:
         with self._drain_lock:
             out: List[str] = []
             q = self._queue
+            self._batch_bytes = 0
+            n = 0
             while q:
                 t_ns, event, name, info = q.popleft()
                 self._translate(out, self._ts(t_ns), event, name, info)
+                if self.max_bytes:
+                    m = len(out)
+                    self._batch_bytes += sum(len(x) for x in out[n:m]) + 2 * (m - n)
+                    n = m
             if final:
                 ts = self._ts(time.perf_counter_ns())
                 for tr in self._tracks.values():
@@ -256,7 +263,7 @@ class TimelineRecorder:
 
     # ------------------------------------------------------------------------------ translation
     def _over_budget(self) -> bool:
-        if self.max_bytes and self._file.size >= self.max_bytes:
+        if self.max_bytes and self._file.size + self._batch_bytes >= self.max_bytes:
             return True
         if self.cycles is not None:
             start, stop = self.cycles
@@ -297,7 +304,8 @@ class TimelineRecorder:
         self._inflight += 1
         tr.busy = True
         if self._over_budget():
-            reason = "max_bytes" if self.max_bytes and self._file.size >= self.max_bytes else "cycles"
+            reason = ("max_bytes" if self.max_bytes and self._file.size + self._batch_bytes >= self.max_bytes
+                      else "cycles")
             self._note_truncated(out, ts, reason)
             tr.recorded = False
         else:
@@ -336,7 +344,7 @@ class TimelineRecorder:
                 self._close_all(out, tr, ts, incomplete=True)
             if not tr.busy:
                 self._begin_op(out, tr, name, ts)   # an op without negotiation (optimizer bucket)
-            elif tr.recorded:
+            elif tr.neg_open and tr.recorded:
                 # speculative launch on a cache hit: the transfer itself waits for the peers
                 out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, tr.pid))
             tr.neg_open = False
