@@ -60,7 +60,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.process_set = process_set
-        self._group = _backend.torch_group(process_set)
+        _backend.torch_group(process_set)  # fails early for an unregistered set / non-member
         self._size = _backend.group_size(process_set)
         if self._size & (self._size - 1):
             raise ValueError(f"Adasum on CPU needs a power-of-two number of ranks, not {self._size}")
@@ -119,7 +119,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         for p in self._params:  # fixed order on every rank
             delta, ctx = self._deltas[p]
             parts = [torch.empty_like(delta) for _ in range(self._size)]
-            dist.all_gather(parts, delta.contiguous(), group=self._group)
+            dist.all_gather(parts, delta.contiguous(), group=_backend.torch_group(self.process_set))
             combined = adasum_tree(parts)
             if self._compression is not None:
                 combined = self._compression.decompress(combined, ctx)

@@ -98,7 +98,7 @@ class _GradReducer:
         self.comp_kind = _backend.compression_kind(compression)
         self.bpps = backward_passes_per_step
         self.process_set = process_set
-        self.group = _backend.torch_group(process_set)
+        _backend.torch_group(process_set)  # fails early for an unregistered set / non-member
         self.size = _backend.group_size(process_set)
         self.root = self._first_global_rank()
         self.sparse_as_dense = sparse_as_dense
@@ -322,13 +322,15 @@ class _GradReducer:
     def _launch(self, b: _Bucket) -> None:
         if _hooks is not None and _hooks.active:
             self._emit(b, ("NEGOTIATE_START", "ALL_READY", "OP_START"))
+        # Resolved at every launch: after hvd.shutdown()/init() (elastic reset) the set has a new group.
+        group = self.group = _backend.torch_group(self.process_set)
         if b.custom is None:
-            b.work = dist.all_reduce(b.buffer, op=self.wire_op, group=self.group, async_op=True)
+            b.work = dist.all_reduce(b.buffer, op=self.wire_op, group=group, async_op=True)
             return
         works = []
         for c, _ctx in b.custom:
             if c is not None:
-                works.append(dist.all_reduce(c, op=self.wire_op, group=self.group, async_op=True))
+                works.append(dist.all_reduce(c, op=self.wire_op, group=group, async_op=True))
         b.work = works
 
     # ----------------------------------------------------------------------------- synchronize
@@ -394,6 +396,7 @@ class _GradReducer:
     def _sparse_allreduce(self, g: torch.Tensor) -> torch.Tensor:
         """Reduce a sparse gradient by allgather of its indices and values (Horovod's method)."""
         g = g.coalesce()
+        self.group = _backend.torch_group(self.process_set)
         idx, val = g.indices(), g.values()
         counts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
         dist.all_gather(counts, torch.tensor([idx.shape[1]], dtype=torch.int64), group=self.group)
@@ -419,7 +422,7 @@ class _GradReducer:
         order = list(dict.fromkeys(seen))
         order += [i for i in reversed(range(len(self.params))) if i not in set(order)]
         t = torch.tensor(order, dtype=torch.int64)
-        dist.broadcast(t, src=self.root, group=self.group)
+        dist.broadcast(t, src=self.root, group=_backend.torch_group(self.process_set))
         order = t.tolist()
         if order != list(reversed(range(len(self.params)))):
             for b in self.buckets:
@@ -434,7 +437,10 @@ class _GradReducer:
             works = b.work if isinstance(b.work, list) else [b.work]
             for w in works:
                 if w is not None:
-                    w.wait()
+                    try:
+                        w.wait()
+                    except RuntimeError:  # a failed job being restored: the result is dropped anyway
+                        pass
             b.work = None
             b.pending = len(b.members)
             if b.custom is not None:
