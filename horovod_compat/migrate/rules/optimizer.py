@@ -16,6 +16,11 @@ libcst's scope analysis before it rewrites anything:
   dropped; ``backward_passes_per_step != 1``, ``op`` other than Average, a predivide factor,
   ``sparse_as_dense`` and process sets are flagged.
 
+Code that reads or clips gradients (``p.grad``, ``clip_grad_norm_``) without calling
+``opt.synchronize()`` first ran, under Horovod, while the averaging of those gradients was still in
+flight (``step()`` then wrote the averaged result back); under DDP it would see the averaged
+gradients, so that case is flagged too.
+
 It also removes what DDP makes redundant: ``opt.synchronize()``, ``with opt.skip_synchronize():``
 (DDP gradients are already averaged after ``backward()``), and a ``broadcast_parameters`` of ``M``
 from rank 0 placed right next to the wrap (DDP broadcasts parameters and buffers from rank 0 when
@@ -63,6 +68,7 @@ class _Facts:
     parents: Mapping[cst.CSTNode, cst.CSTNode]
     names_in_module: Set[str]
     names_elsewhere: Set[str]
+    module_code: str
 
 
 class _FindOptimizers(cst.CSTVisitor):
@@ -267,6 +273,15 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
                 f"`{model}` is used as a value at line {line} (e.g. passed to a function); the "
                 "rewriter cannot prove every forward pass then goes through DistributedDataParallel"
             )
+    touched = _reads_gradients(facts.module_code)
+    if touched and not _has_synchronize(scope, target.value, facts):
+        return (
+            f"gradients are read or clipped (`{touched}`) and `{target.value}.synchronize()` is never "
+            "called: under Horovod that code ran while the averaging of those same gradient tensors "
+            "was still in flight (step() then wrote the averaged result back); under DDP it sees "
+            "the averaged gradients. Call "
+            f"`{target.value}.synchronize()` before it (as Horovod's docs require) and run again"
+        )
     ddp_name = _unique_name(ddp_name, facts.names_in_module)
     renames = {node: ddp_name for node in renames}
 
@@ -288,6 +303,21 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
         plan.remove[other] = "removed: DDP broadcasts parameters and buffers from rank 0 when it wraps the model"
     _plan_optimizer_uses(scope, target.value, facts, plan)
     return None
+
+
+_GRAD_READ = re.compile(r"clip_grad_\w+|\.grad\b(?!_)")
+
+
+def _reads_gradients(code: str) -> Optional[str]:
+    """The first gradient read/clip in the module (``p.grad``, ``clip_grad_norm_``), if any."""
+    match = _GRAD_READ.search(code)
+    return match.group(0) if match else None
+
+
+def _has_synchronize(scope: Scope, name: str, facts: _Facts) -> bool:
+    plan = OptimizerPlan()
+    _plan_optimizer_uses(scope, name, facts, plan)
+    return bool(plan.remove) or bool(plan.unwrap)
 
 
 def _plan_optimizer_uses(scope: Scope, name: str, facts: _Facts, plan: OptimizerPlan) -> None:
@@ -324,7 +354,7 @@ def plan_optimizers(
     module.visit(finder)
     plan = OptimizerPlan()
     names = {n.value for n in _all_names(module)}
-    facts = _Facts(positions, scopes, parents, names, names_elsewhere)
+    facts = _Facts(positions, scopes, parents, names, names_elsewhere, module.code)
     for call in finder.calls:
         assign = parents.get(call)
         stmt = parents.get(assign) if assign is not None else None

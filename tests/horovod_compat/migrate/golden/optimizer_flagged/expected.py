@@ -36,3 +36,13 @@ def no_named_parameters(model):
     # TODO(horovod-compat): hvd.DistributedOptimizer: cannot tell which model this optimizer trains: pass named_parameters=model.named_parameters() or wrap the model in DDP by hand
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     return opt
+
+
+def clips_without_synchronize(x):
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # TODO(horovod-compat): hvd.DistributedOptimizer: gradients are read or clipped (`clip_grad_norm_`) and `opt.synchronize()` is never called: under Horovod that code ran while the averaging of those same gradient tensors was still in flight (step() then wrote the averaged result back); under DDP it sees the averaged gradients. Call `opt.synchronize()` before it (as Horovod's docs require) and run again
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    model(x).sum().backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
