@@ -112,7 +112,7 @@ def _discover() -> Dict[str, Any]:
                     size=_env_int("OMPI_COMM_WORLD_SIZE"),
                     local_rank=_env_int("OMPI_COMM_WORLD_LOCAL_RANK"),
                     local_size=_env_int("OMPI_COMM_WORLD_LOCAL_SIZE"),
-                    cross_rank=_env_int("OMPI_COMM_WORLD_NODE_RANK"), cross_size=None,
+                    cross_rank=None, cross_size=None,  # OMPI's NODE_RANK is node-local: exchange
                     addr=e.get("MASTER_ADDR"), port=_env_int("MASTER_PORT"))
     if _env_int("PMI_SIZE") is not None and _env_int("PMI_RANK") is not None:
         return dict(source="mpirun", rank=_env_int("PMI_RANK"), size=_env_int("PMI_SIZE"),
@@ -278,6 +278,7 @@ def init(comm: Any = None, process_sets: Union[None, str, Sequence["_ps.ProcessS
         from . import negotiation
 
         negotiation.start_stall_inspector()
+        _notify("on_init")
 
 
 def shutdown() -> None:
@@ -288,11 +289,25 @@ def shutdown() -> None:
             return
         from . import negotiation
 
+        _notify("on_shutdown")
         negotiation.stop_stall_inspector()
         _ps._teardown()
         if state.owns_default_pg and dist.is_initialized():
             dist.destroy_process_group()
         state.__init__()
+
+
+def _notify(event: str) -> None:
+    """Tell optional companion modules (the timeline) that init/shutdown happened."""
+    try:
+        from . import timeline  # type: ignore[attr-defined]
+    except ImportError as exc:
+        if exc.name != f"{__package__}.timeline":
+            raise
+        return
+    fn = getattr(timeline, event, None)
+    if fn is not None:
+        fn()
 
 
 def control_store() -> Optional[dist.Store]:
