@@ -35,10 +35,10 @@ SHIM = _shim_importable()
 needs_shim = pytest.mark.skipif(not SHIM, reason="hvd shim not landed yet: issue 3 (import horovod.torch fails)")
 
 
-def torchrun(script: Path, cwd: Path, timeout: float = 120) -> str:
+def torchrun(script: Path, cwd: Path, timeout: float = 120, env=None) -> str:
     """Run `script` on 2 local ranks with torchrun; return stdout; never leave processes behind."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-    proc = subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=cwd, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -139,3 +139,11 @@ def test_rewritten_helpers_keep_horovod_semantics(tmp_path):
 def test_helper_expectations_hold_on_the_shim(tmp_path):
     stdout = torchrun(HELPERS_SCRIPT, cwd=tmp_path)
     assert "rank 0: helpers ok" in stdout
+
+
+def test_guide_recipes_behave_as_documented(tmp_path):
+    """migration_guide/recipes.py: unequal-size allgather, no_sync accumulation, profiler trace."""
+    env = {"RECIPES_DIR": str(ROOT / "migration_guide"), "TRACE_DIR": str(tmp_path)}
+    stdout = torchrun(Path(__file__).parent / "e2e" / "recipes_check.py", cwd=tmp_path, env=env)
+    assert "rank 0: recipes ok" in stdout
+    assert (tmp_path / "trace_rank0.json").is_file()
