@@ -1,0 +1,220 @@
+"""Spark sessions and clusters for the Spark placement tests: started once per module, and
+stopped by PID so that no JVM outlives the tests.
+
+Only one SparkContext can exist per process, so each cluster kind lives in its own test module
+with a module-scoped fixture built from these helpers. Everything listens on 127.0.0.1, and the
+executors' work directories go to a temporary folder rather than into pyspark's site-packages
+folder (a local-cluster's workers put them under SPARK_HOME, so SPARK_HOME points at a temporary
+mirror of the pip pyspark folder).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+import pyspark
+
+PYSPARK_DIR = Path(pyspark.__file__).parent
+
+#: Environment every Spark JVM and Python worker of the tests gets.
+SPARK_TEST_ENV = {
+    "PYSPARK_PYTHON": sys.executable,
+    "PYSPARK_DRIVER_PYTHON": sys.executable,
+    "SPARK_LOCAL_IP": "127.0.0.1",
+    "SPARK_LOCAL_HOSTNAME": "127.0.0.1",
+}
+
+
+def mirror_spark_home(root: Path) -> Path:
+    """A SPARK_HOME made of symlinks to the pip pyspark folder, with its own `work` folder."""
+    home = root / "spark-home"
+    home.mkdir(parents=True, exist_ok=True)
+    for entry in PYSPARK_DIR.iterdir():
+        if entry.name in ("work", "__pycache__"):
+            continue
+        link = home / entry.name
+        if not link.exists():
+            link.symlink_to(entry)
+    (home / "work").mkdir(exist_ok=True)
+    return home
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class EnvPatch:
+    """Set environment variables now; `restore()` puts the previous values back."""
+
+    def __init__(self, values: Dict[str, str]) -> None:
+        self._saved = {k: os.environ.get(k) for k in values}
+        os.environ.update(values)
+
+    def restore(self) -> None:
+        for key, value in self._saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def start_session(master: str, app_name: str, conf: Optional[Dict[str, str]] = None,
+                  executors: int = 0, timeout: float = 120.0):
+    """A SparkSession on `master`; waits until `executors` executors have registered."""
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master).appName(app_name)
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.executor.memory", "512m")
+        .config("spark.python.worker.reuse", "true")
+    )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    deadline = time.monotonic() + timeout
+    tracker = spark.sparkContext._jsc.sc().statusTracker()
+    while len(tracker.getExecutorInfos()) - 1 < executors:
+        if time.monotonic() > deadline:
+            stop_session(spark)
+            raise RuntimeError(f"{executors} executors did not register with {master} in {timeout}s")
+        time.sleep(0.2)
+    return spark
+
+
+def stop_session(spark) -> None:
+    """Stop the session and its JVM (by PID), so that the next module can start another."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None) if gateway is not None else None
+    try:
+        spark.stop()
+    finally:
+        if gateway is not None:
+            try:
+                gateway.shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+        if proc is not None:
+            try:
+                proc.stdin.close()  # the gateway JVM exits when its stdin closes
+            except Exception:  # noqa: BLE001
+                pass
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+
+
+def descendants(pid: int) -> List[int]:
+    """Every live descendant of `pid` (from /proc)."""
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def kill_tree(pids: List[int], timeout: float = 15.0) -> None:
+    """SIGTERM then SIGKILL `pids`, waiting for them to go."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + timeout
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not any(alive(p) for p in pids):
+            return
+
+
+class StandaloneCluster:
+    """A Spark standalone master and one worker on 127.0.0.1, started with pyspark's spark-class."""
+
+    def __init__(self, root: Path, cores: int = 2, memory: str = "2g") -> None:
+        self.root = root
+        self.home = mirror_spark_home(root)
+        self.work_dir = root / "worker-work"
+        self.work_dir.mkdir(exist_ok=True)
+        self.master_port = free_port()
+        self.url = f"spark://127.0.0.1:{self.master_port}"
+        env = {**os.environ, **SPARK_TEST_ENV, "SPARK_HOME": str(self.home),
+               "SPARK_LOG_DIR": str(root / "logs"), "SPARK_NO_DAEMONIZE": "1"}
+        spark_class = str(self.home / "bin" / "spark-class")
+        self.procs: List[subprocess.Popen] = []
+        self._logs = []
+        self.procs.append(self._start(spark_class, env, "master", [
+            "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+            "--port", str(self.master_port), "--webui-port", str(free_port()),
+        ]))
+        self._wait_port(self.master_port)
+        self.procs.append(self._start(spark_class, env, "worker", [
+            "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+            "--port", str(free_port()), "--webui-port", str(free_port()),
+            "--cores", str(cores), "--memory", memory, "--work-dir", str(self.work_dir), self.url,
+        ]))
+
+    def _start(self, spark_class: str, env: dict, name: str, args: List[str]) -> subprocess.Popen:
+        log = open(self.root / f"{name}.log", "wb")
+        self._logs.append(log)
+        return subprocess.Popen([spark_class, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+
+    def _wait_port(self, port: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self.procs):
+                raise RuntimeError(f"Spark master exited: {(self.root / 'master.log').read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"Spark master did not listen on {port} in {timeout}s")
+
+    def stop(self) -> None:
+        """Stop the worker (and its executors) and the master, by PID."""
+        for proc in reversed(self.procs):
+            tree = [proc.pid] + descendants(proc.pid)
+            kill_tree(tree)
+            proc.wait()
+        for log in self._logs:
+            log.close()

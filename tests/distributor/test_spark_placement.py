@@ -1,0 +1,294 @@
+"""The Spark placement on a real `local-cluster[2,1,1024]`: two executor JVMs, one barrier stage.
+
+One SparkSession for the whole module (a JVM start costs ~15-25 s here); every job is small.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from distributor import (
+    FunctionTarget,
+    Job,
+    JobTimeoutError,
+    LaunchRequest,
+    LaunchValidationError,
+    RankFailedError,
+    TorchDistributor,
+    run_function,
+)
+from distributor.placement import SparkPlacement, SparkPlacementError
+
+from spark_clusters import (
+    SPARK_TEST_ENV,
+    EnvPatch,
+    alive,
+    descendants,
+    kill_tree,
+    mirror_spark_home,
+    start_session,
+    stop_session,
+)
+
+SCRIPTS = Path(__file__).parent / "scripts"
+MASTER = "local-cluster[2,1,1024]"
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    root = tmp_path_factory.mktemp("local-cluster")
+    env = EnvPatch({**SPARK_TEST_ENV, "SPARK_HOME": str(mirror_spark_home(root))})
+    session = start_session(MASTER, "test_spark_placement", executors=2)
+    session.work_dir = root / "spark-home" / "work"
+    try:
+        yield session
+    finally:
+        stop_session(session)
+        env.restore()
+
+
+def _no_active_jobs(spark, timeout=10.0):
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + timeout
+    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not tracker.getActiveJobsIds()
+
+
+def _wait_dead(pids, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def _env_and_all_reduce(offset):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    value = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(value)
+    print(f"rank {dist.get_rank()} says hello", flush=True)
+    print(f"rank {dist.get_rank()} to stderr", file=sys.stderr, flush=True)
+    keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+            "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"]
+    env = {k: os.environ.get(k) for k in keys}
+    private = sorted(k for k in os.environ if k.startswith("DISTRIBUTOR_"))
+    dist.destroy_process_group()
+    return value.item() + offset, env, private, os.getcwd(), os.getppid()
+
+
+def test_ranks_run_in_the_executors_with_the_torchrun_contract(spark):
+    lines = []
+    results = run_function(
+        _env_and_all_reduce, 100, num_processes=2, return_all=True,
+        placement=SparkPlacement(spark), output=lambda r, s, l: lines.append((r, s, l)),
+    )
+    assert [r[0] for r in results] == [103.0, 103.0]
+    for rank, (_, env, private, cwd, parent) in enumerate(results):
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "2"
+        # one torchrun node per barrier task, as PySpark does
+        assert env["LOCAL_RANK"] == "0" and env["LOCAL_WORLD_SIZE"] == "1"
+        assert env["NODE_RANK"] == env["GROUP_RANK"] == str(rank) and env["GROUP_WORLD_SIZE"] == "2"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"].isdigit()
+        assert private == [], "the hub address and secret must not reach user code"
+        assert parent != os.getpid(), "ranks must run under the executors, not the driver"
+        assert Path(cwd).is_relative_to(spark.work_dir), cwd
+    assert results[0][1]["TORCHELASTIC_RUN_ID"] == results[1][1]["TORCHELASTIC_RUN_ID"]
+    assert results[0][3] != results[1][3], "two executors, two work directories"
+    assert (0, "stdout", "rank 0 says hello") in lines and (1, "stdout", "rank 1 says hello") in lines
+    assert (1, "stderr", "rank 1 to stderr") in lines
+    assert _no_active_jobs(spark)
+
+
+def test_torch_distributor_runs_a_torchrun_script_unchanged(spark, tmp_path, capsys):
+    out = tmp_path / "out"
+    result = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+        str(SCRIPTS / "torchrun_style.py"), "--scale", 1.5, "--out", str(out)
+    )
+    assert result is None
+    for rank in (0, 1):
+        total, local_rank, name = (tmp_path / f"out.{rank}").read_text().split()
+        assert float(total) == 4.5 and local_rank == "0" and name == "__main__"
+    printed = capsys.readouterr().out
+    assert "[rank 0] rank 0 sum 4.5" in printed and "[rank 1] rank 1 sum 4.5" in printed
+
+
+def _fail_on_rank_1(delay):
+    import time as t
+
+    print(f"PID {os.getpid()}", flush=True)
+    if os.environ["RANK"] == "1":
+        t.sleep(delay)
+        raise ValueError("rank one cannot go on")
+    t.sleep(120)
+
+
+def test_rank_failure_stops_every_rank_and_raises_the_rank_error(spark):
+    pids = []
+
+    def collect(rank, stream, line):
+        if line.startswith("PID "):
+            pids.append(int(line.split()[1]))
+
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        run_function(_fail_on_rank_1, 1.0, num_processes=2, placement=SparkPlacement(spark), output=collect)
+    elapsed = time.monotonic() - started
+    error = info.value
+    assert error.rank == 1 and error.exc_type == "ValueError" and error.exit_code == 1
+    assert "rank one cannot go on" in error.traceback and "_fail_on_rank_1" in error.traceback
+    assert "Py4J" not in str(error) and "org.apache" not in str(error)
+    assert elapsed < 40, f"failure took {elapsed:.1f}s to surface"
+    assert len(pids) == 2
+    assert _wait_dead(pids) == [], "rank processes left running on the executors"
+    assert _no_active_jobs(spark), "the barrier job was not cancelled"
+
+
+def test_job_timeout_cancels_the_stage_and_kills_the_ranks(spark):
+    pids = []
+    started = time.monotonic()
+    with pytest.raises(JobTimeoutError, match="timeout=12s"):
+        run_function(
+            _fail_on_rank_1, 300.0, num_processes=2, timeout=12, placement=SparkPlacement(spark),
+            output=lambda r, s, l: pids.append(int(l.split()[1])) if l.startswith("PID ") else None,
+        )
+    assert time.monotonic() - started < 45
+    assert len(pids) == 2 and _wait_dead(pids) == []
+    assert _no_active_jobs(spark)
+
+
+def test_losing_the_hub_connection_kills_the_ranks(spark):
+    """What a killed driver does to the executors: the hub's connections drop without a STOP."""
+    pids = []
+    request = LaunchRequest(FunctionTarget(_fail_on_rank_1, (300.0,)), 2, start_timeout=60)
+    placement = SparkPlacement(spark)
+    job = Job(request, placement,
+              output=lambda r, s, l: pids.append(int(l.split()[1])) if l.startswith("PID ") else None)
+    outcome = []
+    runner = threading.Thread(target=lambda: outcome.append(_capture(job.run)), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 60
+    while len(pids) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(pids) == 2, "ranks did not start"
+    placement.stop = lambda: None  # no Spark cancellation: only the dropped connection acts
+    job._stopping = True  # and no STOP frame from the engine
+    job.hub.close()
+    assert _wait_dead(pids) == [], "ranks survived the loss of the driver hub"
+    runner.join(60)
+    assert not runner.is_alive()
+    assert _no_active_jobs(spark, timeout=20), "the barrier tasks did not end after their ranks"
+
+
+def _capture(fn):
+    try:
+        return fn()
+    except BaseException as exc:  # noqa: BLE001
+        return exc
+
+
+def test_more_processes_than_slots_fails_at_once_saying_what_to_change(spark):
+    started = time.monotonic()
+    with pytest.raises(LaunchValidationError) as info:
+        TorchDistributor(num_processes=3, local_mode=False, use_gpu=False).run(lambda: 1)
+    assert time.monotonic() - started < 3
+    message = str(info.value)
+    assert "num_processes=3 needs 3 Spark barrier tasks" in message
+    assert "only 2 task slot(s): 2 executor(s) registered, spark.task.cpus=1" in message
+    assert "Lower num_processes to at most 2" in message
+
+
+def test_executor_python_without_a_required_module_is_reported(spark):
+    started = time.monotonic()
+    with pytest.raises(SparkPlacementError) as info:
+        run_function(lambda: 1, num_processes=2,
+                     placement=SparkPlacement(spark, required_modules=("torch", "no_such_module_xyz")))
+    message = str(info.value)
+    assert message.startswith("The executors' Python (")
+    assert "has no 'no_such_module_xyz' module" in message and "PYSPARK_PYTHON" in message
+    assert "org.apache" not in message
+    assert time.monotonic() - started < 30
+    assert _no_active_jobs(spark)
+
+
+def _lightning_fit():
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+    model = Tiny()
+    devices = int(os.environ.get("FIT_DEVICES", "1"))
+    nodes = int(os.environ.get("FIT_NODES", "1"))
+    trainer = L.Trainer(
+        accelerator="cpu", strategy="ddp", devices=devices, num_nodes=nodes, max_epochs=2,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, DataLoader(data, batch_size=8))
+    weights = model.layer.weight.detach().flatten()
+    gathered = trainer.strategy.all_gather(weights)
+    return trainer.global_rank, trainer.world_size, trainer.node_rank, gathered.tolist()
+
+
+def test_lightning_ddp_fit_on_the_cluster(spark, monkeypatch):
+    pytest.importorskip("lightning", reason="lightning is an optional test extra: pip install lightning")
+    request = LaunchRequest(FunctionTarget(_lightning_fit), 2, env={"FIT_DEVICES": "1", "FIT_NODES": "2"})
+    rank, world, node, gathered = Job(request, SparkPlacement(spark), output=lambda *a: None).run()
+    assert (rank, world, node) == (0, 2, 0)
+    assert len(gathered) == 2 and gathered[0] == gathered[1], "DDP replicas diverged"
+
+
+def test_sigkill_of_the_driver_leaves_nothing_on_the_executors(tmp_path):
+    """A driver process with its own local-cluster is SIGKILLed mid-job: ranks, executors and
+    JVMs must all go away."""
+    env = {**os.environ, **SPARK_TEST_ENV, "SPARK_HOME": str(mirror_spark_home(tmp_path))}
+    driver = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "spark_killed_driver.py")], stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True, env=env, cwd=str(tmp_path),
+    )
+    pids, tree = [], []
+    try:
+        deadline = time.monotonic() + 150
+        while len(pids) < 2 and time.monotonic() < deadline:
+            line = driver.stdout.readline()
+            if not line:
+                break
+            if "PID" in line:
+                pids.append(int(line.rsplit(" ", 1)[1]))
+        assert len(pids) == 2, "ranks did not start"
+        tree = descendants(driver.pid)
+        assert all(alive(pid) for pid in pids)
+        assert all(pid in tree for pid in pids), "ranks should run under the executors' JVMs"
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(10)
+        assert _wait_dead(pids, 20) == [], f"orphaned ranks: {pids}"
+        assert _wait_dead(tree, 40) == [], "Spark JVMs or Python workers outlived the driver"
+    finally:
+        kill_tree([p for p in pids + tree if alive(p)])
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        driver.stdout.close()
