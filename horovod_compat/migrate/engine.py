@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from typing import Dict, List, Sequence, Set
+from typing import Dict, List, Mapping, Sequence, Set
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, ScopeProvider
@@ -102,6 +102,45 @@ def _module_level_families(module: cst.Module, shared: SharedState) -> Set[str]:
     return families
 
 
+#: What each name the rewrite may introduce must be bound to, if the input binds it already.
+_CANONICAL = {
+    "os": "os",
+    "torch": "torch",
+    "dist": "torch.distributed",
+    "DDP": "torch.nn.parallel.DistributedDataParallel",
+    "default_hooks": "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
+    "functools": "functools",
+    "TorchDistributor": "pyspark.ml.torch.distributor.TorchDistributor",
+}
+
+
+def _foreign_bindings(scopes: Mapping[cst.CSTNode, object], positions) -> Dict[str, int]:
+    """Names the rewrite may introduce (``dist``, ``DDP``, ...) that the input binds to something
+    else, with the line of the first such binding: rewriting would shadow or be shadowed."""
+    found: Dict[str, int] = {}
+    for scope in {s for s in scopes.values() if s is not None}:
+        for assignment in scope.assignments:
+            name = assignment.name
+            if name not in _CANONICAL or name in found or not hasattr(assignment, "node"):
+                continue
+            node = assignment.node
+            if isinstance(node, (cst.Import, cst.ImportFrom)) and not isinstance(node.names, cst.ImportStar):
+                targets = set()
+                for alias in node.names:
+                    dotted = cst.Module([]).code_for_node(alias.name)
+                    if isinstance(node, cst.ImportFrom) and node.module is not None:
+                        dotted = cst.Module([]).code_for_node(node.module) + "." + dotted
+                    bound = (alias.asname.name.value if alias.asname is not None
+                             and isinstance(alias.asname.name, cst.Name) else dotted.split(".")[0])
+                    if bound == name:
+                        targets.add(dotted if alias.asname is not None or isinstance(node, cst.ImportFrom)
+                                    else dotted.split(".")[0])
+                if targets <= {_CANONICAL[name]}:
+                    continue
+            found[name] = positions[node].start.line if node in positions else 1
+    return found
+
+
 def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
     """Rewrite every unit; raises MigrationError on unparsable input (nothing is rewritten then)."""
     modules = [_parse(unit) for unit in units]
@@ -117,6 +156,7 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
 
     rewritten: List[cst.Module] = []
     contexts: List[RewriteContext] = []
+    foreign: List[Dict[str, int]] = []
     for i, (unit, module) in enumerate(zip(units, modules)):
         ctx = RewriteContext(unit.location, shared, line_offset=unit.line_offset)
         contexts.append(ctx)
@@ -125,6 +165,7 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
         scopes = wrapper.resolve(ScopeProvider)
         parents = wrapper.resolve(ParentNodeProvider)
         elsewhere = set().union(*(n for j, n in enumerate(names) if j != i)) if len(names) > 1 else set()
+        foreign.append(_foreign_bindings(scopes, positions))
         plan = plan_optimizers(wrapper.module, positions, scopes, parents, ctx, elsewhere)
         rewritten.append(wrapper.visit(HorovodTransformer(ctx, plan, unsupported[i])))
 
@@ -136,6 +177,18 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
     for ctx in contexts:
         for family, needed in ctx.needs.items():
             all_needs[family] |= needed
+    needed = set().union(*all_needs.values())
+    clashes = [(i, name, line) for i, names in enumerate(foreign) for name, line in names.items() if name in needed]
+    if clashes:
+        # Leave the whole input unchanged rather than shadow the user's name (or ours).
+        results = [UnitResult(unit.source, [], unit.source) for unit in units]
+        for i, name, line in clashes:
+            ctx = RewriteContext(units[i].location, shared, line_offset=units[i].line_offset)
+            ctx.todo(line, name, f"`{name}` is already bound here to something other than "
+                     f"{_CANONICAL[name]}; the rewrite needs that name. Rename yours and run again "
+                     "(nothing in this file was rewritten)")
+            results[i].findings.extend(ctx.findings)
+        return results
     module_sites: Set[str] = set()
     for module in modules:
         module_sites |= _module_level_families(module, shared)

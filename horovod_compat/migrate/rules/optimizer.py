@@ -176,7 +176,7 @@ def _unique_name(base: str, taken: Set[str]) -> str:
 
 def _mentions(stmt: cst.CSTNode, model: str) -> bool:
     text = code_of(stmt)
-    return bool(re.search(rf"\b{re.escape(model)}\b", text)) or "rank" in text
+    return bool(re.search(rf"\b({re.escape(model)}|rank|get_rank|local_rank)\b", text))
 
 
 def _redundant_broadcasts(

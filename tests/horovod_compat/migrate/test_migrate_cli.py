@@ -239,3 +239,14 @@ def test_python_dash_m_entry_point(tmp_path):
                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[3], timeout=60)
     assert proc.returncode == 1, proc.stderr
     assert "rewrite(s)" in proc.stderr
+
+
+def test_name_clash_leaves_the_file_unchanged_and_says_why(tmp_path):
+    script = tmp_path / "train.py"
+    source = "import torch\nimport horovod.torch as hvd\nhvd.init()\ndist = torch.distributions.Normal(0, 1)\n"
+    script.write_text(source)
+    status, _, err = run("--check", script)
+    assert status == 1
+    assert f"{script}:4: TODO dist: `dist` is already bound here" in err
+    assert run(script)[0] == 0
+    assert script.read_text() == source

@@ -1,0 +1,126 @@
+import argparse
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+import torch.utils.data.distributed
+import os
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def _native_allreduce(tensor, op="average", inplace=False):
+    """hvd.allreduce on torch.distributed: reduce over all ranks into a new tensor (or in place).
+
+    "average" sums then divides by the world size; integer tensors truncate, as Horovod did.
+    A tensor that requires grad goes through torch.distributed.nn, which is differentiable.
+    """
+    import torch
+    import torch.distributed as dist
+
+    ops = {"average": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
+           "max": dist.ReduceOp.MAX, "product": dist.ReduceOp.PRODUCT}
+    world = dist.get_world_size()
+    if tensor.requires_grad and torch.is_grad_enabled() and not inplace:
+        if op not in ("average", "sum"):
+            raise RuntimeError("differentiable allreduce supports only average and sum")
+        import torch.distributed.nn.functional as dist_nn
+
+        out = dist_nn.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return out / world if op == "average" else out
+    out = tensor if inplace else tensor.detach().clone()
+    dist.all_reduce(out, op=ops[op])
+    if op == "average":
+        if out.is_floating_point() or out.is_complex():
+            out.div_(world)
+        else:
+            out.copy_(torch.div(out, world, rounding_mode="trunc"))
+    return out
+
+
+def _native_broadcast_optimizer_state(optimizer, root_rank):
+    """hvd.broadcast_optimizer_state on torch.distributed, with Horovod's exact behaviour.
+
+    Like Horovod, an optimizer with no state yet first takes one step on zero gradients to
+    create its state (this advances e.g. Adam's step counter); then root_rank's state and
+    options (lr, momentum, ...) are loaded on every rank.  On a fresh optimizer under DDP the
+    call is not needed at all; removing it changes the trajectory slightly for stateful optimizers.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    state_dict = optimizer.state_dict()
+    if len(state_dict["state"]) == 0:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+        optimizer.step()
+        state_dict = optimizer.state_dict()
+    box = [state_dict]
+    dist.broadcast_object_list(box, src=root_rank)
+    optimizer.load_state_dict(box[0])
+
+train_dataset = test_loader = train_loader = None
+
+parser = argparse.ArgumentParser()
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return F.log_softmax(self.fc(x), dim=1)
+
+
+def train(epoch):
+    model.train()
+    train_sampler.set_epoch(epoch)
+    for batch_idx, (data, target) in enumerate(train_loader):
+        optimizer.zero_grad()
+        output = ddp_model(data)
+        loss = F.nll_loss(output, target)
+        loss.backward()
+        optimizer.step()
+
+
+def metric_average(val, name):
+    tensor = torch.tensor(val)
+    avg_tensor = _native_allreduce(tensor, "average")
+    return avg_tensor.item()
+
+
+def test():
+    model.eval()
+    test_loss = 0.
+    for data, target in test_loader:
+        output = ddp_model(data)
+        test_loss += F.nll_loss(output, target, size_average=False).item()
+    test_loss = metric_average(test_loss, 'avg_loss')
+    if dist.get_rank() == 0:
+        print(test_loss)
+
+
+if __name__ == '__main__':
+    args = parser.parse_args()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.manual_seed(args.seed)
+    if args.cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    train_sampler = torch.utils.data.distributed.DistributedSampler(
+        train_dataset)
+    model = Net()
+    lr_scaler = dist.get_world_size() if not args.use_adasum else 1
+    optimizer = optim.SGD(model.parameters(), lr=args.lr * lr_scaler, momentum=args.momentum)
+    _native_broadcast_optimizer_state(optimizer, root_rank=0)
+    ddp_model = DDP(model)
+    for epoch in range(1, args.epochs + 1):
+        train(epoch)
+        test()
