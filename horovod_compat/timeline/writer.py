@@ -16,7 +16,10 @@ Two layers, both independent of torch:
     metadata, ``NEGOTIATE_<OP>`` span with one ``X`` tick per rank, the ``<OP>`` span with the backend
     activity (``GLOO_ALLREDUCE`` ...) inside it, fusion-buffer copies, dtype and shape on the closing
     ``E``) and appends them to the file with one write.  Formatting off the training thread is what
-    keeps the timeline cheap.
+    keeps the timeline cheap.  A negotiation is written when it ends, so that its span can open at
+    the first rank's readiness (when negotiation reports every rank's ready time: ``ALL_READY``
+    with ``ready_us``/``ranks``) and an op launched speculatively before the end of negotiation is
+    still nested after it, as in Horovod's files.
 
 Bounds for long runs: ``max_bytes`` stops opening new spans once the file is that large (open spans
 are still closed, so the file stays balanced) and ``cycles=(start, stop)`` records only the bursts
@@ -137,8 +140,8 @@ class TraceFile:
 class _Track:
     """Per tensor name: its pid and which spans are open."""
 
-    __slots__ = ("pid", "label", "kind", "busy", "neg_open", "neg_ts", "op_open", "backend", "dtype",
-                 "shape", "activities", "recorded")
+    __slots__ = ("pid", "label", "kind", "busy", "neg_open", "neg_ts", "op_ts", "op_open", "backend",
+                 "backend_open", "fused", "dtype", "shape", "activities", "recorded")
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -147,8 +150,11 @@ class _Track:
         self.busy = False       # between submission (or launch) and the end of the op
         self.neg_open = False
         self.neg_ts = 0
-        self.op_open = False
+        self.op_ts: Optional[int] = None   # launch time of the op (may precede negotiation's end)
+        self.op_open = False             # the op's B has been written (or would have been)
         self.backend: Optional[str] = None
+        self.backend_open = False
+        self.fused: Any = None
         self.dtype: Any = None
         self.shape: Any = None
         self.activities = 0
@@ -320,63 +326,49 @@ class TimelineRecorder:
             tr.kind = info.get("kind", "") or tr.kind
             tr.label = op_label(tr.kind)
             self._begin_op(out, tr, name, ts)
-            tr.neg_open, tr.neg_ts = True, ts
-            if tr.recorded:
-                out.append('{"ph": "B", "name": "NEGOTIATE_%s", "ts": %d, "pid": %d}' % (tr.label, ts, tr.pid))
-                out.append('{"ph": "X", "name": "%d", "ts": %d, "pid": %d, "dur": 0}' % (self.rank, ts, tr.pid))
+            # written when negotiation ends: then the first ready rank's time is known
+            tr.neg_open, tr.neg_ts, tr.op_ts = True, ts, None
         elif event == ALL_READY:
             tr = self._tracks.get(name)
-            if tr is None or not tr.neg_open:
-                if tr is not None and tr.recorded and tr.op_open:
-                    self._ready_ticks(out, tr, ts, info)   # late news of a speculative launch
-                return
-            tr.neg_open = False
-            if tr.recorded:
-                self._ready_ticks(out, tr, ts, info)
-                out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, tr.pid))
+            if tr is not None and tr.neg_open:
+                self._end_negotiation(out, tr, ts, info)
         elif event == OP_START:
             tr = self._get(name)
             kind = info.get("kind") or ""
             if kind:
                 tr.kind = kind
             tr.label = op_label(tr.kind) if tr.kind else "ALLREDUCE"
-            if tr.op_open:
+            if tr.op_open or tr.op_ts is not None:
                 self._close_all(out, tr, ts, incomplete=True)
             if not tr.busy:
-                self._begin_op(out, tr, name, ts)   # an op without negotiation (optimizer bucket)
-            elif tr.neg_open and tr.recorded:
-                # speculative launch on a cache hit: the transfer itself waits for the peers
-                out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, tr.pid))
-            tr.neg_open = False
-            tr.op_open = True
-            if not tr.recorded:
-                return
+                self._begin_op(out, tr, name, ts)   # an op without negotiation
             tr.dtype, tr.shape = info.get("dtype"), info.get("shape")
-            out.append('{"ph": "B", "name": "%s", "ts": %d, "pid": %d}' % (tr.label, ts, tr.pid))
-            fused = info.get("fused")
-            if fused:
-                out.append('{"ph": "B", "name": "MEMCPY_IN_FUSION_BUFFER", "ts": %d, "pid": %d}' % (ts, tr.pid))
-                names = list(fused) if isinstance(fused, (list, tuple)) else []
-                out.append('{"ph": "E", "ts": %d, "pid": %d, "args": {"tensors": %s}}'
-                           % (ts, tr.pid, json.dumps(names)))
+            tr.fused = info.get("fused")
             dev = str(info.get("device") or "")
             be = info.get("backend") or ("NCCL" if dev.startswith("cuda") else self.backend)
             tr.backend = backend_activity(tr.label, str(be).upper())
-            if tr.backend:
-                out.append('{"ph": "B", "name": "%s", "ts": %d, "pid": %d}' % (tr.backend, ts, tr.pid))
+            tr.op_ts = ts
+            if not tr.neg_open:
+                self._open_op(out, tr, ts)
+            # else: launched speculatively on a cache hit, before negotiation finished; the op is
+            # written when negotiation ends (the transfer cannot progress before that)
         elif event == OP_END:
             tr = self._tracks.get(name)
             if tr is not None and tr.busy:
                 self._close_all(out, tr, ts, error=info.get("error"))
         elif event == ACTIVITY_START:
             tr = self._tracks.get(name)
-            if tr is None or not tr.recorded or not tr.op_open:
+            if tr is None or not tr.busy or tr.op_ts is None:
+                return
+            if tr.neg_open:
+                self._end_negotiation(out, tr, ts, {})
+            if not tr.recorded:
                 return
             act = str(info.get("activity", "ACTIVITY"))
-            if tr.backend and tr.activities == 0 and act.startswith("MEMCPY_OUT"):
+            if tr.backend_open and tr.activities == 0 and act.startswith("MEMCPY_OUT"):
                 # the transfer is over once the copies out start: close the backend span first
                 out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, tr.pid))
-                tr.backend = None
+                tr.backend_open = False
             tr.activities += 1
             out.append('{"ph": "B", "name": %s, "ts": %d, "pid": %d}' % (json.dumps(act), ts, tr.pid))
         elif event == ACTIVITY_END:
@@ -386,20 +378,57 @@ class TimelineRecorder:
             tr.activities -= 1
             out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, tr.pid))
 
-    def _ready_ticks(self, out: List[str], tr: _Track, ts: int, info: Dict[str, Any]) -> None:
-        """One ``X`` tick per other rank, from the wall-clock readiness times negotiation reports."""
-        ready = info.get("ready_us")
-        if not ready:
+    def _end_negotiation(self, out: List[str], tr: _Track, ts: int, info: Dict[str, Any],
+                         extra: Optional[Dict[str, Any]] = None) -> None:
+        """Write ``NEGOTIATE_<OP>`` B, one tick per rank, E -- and the op if it already started.
+
+        With per-rank readiness (``info["ready_us"]``: wall-clock µs per rank of the set, ``ranks``:
+        their global ranks), the span runs from the first to the last rank's readiness, as in
+        Horovod.  Without it only this rank's tick is known and the span ends when this rank learned
+        that every rank is ready (or when the op was launched, whichever came first).
+        """
+        tr.neg_open = False
+        if not tr.recorded:
             return
-        ranks = info.get("ranks") or list(range(len(ready)))
-        ticks = []
-        for r, t_us in zip(ranks, ready):
-            if t_us is None or int(r) == self.rank:
-                continue
-            ticks.append((int(t_us) - self._anchor_wall_us, int(r)))
-        for t, r in sorted(ticks):
-            t = min(max(t, tr.neg_ts), ts)   # clock skew between hosts must not leave the span
-            out.append('{"ph": "X", "name": "%d", "ts": %d, "pid": %d, "dur": 0}' % (r, t, tr.pid))
+        ticks = [(tr.neg_ts, self.rank)]
+        ready = info.get("ready_us")
+        if ready:
+            ranks = info.get("ranks") or list(range(len(ready)))
+            for r, t_us in zip(ranks, ready):
+                if t_us is not None and int(r) != self.rank:
+                    ticks.append((int(t_us) - self._anchor_wall_us, int(r)))
+            ticks.sort()
+            start = min(ticks[0][0], tr.neg_ts)
+            end = min(max(ticks[-1][0], start), ts)   # another host's clock must not pass ours
+        else:
+            start = tr.neg_ts
+            end = ts if tr.op_ts is None else min(ts, tr.op_ts)
+        pid = tr.pid
+        out.append('{"ph": "B", "name": "NEGOTIATE_%s", "ts": %d, "pid": %d}' % (tr.label, start, pid))
+        for t, r in ticks:
+            out.append('{"ph": "X", "name": "%d", "ts": %d, "pid": %d, "dur": 0}'
+                       % (r, min(max(t, start), end), pid))
+        if extra:
+            out.append('{"ph": "E", "ts": %d, "pid": %d, "args": %s}' % (end, pid, json.dumps(extra)))
+        else:
+            out.append('{"ph": "E", "ts": %d, "pid": %d}' % (end, pid))
+        if tr.op_ts is not None and not tr.op_open:
+            self._open_op(out, tr, max(tr.op_ts, end))
+
+    def _open_op(self, out: List[str], tr: _Track, ts: int) -> None:
+        tr.op_open = True
+        if not tr.recorded:
+            return
+        pid = tr.pid
+        out.append('{"ph": "B", "name": "%s", "ts": %d, "pid": %d}' % (tr.label, ts, pid))
+        fused = tr.fused
+        if fused:
+            out.append('{"ph": "B", "name": "MEMCPY_IN_FUSION_BUFFER", "ts": %d, "pid": %d}' % (ts, pid))
+            names = list(fused) if isinstance(fused, (list, tuple)) else []
+            out.append('{"ph": "E", "ts": %d, "pid": %d, "args": {"tensors": %s}}' % (ts, pid, json.dumps(names)))
+        if tr.backend:
+            out.append('{"ph": "B", "name": "%s", "ts": %d, "pid": %d}' % (tr.backend, ts, pid))
+            tr.backend_open = True
 
     def _close_all(self, out: List[str], tr: _Track, ts: int, error: Any = None,
                    incomplete: bool = False) -> None:
@@ -410,36 +439,36 @@ class TimelineRecorder:
         tr.busy = False
         if self._inflight > 0:
             self._inflight -= 1
-        if tr.recorded:
+        extra: Dict[str, Any] = {}
+        if error:
+            extra["error"] = str(error)
+        if incomplete:
+            extra["incomplete"] = True
+        if tr.neg_open:
+            # negotiation never finished (error, or still pending at stop) -- or the op ended
+            # before the ALL_READY event arrived
+            self._end_negotiation(out, tr, ts, {}, extra if tr.op_ts is None else None)
+        if tr.recorded and tr.op_open:
             pid = tr.pid
             while tr.activities > 0:
                 tr.activities -= 1
                 out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, pid))
-            extra: Dict[str, Any] = {}
-            if error:
-                extra["error"] = str(error)
-            if incomplete:
-                extra["incomplete"] = True
-            if tr.op_open:
-                if tr.backend:
-                    out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, pid))
-                args: Dict[str, Any] = {}
-                if tr.dtype:
-                    args["dtype"] = format_dtype(tr.dtype)
-                if tr.shape is not None and tr.label not in ("BARRIER", "JOIN"):
-                    args["shape"] = format_shape(tr.shape)
-                args.update(extra)
-                if args:
-                    out.append('{"ph": "E", "ts": %d, "pid": %d, "args": %s}' % (ts, pid, json.dumps(args)))
-                else:
-                    out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, pid))
-            if tr.neg_open:
-                if extra:
-                    out.append('{"ph": "E", "ts": %d, "pid": %d, "args": %s}' % (ts, pid, json.dumps(extra)))
-                else:
-                    out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, pid))
-        tr.neg_open = tr.op_open = False
+            if tr.backend_open:
+                out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, pid))
+            args: Dict[str, Any] = {}
+            if tr.dtype:
+                args["dtype"] = format_dtype(tr.dtype)
+            if tr.shape is not None and tr.label not in ("BARRIER", "JOIN"):
+                args["shape"] = format_shape(tr.shape)
+            args.update(extra)
+            if args:
+                out.append('{"ph": "E", "ts": %d, "pid": %d, "args": %s}' % (ts, pid, json.dumps(args)))
+            else:
+                out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, pid))
+        tr.neg_open = tr.op_open = tr.backend_open = False
+        tr.op_ts = None
         tr.backend = None
+        tr.fused = None
         tr.activities = 0
         tr.dtype = tr.shape = None
 
