@@ -8,6 +8,14 @@ observer need the same four moments for every collective, per tensor name:
 ``OP_START``         the data transfer was launched (``info``: ``kind``, ``dtype``, ``shape``, ``op``);
 ``OP_END``           the result is available on this rank (``info`` may carry ``error``).
 
+Optional, for finer timelines (Horovod's nested activities):
+
+``ALL_READY`` may carry ``ready_us`` (wall-clock µs, ``time.time_ns() // 1000``, at which each rank
+of the set submitted the op) and ``ranks`` (their global ranks): the timeline then draws one
+readiness tick per rank, as Horovod does.
+``ACTIVITY_START``   a phase of the op began (``info``: ``activity``, e.g. ``"MEMCPY_OUT_FUSION_BUFFER"``);
+``ACTIVITY_END``     the innermost open phase of that tensor's op ended.
+
 The hot path pays a single attribute read when nobody listens: collectives test ``hooks.active``
 before building any event.  Listeners are called synchronously on the rank's calling thread and must
 be cheap; an exception in a listener is reported once as a warning and the listener is dropped so a
@@ -19,13 +27,15 @@ import threading
 import warnings
 from typing import Any, Callable, List
 
-__all__ = ["NEGOTIATE_START", "ALL_READY", "OP_START", "OP_END", "subscribe", "unsubscribe", "emit",
-           "active"]
+__all__ = ["NEGOTIATE_START", "ALL_READY", "OP_START", "OP_END", "ACTIVITY_START", "ACTIVITY_END",
+           "subscribe", "unsubscribe", "emit", "active"]
 
 NEGOTIATE_START = "NEGOTIATE_START"
 ALL_READY = "ALL_READY"
 OP_START = "OP_START"
 OP_END = "OP_END"
+ACTIVITY_START = "ACTIVITY_START"
+ACTIVITY_END = "ACTIVITY_END"
 
 Listener = Callable[[str, str, dict], Any]
 
