@@ -88,7 +88,8 @@ class Agreement(NamedTuple):
     """The descriptors of every rank of the set (None for joined ranks), last verified together."""
 
     descs: Tuple[Optional[Desc], ...]
-    keyhash: int
+    keyhash: int   # hash of the cache key (kind, name)
+    agid: int = 0  # hash of the whole agreement (used for keys whose signature keeps changing)
 
     def template(self, index: int) -> Desc:
         """The descriptor rank ``index`` should use for a dummy contribution."""
@@ -145,7 +146,13 @@ class SetState:
         self.ranks = list(ps.ranks)
         self.cache: Dict[tuple, Agreement] = {}
         self.by_hash: Dict[int, Agreement] = {}
+        # Keys whose agreed signature changed at least once ("polymorphic", e.g. unnamed ops of
+        # several shapes, or allgathers with varying first dimensions): every agreement seen is
+        # kept per key (indexed by this rank's descriptor) and these keys never speculate: the
+        # control message carries the agreement id and the data moves only after all ranks agreed.
+        self.poly: Dict[tuple, Dict[Desc, Agreement]] = {}
         self.inflight: Dict[str, float] = {}
+        self.verify_rounds = 0  # verification rounds run so far (tests check the loop is cheap)
         self.lock = threading.Lock()
 
 
@@ -281,6 +288,7 @@ def _settle_speculation(st: SetState, g: List[List[int]], my_works: Optional[Lis
 
 
 def _exchange_descs(st: SetState, desc: Optional[Desc]) -> List[Optional[Desc]]:
+    st.verify_rounds += 1
     out: List[Optional[Desc]] = [None] * st.n
     dist.all_gather_object(out, desc, group=st.ctl)
     return out
@@ -306,12 +314,28 @@ def _validate(st: SetState, descs: Sequence[Optional[Desc]]) -> Optional[str]:
 _JOIN_KINDS = {"allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast"}
 
 
+_POLY_LIMIT = 256
+
+
 def _remember(st: SetState, descs: Sequence[Optional[Desc]]) -> Agreement:
+    """Cache a verified agreement (every rank calls this with identical ``descs``)."""
     key = next(d for d in descs if d is not None).key
-    agr = Agreement(tuple(descs), _keyhash(key))
+    descs = tuple(descs)
+    agr = Agreement(descs, _keyhash(key), _keyhash((key, descs)))
     with st.lock:
+        old = st.cache.get(key)
         st.cache[key] = agr
         st.by_hash[agr.keyhash] = agr
+        alts = st.poly.get(key)
+        if alts is None and old is not None and old.descs != descs:
+            alts = st.poly[key] = {}
+            if old.descs[st.me] is not None:
+                alts[old.descs[st.me]] = old
+        if alts is not None:
+            if len(alts) >= _POLY_LIMIT:
+                alts.pop(next(iter(alts)))
+            if descs[st.me] is not None:
+                alts[descs[st.me]] = agr
     return agr
 
 
@@ -327,8 +351,15 @@ def submit(st: SetState, plan: Plan) -> Pending:
     p = Pending(st, plan)
     desc = plan.desc
     key = (desc.kind, desc.name)
-    agr = st.cache.get(key)
-    hit = agr is not None and agr.descs[st.me] == desc
+    alts = st.poly.get(key)
+    if alts is None:
+        agr = st.cache.get(key)
+        hit = agr is not None and agr.descs[st.me] == desc
+        speculative = plan.speculative
+    else:
+        agr = alts.get(desc)
+        hit = agr is not None and all(d is not None for d in agr.descs)
+        speculative = False
     p.agr = agr
     try:
         if st.n == 1:
@@ -339,12 +370,12 @@ def submit(st: SetState, plan: Plan) -> Pending:
             p.stage = 1
             return p
         code = HIT if hit else 0
-        if agr is not None and plan.speculative:
+        if agr is not None and speculative:
             p.works = plan.launch(agr) if hit else _KINDS[desc.kind][1](agr, st)
             code |= LAUNCHED
             if hit and hooks.active:
                 _emit_start(plan)
-        kh = p.kh = _keyhash(key)
+        kh = p.kh = _keyhash(key) if alts is None or not hit else agr.agid
         send = torch.tensor([code, kh], dtype=torch.int64)
         p.recv = torch.empty(2 * st.n, dtype=torch.int64)
         p.cw = dist.all_gather_into_tensor(p.recv, send, group=st.ctl, async_op=True)

@@ -55,6 +55,23 @@ def _mismatches():
     attempt("consistent change", lambda: hvd.allreduce_(torch.ones(6), name="cached", op=hvd.Sum))
     res = hvd.allreduce(torch.full((6,), 1.0), name="cached", op=hvd.Sum)
     out.append(("cached new shape value", res.tolist()))
+    # an unnamed slot used with alternating shapes ("polymorphic"): works, and a one-rank
+    # difference is still caught
+    for i in range(4):
+        out.append((f"alternating {i}", hvd.allreduce(torch.ones(2 + i % 2), op=hvd.Sum).tolist()))
+    attempt("poly changed", lambda: hvd.allreduce(torch.ones(2 if r == 0 else 3)))
+    # the steady state is cheap: no verification round once names are known
+    st = hvd.global_process_set.negotiation
+    for _ in range(2):
+        hvd.allreduce(torch.ones(8), name="loop.a")
+        hvd.allgather(torch.ones(2, 2), name="loop.b")
+        hvd.allreduce(torch.ones(3))
+    before = st.verify_rounds
+    for _ in range(10):
+        hvd.allreduce(torch.ones(8), name="loop.a")
+        hvd.allgather(torch.ones(2, 2), name="loop.b")
+        hvd.allreduce(torch.ones(3))
+    out.append(("verification rounds in steady state", st.verify_rounds - before))
     hvd.shutdown()
     return out
 
@@ -80,6 +97,8 @@ def test_mismatches_fail_on_every_rank_and_job_keeps_working():
                  "'name1'.",
         "changed on one rank": "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape "
                                "[4], but another rank sent a tensor of shape [5].",
+        "poly changed": "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [2], "
+                        "but another rank sent a tensor of shape [3].",
         "unnamed changed": "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [3], "
                            "but another rank sent a tensor of shape [2].",
     }
@@ -89,6 +108,8 @@ def test_mismatches_fail_on_every_rank_and_job_keeps_working():
             assert rep[f"after {label}"] == [2.0, 2.0], label
         assert rep["consistent change"] is None
         assert rep["cached new shape value"] == [2.0] * 6
+        assert [rep[f"alternating {i}"] for i in range(4)] == [[2.0] * 2, [2.0] * 3] * 2
+        assert rep["verification rounds in steady state"] == 0
     assert r0["in-place tensor intact"] == [0.0, 1.0, 2.0, 3.0]
 
 
