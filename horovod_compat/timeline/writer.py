@@ -323,7 +323,8 @@ class TimelineRecorder:
             tr = self._get(name)
             if tr.busy:
                 self._close_all(out, tr, ts, incomplete=True)   # a previous op never ended
-            tr.kind = info.get("kind", "") or tr.kind
+            # an emitter that does not say (DistributedOptimizer's buckets) reduces gradients
+            tr.kind = info.get("kind", "") or tr.kind or "allreduce"
             tr.label = op_label(tr.kind)
             self._begin_op(out, tr, name, ts)
             # written when negotiation ends: then the first ready rank's time is known

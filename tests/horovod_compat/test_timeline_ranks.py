@@ -184,20 +184,39 @@ def test_sigkilled_ranks_leave_valid_per_rank_files_that_merge(tmp_path):
 def _env_job():
     import torch
     import horovod_compat.torch as hvd
+    from horovod_compat.torch import timeline
 
     hvd.init()
+    writing = timeline.current_path()
     for _ in range(3):
         hvd.allreduce(torch.ones(5), name="env_started")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 4)).sum().backward()
+        opt.step()
     hvd.shutdown()                                   # closes the timeline, as Horovod's does
-    return hvd.is_initialized()
+    return writing
 
 
-def test_horovod_timeline_env_starts_at_init(tmp_path):
+def test_horovod_timeline_env_starts_at_init_and_records_the_optimizer(tmp_path):
     path = str(tmp_path / "env.json")
-    run_function(_env_job, num_processes=2, return_all=True, timeout=120,
-                 env={"HOROVOD_TIMELINE": path, "HOROVOD_TIMELINE_MARK_CYCLES": "1"})
+    writing = run_function(_env_job, num_processes=2, return_all=True, timeout=120,
+                           env={"HOROVOD_TIMELINE": path, "HOROVOD_TIMELINE_MARK_CYCLES": "1"})
+    assert writing == [path, None]                    # only rank 0 writes, as in Horovod
     ev = json.load(open(path))
-    assert sum(1 for e in ev if e.get("name") == "ALLREDUCE") == 3
-    assert sum(1 for e in ev if e.get("name") == "CYCLE_START") == 3
     assert _balance(ev) == {}
-    assert not os.path.exists(path + ".1")
+    names = {e["pid"]: e["args"]["name"] for e in ev if e.get("name") == "process_name" and e["pid"]}
+    by_name = defaultdict(list)
+    for e in ev:
+        if e["ph"] == "E" and "args" in e and e.get("pid") in names:
+            by_name[names[e["pid"]]].append(e["args"])
+    assert by_name["allreduce.env_started"] == [{"dtype": "float32", "shape": "[5]"}] * 3
+    # DistributedOptimizer: one row per parameter, Horovod's naming, one allreduce per step
+    for pname, shape in (("0.weight", "[3, 4]"), ("0.bias", "[3]"), ("2.weight", "[1, 3]"), ("2.bias", "[1]")):
+        assert by_name[f"allreduce.{pname}"] == [{"dtype": "float32", "shape": shape}] * 3, pname
+    cycles = sum(1 for e in ev if e.get("name") == "CYCLE_START")
+    assert 6 <= cycles <= 7    # 3 allreduces + 3 optimizer steps (+ the bucket-order rebuild)
