@@ -222,18 +222,21 @@ class SparkPlacement(Placement):
         slots = self._max_concurrent_tasks()
         if slots is None:
             return
+        master = self._sc.master
+        local = master == "local" or master.startswith("local[")
         started = getattr(self._sc, "startTime", None)
-        registration_ends = (started / 1000.0 + EXECUTOR_REGISTRATION_SECONDS) if started else 0.0
+        registration_ends = 0.0  # a local master's slots are its threads: nothing to wait for
+        if started and not local:
+            registration_ends = started / 1000.0 + EXECUTOR_REGISTRATION_SECONDS
         while slots < self._tasks and time.time() < registration_ends:
             time.sleep(0.25)  # a young application: executors may still be registering
             slots = self._max_concurrent_tasks() or 0
         if slots >= self._tasks:
             return
-        master = self._sc.master
         cpus = conf.get("spark.task.cpus", "1")
         parts = [f"spark.task.cpus={cpus}"]
         executors = self._executor_count()
-        if not (master == "local" or master.startswith("local[")) and executors is not None:
+        if not local and executors is not None:
             parts.insert(0, f"{executors} executor(s) registered")
         gpu = conf.get("spark.task.resource.gpu.amount")
         if gpu:

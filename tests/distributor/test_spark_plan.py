@@ -217,3 +217,61 @@ def test_spark_connect_session_is_explained():
 def test_unknown_node_grouping_is_rejected():
     with pytest.raises(LaunchValidationError, match="node_per must be"):
         spark_placement.SparkPlacement(spark=object(), node_per="rack")
+
+
+# ---- checks before submitting, against a stand-in SparkContext ------------------------------
+class _FakeSparkContext:
+    """Just what SparkPlacement reads: master, conf, start time, slot and executor counts."""
+
+    def __init__(self, master, conf=None, slots=2, executors=2):
+        from types import SimpleNamespace as NS
+
+        self.master = master
+        self._conf = dict(conf or {})
+        self.startTime = 0  # long ago: executors have had time to register
+        scala = NS(
+            resourceProfileManager=lambda: NS(defaultResourceProfile=lambda: "default"),
+            maxNumConcurrentTasks=lambda profile: slots,
+            statusTracker=lambda: NS(getExecutorInfos=lambda: [None] * (executors + 1)),
+        )
+        self._jsc = NS(sc=lambda: scala)
+
+    def getConf(self):
+        return self._conf
+
+
+def _validate(sc, num_processes, use_gpu=False):
+    from distributor import FunctionTarget, LaunchRequest
+
+    placement = spark_placement.SparkPlacement(sc)
+    placement.validate(LaunchRequest(FunctionTarget(len), num_processes, use_gpu=use_gpu))
+    return placement
+
+
+def test_dynamic_allocation_is_explained():
+    sc = _FakeSparkContext("spark://h:7077", {"spark.dynamicAllocation.enabled": "true"})
+    with pytest.raises(LaunchValidationError, match="dynamic allocation.*spark.dynamicAllocation.enabled=false"):
+        _validate(sc, 2)
+    # Spark ignores the setting on a local master, and so do we
+    _validate(_FakeSparkContext("local[2]", {"spark.dynamicAllocation.enabled": "true"}), 2)
+
+
+def test_slot_shortage_with_multi_gpu_tasks_counts_tasks_not_ranks():
+    conf = {"spark.task.resource.gpu.amount": "2", "spark.task.cpus": "4"}
+    placement = _validate(_FakeSparkContext("spark://h:7077", conf, slots=2, executors=2), 4, use_gpu=True)
+    assert placement._tasks == 2 and placement._per_task == 2
+    with pytest.raises(LaunchValidationError) as info:
+        _validate(_FakeSparkContext("spark://h:7077", conf, slots=2, executors=2), 6, use_gpu=True)
+    message = str(info.value)
+    assert "num_processes=6 needs 3 Spark barrier tasks running at the same time (2 ranks per task)" in message
+    assert ("only 2 task slot(s): 2 executor(s) registered, spark.task.cpus=4, "
+            "spark.task.resource.gpu.amount=2") in message
+    assert "Lower num_processes to at most 4" in message
+
+
+def test_hub_listens_on_the_driver_bind_address():
+    assert spark_placement.SparkPlacement(_FakeSparkContext("local[1]")).hub_bind_host == "127.0.0.1"
+    sc = _FakeSparkContext("local[1]", {"spark.driver.host": "10.0.0.5"})
+    assert spark_placement.SparkPlacement(sc).hub_bind_host == "10.0.0.5"
+    sc = _FakeSparkContext("local[1]", {"spark.driver.host": "10.0.0.5", "spark.driver.bindAddress": "0.0.0.0"})
+    assert spark_placement.SparkPlacement(sc).hub_bind_host == "0.0.0.0"

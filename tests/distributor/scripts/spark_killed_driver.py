@@ -18,5 +18,5 @@ def sleeper():
 
 
 if __name__ == "__main__":
-    start_session("local-cluster[2,1,1024]", "killed-driver", executors=2)
+    start_session("local-cluster[1,2,1024]", "killed-driver", executors=1)
     TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(sleeper)

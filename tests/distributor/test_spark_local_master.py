@@ -1,0 +1,69 @@
+"""TorchDistributor(local_mode=False) on a `local[2]` master: the barrier stage runs in the
+driver's own JVM, the ranks under its Python workers; same behaviour as on a cluster."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from distributor import LaunchValidationError, RankFailedError, TorchDistributor
+
+from spark_clusters import SPARK_TEST_ENV, EnvPatch, alive, mirror_spark_home, start_session, stop_session
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    root = tmp_path_factory.mktemp("local-master")
+    env = EnvPatch({**SPARK_TEST_ENV, "SPARK_HOME": str(mirror_spark_home(root))})
+    session = start_session("local[2]", "test_spark_local_master")
+    try:
+        yield session
+    finally:
+        stop_session(session)
+        env.restore()
+
+
+def _rank_info(scale):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    value = torch.tensor([scale * (dist.get_rank() + 1)])
+    dist.all_reduce(value)
+    dist.destroy_process_group()
+    return os.environ["RANK"], os.environ["NODE_RANK"], os.getppid(), value.item()
+
+
+def test_function_returns_rank0_value_from_the_barrier_stage(spark):
+    rank, node, parent, total = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(_rank_info, 2.0)
+    assert (rank, node, total) == ("0", "0", 6.0)
+    assert parent != os.getpid()
+
+
+def _fails_on_rank_0():
+    print(f"PID {os.getpid()}", flush=True)
+    if os.environ["RANK"] == "0":
+        raise KeyError("missing-column")
+    import time as t
+
+    t.sleep(120)
+
+
+def test_rank_failure_raises_rank_failed_error_not_a_py4j_dump(spark, capsys):
+    with pytest.raises(RankFailedError) as info:
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(_fails_on_rank_0)
+    assert info.value.rank == 0 and info.value.exc_type == "KeyError"
+    assert "missing-column" in info.value.traceback
+    pids = [int(line.rsplit(" ", 1)[1]) for line in capsys.readouterr().out.splitlines() if "] PID " in line]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 15
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids)
+    assert not spark.sparkContext.statusTracker().getActiveJobsIds()
+
+
+def test_local_master_slots_are_its_cores(spark):
+    with pytest.raises(LaunchValidationError, match=r"master local\[2\]\) has only 2 task slot\(s\): spark.task.cpus=1"):
+        TorchDistributor(num_processes=4, local_mode=False, use_gpu=False).run(lambda: 1)

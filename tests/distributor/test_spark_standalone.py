@@ -1,0 +1,63 @@
+"""The Spark placement on a standalone cluster the test starts: a master and a worker on
+127.0.0.1 (pyspark's spark-class), executors' work directories in a temporary folder, everything
+stopped by PID at the end."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from distributor import TorchDistributor
+
+from spark_clusters import (
+    PYSPARK_DIR,
+    SPARK_TEST_ENV,
+    EnvPatch,
+    StandaloneCluster,
+    alive,
+    descendants,
+    start_session,
+    stop_session,
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("standalone")
+    cluster = StandaloneCluster(root, cores=2, memory="2g")
+    env = EnvPatch({**SPARK_TEST_ENV, "SPARK_HOME": str(cluster.home)})
+    session = None
+    try:
+        session = start_session(cluster.url, "test_spark_standalone", executors=1,
+                                conf={"spark.cores.max": "2"})
+        yield cluster, session
+    finally:
+        if session is not None:
+            stop_session(session)
+        pids = [p.pid for p in cluster.procs]
+        family = pids + [d for p in pids for d in descendants(p)]
+        cluster.stop()
+        env.restore()
+        assert not [p for p in family if alive(p)], "standalone JVMs left behind"
+
+
+def _where(tag):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return tag, os.environ["WORLD_SIZE"], t.item(), os.getcwd()
+
+
+def test_torch_distributor_on_a_standalone_cluster(cluster):
+    standalone, _session = cluster
+    site_work = PYSPARK_DIR / "work"
+    existed = site_work.exists()
+    tag, world, total, cwd = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(_where, "x")
+    assert (tag, world, total) == ("x", "2", 2.0)
+    assert Path(cwd).is_relative_to(standalone.work_dir), f"executor work dir {cwd} is not under --work-dir"
+    assert site_work.exists() == existed, "an executor work directory landed inside site-packages"
