@@ -217,9 +217,10 @@ class TimelineRecorder:
         """Turn ``CYCLE_START`` instants on or off from the next cycle on."""
         self.mark_cycles = bool(on)
 
-    def flush(self) -> None:
-        """Write everything queued so far (callable from any thread)."""
-        self._drain()
+    def flush(self, close_open: bool = False) -> None:
+        """Write everything queued so far (callable from any thread); ``close_open`` also ends the
+        spans still open (marked ``incomplete``), e.g. at ``hvd.shutdown()``."""
+        self._drain(final=close_open)
 
     def close(self) -> None:
         """Stop the thread, write what is queued, close spans still open (args ``incomplete``)."""

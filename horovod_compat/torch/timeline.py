@@ -12,7 +12,9 @@ Horovod 0.28.1's behaviour, reproduced:
   ``ValueError('Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage.')``; before ``init``
   both raise Horovod's not-initialised ``ValueError`` (checked by ``lifecycle``).  Stopping a
   timeline that is not recording only logs "Timeline is already stopped..." (INFO), as Horovod does.
-* ``hvd.shutdown()`` ends the recording (``on_shutdown``).
+* ``hvd.shutdown()`` ends a ``start_timeline`` recording (``on_shutdown``).  An env-started one is
+  flushed and paused instead, and continues in the same file after the next ``hvd.init()``
+  (Horovod would truncate it: its test suite re-inits for every test).
 
 Beyond Horovod:
 
@@ -49,6 +51,8 @@ _lock = threading.RLock()
 _recorder: Optional[TimelineRecorder] = None
 _requested_path: Optional[str] = None      # the path given (before {rank} substitution)
 _recording = False                          # True on every rank between start and stop
+_from_env = False                           # the recording was started by HOROVOD_TIMELINE=<file>
+_paused = False                             # env recording between hvd.shutdown() and hvd.init()
 _anchor: Optional[Tuple[int, int]] = None   # (perf_counter_ns, time_ns) at hvd.init
 _atexit_registered = False
 
@@ -109,20 +113,45 @@ def resolve_path(file_path: str, rank: int) -> Optional[str]:
 
 
 def on_init() -> None:
-    """Called by ``hvd.init()``: remember the time origin and honour ``HOROVOD_TIMELINE``."""
-    global _anchor
+    """Called by ``hvd.init()``: remember the time origin and honour ``HOROVOD_TIMELINE``.
+
+    After ``shutdown -> init`` (Horovod's test suite, elastic resets) an env-started timeline goes on
+    in the same file on the same time axis instead of being truncated.
+    """
+    global _anchor, _paused, _from_env
     with _lock:
-        if _anchor is None or not _recording:
-            _anchor = (time.perf_counter_ns(), time.time_ns())
         env = os.environ.get("HOROVOD_TIMELINE", "")
+        if _paused:
+            _paused = False
+            if _recording and env == _requested_path and _recorder is not None and not _recorder.closed:
+                hooks.subscribe(_recorder.listener)
+                return
+            _stop()
+        if not _recording:
+            _anchor = (time.perf_counter_ns(), time.time_ns())
         if env and env != "DYNAMIC":
             _start(env, _env_bool("HOROVOD_TIMELINE_MARK_CYCLES"))
+            _from_env = True
 
 
 def on_shutdown() -> None:
-    """Called by ``hvd.shutdown()``: finish the file (Horovod's shutdown closes its timeline)."""
+    """Called by ``hvd.shutdown()``.
+
+    A ``start_timeline`` recording ends here (Horovod's shutdown closes its timeline).  An env-started
+    one is flushed (spans still open are closed) and paused: the next ``hvd.init()`` continues it,
+    the end of the process closes it.
+    """
+    global _paused
     with _lock:
-        if _recording:
+        if not _recording:
+            return
+        if _from_env and _recorder is not None:
+            hooks.unsubscribe(_recorder.listener)
+            _recorder.flush(close_open=True)
+            _paused = True
+        elif _from_env:
+            _paused = True        # a rank that writes nothing: just remember
+        else:
             _stop()
 
 
@@ -134,8 +163,10 @@ def start(file_path: str, mark_cycles: bool = False) -> None:
     """
     if not os.environ.get("HOROVOD_TIMELINE", ""):
         raise ValueError(DYNAMIC_REQUIRED)
+    global _from_env
     with _lock:
         _start(str(file_path), bool(mark_cycles))
+        _from_env = False
 
 
 def stop() -> None:
@@ -186,11 +217,12 @@ def _start(file_path: str, mark_cycles: bool) -> None:
 
 
 def _stop() -> None:
-    global _recorder, _recording, _requested_path
+    global _recorder, _recording, _requested_path, _from_env, _paused
     rec = _recorder
     _recorder = None
     _recording = False
     _requested_path = None
+    _from_env = _paused = False
     if rec is not None:
         hooks.unsubscribe(rec.listener)
         rec.close()

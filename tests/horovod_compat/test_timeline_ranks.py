@@ -198,7 +198,10 @@ def _env_job():
         opt.zero_grad()
         model(torch.randn(8, 4)).sum().backward()
         opt.step()
-    hvd.shutdown()                                   # closes the timeline, as Horovod's does
+    hvd.shutdown()               # flushes the timeline; the next init continues the same file
+    hvd.init()
+    hvd.allreduce(torch.ones(2), name="after_reinit")
+    hvd.shutdown()
     return writing
 
 
@@ -218,5 +221,9 @@ def test_horovod_timeline_env_starts_at_init_and_records_the_optimizer(tmp_path)
     # DistributedOptimizer: one row per parameter, Horovod's naming, one allreduce per step
     for pname, shape in (("0.weight", "[3, 4]"), ("0.bias", "[3]"), ("2.weight", "[1, 3]"), ("2.bias", "[1]")):
         assert by_name[f"allreduce.{pname}"] == [{"dtype": "float32", "shape": shape}] * 3, pname
+    assert by_name["allreduce.after_reinit"] == [{"dtype": "float32", "shape": "[2]"}]
+    ts = [e["ts"] for e in ev if "ts" in e]
+    last = max(e["ts"] for e in ev if e.get("args", {}).get("shape") == "[2]")
+    assert last == max(ts)       # one time axis across shutdown -> init
     cycles = sum(1 for e in ev if e.get("name") == "CYCLE_START")
-    assert 6 <= cycles <= 7    # 3 allreduces + 3 optimizer steps (+ the bucket-order rebuild)
+    assert 7 <= cycles <= 8    # 4 allreduces + 3 optimizer steps (+ the bucket-order rebuild)
