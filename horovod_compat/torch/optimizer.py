@@ -44,6 +44,10 @@ _MIB = 1024 * 1024
 DEFAULT_BUCKET_BYTES = 25 * _MIB        # DDP's bucket_cap_mb default
 DEFAULT_FIRST_BUCKET_BYTES = 1 * _MIB   # DDP's first bucket: start communicating early
 
+# Gradients with at least this many elements are copied into their bucket by their own hook; smaller
+# ones are copied together when the bucket is complete.
+_DIRECT_COPY_NUMEL = 1 << 18
+
 _TOO_MANY_BACKWARDS = ("Gradients were computed more than backward_passes_per_step times before call "
                        "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
 _ZERO_GRAD_PENDING = ("optimizer.zero_grad() was called after loss.backward() but before "
@@ -69,7 +73,7 @@ def _fusion_thresholds() -> Tuple[int, int]:
 class _Bucket:
     """A flat buffer holding the gradients of some parameters, reduced with one collective."""
 
-    __slots__ = ("index", "members", "buffer", "views", "pending", "work", "custom")
+    __slots__ = ("index", "members", "buffer", "views", "pending", "work", "custom", "deferred")
 
     def __init__(self, index: int, members: List[int]):
         self.index = index
@@ -79,6 +83,7 @@ class _Bucket:
         self.pending = len(members)     # members whose gradient is not in the buffer yet
         self.work: Any = None
         self.custom: Optional[list] = None  # custom compression: [(compressed, ctx)] per member
+        self.deferred: List[int] = []       # slots of small gradients arrived, copied when full
 
 
 class _GradReducer:
@@ -165,6 +170,9 @@ class _GradReducer:
             members = [i]
             layouts.append(members)
             open_by_key[key] = [members, nbytes, first_cap if len(layouts) == 1 else cap]
+        # Which gradients are copied in their own hook (large, or custom compression) and which are
+        # batched per bucket (small).
+        self.direct = [self.comp_kind == "custom" or p.numel() >= _DIRECT_COPY_NUMEL for p in self.params]
         for b_index, members in enumerate(layouts):
             b = _Bucket(b_index, members)
             self._allocate(b)
@@ -252,22 +260,52 @@ class _GradReducer:
         self.handles = []
 
     def on_grad(self, i: int) -> None:
-        """A gradient was accumulated into ``params[i].grad`` by backward."""
+        """A gradient was accumulated into ``params[i].grad`` by backward.
+
+        Large gradients are copied into their bucket at once (the copy overlaps the rest of
+        backward); small ones are only noted and copied together, with two C++ ``_foreach`` calls,
+        when their bucket is complete -- per-tensor Python work is what would make a model with
+        hundreds of small tensors slower than DDP.
+        """
         d = self.delay[i]
         if d <= 0:
             raise AssertionError(_TOO_MANY_BACKWARDS)
         self.touched = True
-        d -= 1
-        self.delay[i] = d
-        if d:
+        if d > 1:
+            self.delay[i] = d - 1
             return
+        self.delay[i] = 0
         if self.arrival is not None:
             self.arrival.append(i)
         b, s = self.slot[i]
-        self._fill(b, s, i)
+        if self.direct[i]:
+            self._fill(b, s, i)
+        else:
+            b.deferred.append(s)
         b.pending -= 1
-        if b.pending == 0 and b.index == self.next_bucket:
-            self._launch_ready()
+        if b.pending == 0:
+            if b.deferred:
+                self._flush(b)
+            if b.index == self.next_bucket:
+                self._launch_ready()
+
+    def _flush(self, b: _Bucket) -> None:
+        """Copy the deferred small gradients of bucket ``b`` (scaled) into its buffer."""
+        params, views = self.params, b.views
+        grads, dst = [], []
+        for s in b.deferred:
+            i = b.members[s]
+            g = params[i].grad
+            if g is None or g.is_sparse:
+                self._fill(b, s, i)
+            else:
+                grads.append(g)
+                dst.append(views[s])
+        b.deferred.clear()
+        if grads:
+            torch._foreach_copy_(dst, grads)
+            if self.prescale != 1.0:
+                torch._foreach_mul_(dst, self.prescale)
 
     def _fill(self, b: _Bucket, s: int, i: int) -> None:
         """Copy (scaled / compressed) the gradient of ``params[i]`` into its bucket slot."""
@@ -343,6 +381,8 @@ class _GradReducer:
                         self.delay[i] = 0
                         self._fill(b, s, i)
                 b.pending = 0
+                if b.deferred:
+                    self._flush(b)
         self._launch_ready()
         post = self.postscale
         for b in self.buckets:
@@ -443,6 +483,7 @@ class _GradReducer:
                         pass
             b.work = None
             b.pending = len(b.members)
+            b.deferred.clear()
             if b.custom is not None:
                 b.custom = [None] * len(b.members)
         self.sparse_pending.clear()

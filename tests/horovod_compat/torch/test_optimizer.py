@@ -114,6 +114,14 @@ def _scenarios():
     rep["small_fusion"] = (diff(w, ref_adam), len(opt._hvd_reducer.buckets))
     del os.environ["HOROVOD_FUSION_THRESHOLD"]
     rep["predivide"] = diff(hvd_run(sgd, gradient_predivide_factor=2.0)[0], ref_sgd)
+    # large gradients are copied by their own hook (small ones batched per bucket): force that path
+    import horovod_compat.torch.optimizer as optmod
+    saved_numel, optmod._DIRECT_COPY_NUMEL = optmod._DIRECT_COPY_NUMEL, 1
+    try:
+        rep["direct_copy"] = max(diff(hvd_run(sgd)[0], ref_sgd),
+                                 diff(hvd_run(sgd, gradient_predivide_factor=2.0)[0], ref_sgd))
+    finally:
+        optmod._DIRECT_COPY_NUMEL = saved_numel
     # Sum of gradients == Average with lr * size for SGD
     rep["sum"] = diff(hvd_run(sgd, op=Sum)[0], ddp_run(sgd, lr_scale=size))
     if Compression is not None:
@@ -412,7 +420,7 @@ def test_is_dynamic_subclass_with_same_name(report):
     assert report[0]["class"] == ("SGD", True, True)
 
 
-@pytest.mark.parametrize("key", ["sgd", "adam", "predivide", "sum", "bpps2",
+@pytest.mark.parametrize("key", ["sgd", "adam", "predivide", "direct_copy", "sum", "bpps2",
                                  "load_state_dict"])
 def test_weights_equal_ddp(report, key):
     for r in report:
