@@ -39,7 +39,10 @@ def _broadcast_tensors_(tensors: Sequence[torch.Tensor], root_rank: int, process
     All ranks must pass tensors of the same shapes and dtypes in the same order (as Horovod requires).
     """
     group = _backend.torch_group(process_set)
-    if _backend.group_size(process_set) == 1 or not tensors:
+    if _backend.group_size(process_set) == 1:
+        return
+    _check_same_layout(tensors, root_rank, process_set, group)
+    if not tensors:
         return
     by_dtype: "OrderedDict[Tuple[torch.dtype, torch.device], List[torch.Tensor]]" = OrderedDict()
     for t in tensors:
@@ -57,6 +60,44 @@ def _broadcast_tensors_(tensors: Sequence[torch.Tensor], root_rank: int, process
                 t.copy_(flat[offset:offset + n].view_as(t) if dtype != torch.bool
                         else flat[offset:offset + n].view(t.shape).to(torch.bool))
                 offset += n
+
+
+def _check_same_layout(tensors: Sequence[torch.Tensor], root_rank: int, process_set: Any,
+                       group: Any) -> None:
+    """All ranks must broadcast tensors of the same shapes and dtypes (one 8-byte allgather).
+
+    Without this, ranks holding different models would fuse buffers of different sizes and the
+    broadcast would hang or mix data; instead every rank raises ``HorovodInternalError`` naming the
+    ranks and the first differing tensor, as Horovod reports mismatched collectives.
+    """
+    import hashlib
+    layout = [(tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in tensors]
+    digest = hashlib.blake2b(repr(layout).encode(), digest_size=7).digest()
+    mine = torch.tensor([int.from_bytes(digest, "little")], dtype=torch.int64)
+    n = _backend.group_size(process_set)
+    everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+    dist.all_gather(everyone, mine, group=group)
+    if len({int(t.item()) for t in everyone}) == 1:
+        return
+    layouts = allgather_object(layout, process_set=process_set)
+    ranks = _backend.group_ranks(process_set)
+    if len({len(lay) for lay in layouts}) > 1:
+        detail = ", ".join(f"rank {r}: {len(lay)} tensors" for r, lay in zip(ranks, layouts))
+        msg = f"Mismatched number of tensors to broadcast from rank {root_rank}: {detail}."
+    else:
+        j = next(k for k in range(len(layout)) if len({repr(lay[k]) for lay in layouts}) > 1)
+        shapes = [lay[j][0] for lay in layouts]
+        dtypes = [lay[j][1] for lay in layouts]
+        if len(set(shapes)) > 1:
+            a, b = list(dict.fromkeys(shapes))[:2]
+            msg = (f"Mismatched BROADCAST tensor shapes: One rank sent a tensor of shape {list(a)}, but "
+                   f"another rank sent a tensor of shape {list(b)}. (tensor #{j}; "
+                   + ", ".join(f"rank {r}: {list(s)}" for r, s in zip(ranks, shapes)) + ")")
+        else:
+            a, b = list(dict.fromkeys(dtypes))[:2]
+            msg = (f"Mismatched data types: One rank had type {a}, but another rank had type {b}. "
+                   f"(tensor #{j}; " + ", ".join(f"rank {r}: {d}" for r, d in zip(ranks, dtypes)) + ")")
+    raise _backend.horovod_internal_error()(msg)
 
 
 def broadcast_parameters(params: Union[Mapping[str, torch.Tensor], List[Any]], root_rank: int,

@@ -50,6 +50,17 @@ def _functions_report():
     except ValueError as e:
         rep["generator_error"] = str(e)
 
+    # different models on the ranks: HorovodInternalError everywhere, naming the ranks; then all is well
+    bad = torch.nn.Linear(3, 2 + rank)
+    try:
+        broadcast_parameters(bad.state_dict(), root_rank=0)
+        rep["mismatch"] = None
+    except RuntimeError as e:
+        rep["mismatch"] = (type(e).__name__, str(e))
+    after = [torch.full((2,), float(rank))]
+    broadcast_parameters(after, root_rank=1)
+    rep["after_mismatch"] = after[0].tolist()
+
     # optimizer state: fresh Adam with rank-dependent options -> materialized, root's options
     m = model()
     broadcast_parameters(m.state_dict(), root_rank=0)
@@ -106,6 +117,26 @@ def test_broadcast_parameters_state_dict_named_list_and_tensors(reports):
 def test_broadcast_parameters_rejects_generator(reports):
     assert "invalid params of type" in reports[0]["generator_error"]
     assert "invalid params of type" in reports[1]["generator_error"]
+
+
+def test_broadcast_parameters_mismatch_is_reported_not_hung(reports):
+    for r in reports:
+        kind, msg = r["mismatch"]
+        assert kind == "HorovodInternalError"
+        assert "Mismatched BROADCAST tensor shapes" in msg and "rank 0: [2]" in msg and "rank 1: [3]" in msg
+        assert r["after_mismatch"] == [1.0, 1.0]
+
+
+def test_public_namespace_reexports_helpers():
+    import horovod_compat.torch as hvd
+    from horovod_compat.torch import elastic, functions, optimizer, sync_batch_norm
+    assert hvd.DistributedOptimizer is optimizer.DistributedOptimizer
+    assert hvd.broadcast_parameters is functions.broadcast_parameters
+    assert hvd.broadcast_optimizer_state is functions.broadcast_optimizer_state
+    assert hvd.broadcast_object is functions.broadcast_object
+    assert hvd.allgather_object is functions.allgather_object
+    assert hvd.SyncBatchNorm is sync_batch_norm.SyncBatchNorm
+    assert hvd.elastic.run is elastic.run and hvd.elastic.TorchState is elastic.TorchState
 
 
 def test_broadcast_optimizer_state_materializes_and_syncs_options(reports):
