@@ -26,6 +26,7 @@ IMPORT_FOR_NAME: Dict[str, str] = {
     "DDP": "from torch.nn.parallel import DistributedDataParallel as DDP",
     "default_hooks": "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks",
     "functools": "import functools",
+    "contextlib": "import contextlib",
     "TorchDistributor": "from pyspark.ml.torch.distributor import TorchDistributor",
 }
 

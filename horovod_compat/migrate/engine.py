@@ -110,6 +110,7 @@ _CANONICAL = {
     "DDP": "torch.nn.parallel.DistributedDataParallel",
     "default_hooks": "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
     "functools": "functools",
+    "contextlib": "contextlib",
     "TorchDistributor": "pyspark.ml.torch.distributor.TorchDistributor",
 }
 

@@ -167,6 +167,19 @@ class HorovodTransformer(cst.CSTTransformer):
             return cst.FlattenSentinel(body)
         return updated_node
 
+    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
+        if original_node not in self.plan.accumulate or not isinstance(updated_node.body, cst.IndentedBlock):
+            return updated_node
+        accumulation, ddp_name = self.plan.accumulate[original_node]
+        body = list(updated_node.body.body)
+        inner, rest = body[: accumulation.count], body[accumulation.count :]
+        item = cst.parse_expression(
+            f"contextlib.nullcontext() if {accumulation.condition} else {ddp_name}.no_sync()")
+        wrapper = cst.With(items=[cst.WithItem(item=item)], body=cst.IndentedBlock(body=inner))
+        self.ctx.rewrite(self._line(original_node), "backward_passes_per_step",
+                         "first backward passes of every group run under no_sync()")
+        return updated_node.with_changes(body=updated_node.body.with_changes(body=[wrapper, *rest]))
+
     # -- expressions ------------------------------------------------------------------------
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
         if original_node in self.plan.rename:

@@ -13,8 +13,9 @@ libcst's scope analysis before it rewrites anything:
   the rewriter leave the optimizer in place with a TODO;
 * every option must have a native meaning: ``compression=fp16`` -> DDP's fp16 comm hook;
   ``groups``/``num_groups`` only grouped tensors for fusion (DDP buckets on its own) and are
-  dropped; ``backward_passes_per_step != 1``, ``op`` other than Average, a predivide factor,
-  ``sparse_as_dense`` and process sets are flagged.
+  dropped; ``backward_passes_per_step=N`` -> ``no_sync()`` when the loop has the one shape
+  accumulation.py can prove; ``op`` other than Average, a predivide factor, ``sparse_as_dense``
+  and process sets are flagged.
 
 Code that reads or clips gradients (``p.grad``, ``clip_grad_norm_``) without calling
 ``opt.synchronize()`` first ran, under Horovod, while the averaging of those gradients was still in
@@ -35,6 +36,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 import libcst as cst
 from libcst.metadata import CodeRange, GlobalScope, Scope
 
+from horovod_compat.migrate.rules.accumulation import Accumulation, plan_accumulation
 from horovod_compat.migrate.context import (
     HVD,
     Flagged,
@@ -57,6 +59,7 @@ class OptimizerPlan:
     rename: Dict[cst.Name, str] = dataclasses.field(default_factory=dict)
     remove: Dict[cst.SimpleStatementLine, str] = dataclasses.field(default_factory=dict)
     unwrap: Set[cst.With] = dataclasses.field(default_factory=set)
+    accumulate: Dict[cst.For, Tuple[Accumulation, str]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -99,7 +102,11 @@ def _literal(node: Optional[cst.BaseExpression]) -> Optional[str]:
 
 
 def _check_options(call: cst.Call, ctx: RewriteContext) -> Tuple[Optional[str], bool, List[str]]:
-    """(error, fp16, notes) for the options of a DistributedOptimizer call."""
+    """(error, fp16, notes) for the options of a DistributedOptimizer call.
+
+    ``backward_passes_per_step`` is only checked to be an integer literal here; whether the loop
+    allows the no_sync() rewrite is decided by accumulation.py once the model's calls are known.
+    """
     kw = keyword_args(call)
     known = {"named_parameters", "compression", "backward_passes_per_step", "op",
              "gradient_predivide_factor", "num_groups", "groups", "sparse_as_dense"}
@@ -117,11 +124,10 @@ def _check_options(call: cst.Call, ctx: RewriteContext) -> Tuple[Optional[str], 
         elif comp != "Compression.none":
             return f"compression={code_of(kw['compression'].value)} is not Compression.none/fp16", False, []
     bpps = _literal(kw["backward_passes_per_step"].value) if "backward_passes_per_step" in kw else "1"
-    if bpps != "1":
+    if not (bpps.isdigit() and int(bpps) >= 1):
         return (
-            f"backward_passes_per_step={bpps}: DDP needs `with ddp_model.no_sync():` around all but "
-            "the last backward() of every group; the rewriter cannot prove the loop shape, and "
-            "syncing every pass instead would change the training",
+            f"backward_passes_per_step={bpps} is not an integer literal; DDP needs "
+            "`with ddp_model.no_sync():` around all but the last backward() of every group",
             False,
             [],
         )
@@ -235,6 +241,8 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     error, fp16, notes = _check_options(call, ctx)
     if error:
         return error
+    kw = keyword_args(call)
+    passes = _literal(kw["backward_passes_per_step"].value) if "backward_passes_per_step" in kw else "1"
     scope = facts.scopes.get(call)
     if scope is None:
         return "could not resolve the scope of this statement"
@@ -282,8 +290,17 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
             "the averaged gradients. Call "
             f"`{target.value}.synchronize()` before it (as Horovod's docs require) and run again"
         )
+    accumulation = None
+    if passes != "1":
+        accumulation = plan_accumulation(passes, target.value, list(renames), facts.parents)
+        if isinstance(accumulation, str):
+            return accumulation
     ddp_name = _unique_name(ddp_name, facts.names_in_module)
     renames = {node: ddp_name for node in renames}
+    if accumulation is not None:
+        plan.accumulate[accumulation.loop] = (accumulation, ddp_name)
+        ctx.need(HVD, "contextlib")
+        notes.append(f"backward_passes_per_step={passes} -> no_sync() on the other backward passes")
 
     lines = [f"{ddp_name} = DDP({model})"]
     ctx.need(HVD, "DDP")

@@ -60,7 +60,36 @@ def clipping_adam_metrics() -> List[str]:
     return lines
 
 
+def gradient_accumulation() -> List[str]:
+    passes = 3
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = []
+    for r in range(2):
+        gen = torch.Generator().manual_seed(200 + r)
+        data.append([(torch.randn(8, 5, generator=gen), torch.randn(8, 1, generator=gen)) for _ in range(12)])
+    lines = []
+    for group in range(4):
+        # Each rank sums the gradients of its 3 passes; Horovod averages those sums over ranks.
+        for r in range(2):
+            for i in range(group * passes, (group + 1) * passes):
+                x, y = data[r][i]
+                loss = F.mse_loss(model(x), y) / passes
+                (loss / 2).backward()
+                if r == 0:
+                    last_loss = loss
+        optimizer.step()
+        optimizer.zero_grad()
+        x, y = data[0][(group + 1) * passes - 1]
+        with torch.no_grad():
+            check = F.mse_loss(model(x), y)
+        lines.append(f"step {group} loss {last_loss.item() * passes:.6f} after {check.item():.6f}")
+    return lines
+
+
 SIMULATIONS: Dict[str, Callable[[], List[str]]] = {
+    "gradient_accumulation": gradient_accumulation,
     "basic_training": basic_training,
     "clipping_adam_metrics": clipping_adam_metrics,
 }

@@ -11,7 +11,7 @@ def accumulate():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    # TODO(horovod-compat): hvd.DistributedOptimizer: backward_passes_per_step=4: DDP needs `with ddp_model.no_sync():` around all but the last backward() of every group; the rewriter cannot prove the loop shape, and syncing every pass instead would change the training
+    # TODO(horovod-compat): hvd.DistributedOptimizer: `model` is used as a value at line 11 (e.g. passed to a function); the rewriter cannot prove every forward pass then goes through DistributedDataParallel
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    backward_passes_per_step=4)
     return model, opt
