@@ -400,8 +400,12 @@ class TimelineRecorder:
                 if t_us is not None and int(r) != self.rank:
                     ticks.append((int(t_us) - self._anchor_wall_us, int(r)))
             ticks.sort()
-            start = min(ticks[0][0], tr.neg_ts)
-            end = min(max(ticks[-1][0], start), ts)   # another host's clock must not pass ours
+            # a rank ready before this file's time origin (it finished init first) starts at 0
+            start = max(0, min(ticks[0][0], tr.neg_ts))
+            if tr.op_ts is None:
+                end = ts        # this rank learned that all are ready (descriptors checked)
+            else:               # launched speculatively: the transfer waits for the last rank
+                end = min(ts, max(ticks[-1][0], tr.op_ts))
         else:
             start = tr.neg_ts
             end = ts if tr.op_ts is None else min(ts, tr.op_ts)

@@ -116,7 +116,14 @@ def test_structure_matches_horovod_reference(dynamic_run):
     # every negotiation starts with this rank's tick; the op's closing E carries dtype and shape
     pid_grad = next(p for p, n in names.items() if n == "allreduce.grad_a")
     seq = [e for e in ev if e.get("pid") == pid_grad and e["ph"] != "M"]
-    assert [(e["ph"], e.get("name")) for e in seq[:2]] == [("B", "NEGOTIATE_ALLREDUCE"), ("X", "0")]
+    assert (seq[0]["ph"], seq[0]["name"]) == ("B", "NEGOTIATE_ALLREDUCE")
+    ticks = []
+    for e in seq[1:]:
+        if e["ph"] != "X":
+            break
+        ticks.append(e["name"])
+    # this rank's tick; the others' too when negotiation reports their ready times
+    assert "0" in ticks and set(ticks) <= {"0", "1"} and len(ticks) == len(set(ticks))
     assert seq[-1]["args"] == {"dtype": "float32", "shape": "[1000]"}
     pid_same = next(p for p, n in names.items() if n == "allreduce.same_name")
     assert sum(1 for e in ev if e.get("pid") == pid_same and e.get("name") == "ALLREDUCE") == 3
