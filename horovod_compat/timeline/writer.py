@@ -35,6 +35,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["TraceFile", "TimelineRecorder", "op_label", "backend_activity", "format_shape",
@@ -141,7 +142,7 @@ class _Track:
     """Per tensor name: its pid and which spans are open."""
 
     __slots__ = ("pid", "label", "kind", "busy", "neg_open", "neg_ts", "op_ts", "op_open", "backend",
-                 "backend_open", "fused", "dtype", "shape", "activities", "recorded")
+                 "backend_open", "dtype", "shape", "activities", "recorded")
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -154,7 +155,6 @@ class _Track:
         self.op_open = False             # the op's B has been written (or would have been)
         self.backend: Optional[str] = None
         self.backend_open = False
-        self.fused: Any = None
         self.dtype: Any = None
         self.shape: Any = None
         self.activities = 0
@@ -238,11 +238,15 @@ class TimelineRecorder:
 
     # ------------------------------------------------------------------------------ thread
     def _run(self) -> None:
+        warned = False
         while not self._stop.wait(self._flush_s):
             try:
                 self._drain()
-            except Exception:  # a broken timeline must never break training
-                pass
+            except Exception as exc:  # a broken timeline (disk full...) must never break training
+                if not warned:
+                    warned = True
+                    warnings.warn(f"horovod_compat timeline {self.path!r}: writing failed, events are "
+                                  f"lost: {exc!r}", RuntimeWarning)
 
     def _ts(self, t_ns: int) -> int:
         return (t_ns - self._anchor_perf) // 1000
@@ -345,7 +349,6 @@ class TimelineRecorder:
             if not tr.busy:
                 self._begin_op(out, tr, name, ts)   # an op without negotiation
             tr.dtype, tr.shape = info.get("dtype"), info.get("shape")
-            tr.fused = info.get("fused")
             dev = str(info.get("device") or "")
             be = info.get("backend") or ("NCCL" if dev.startswith("cuda") else self.backend)
             tr.backend = backend_activity(tr.label, str(be).upper())
@@ -427,11 +430,6 @@ class TimelineRecorder:
             return
         pid = tr.pid
         out.append('{"ph": "B", "name": "%s", "ts": %d, "pid": %d}' % (tr.label, ts, pid))
-        fused = tr.fused
-        if fused:
-            out.append('{"ph": "B", "name": "MEMCPY_IN_FUSION_BUFFER", "ts": %d, "pid": %d}' % (ts, pid))
-            names = list(fused) if isinstance(fused, (list, tuple)) else []
-            out.append('{"ph": "E", "ts": %d, "pid": %d, "args": {"tensors": %s}}' % (ts, pid, json.dumps(names)))
         if tr.backend:
             out.append('{"ph": "B", "name": "%s", "ts": %d, "pid": %d}' % (tr.backend, ts, pid))
             tr.backend_open = True
@@ -474,7 +472,6 @@ class TimelineRecorder:
         tr.neg_open = tr.op_open = tr.backend_open = False
         tr.op_ts = None
         tr.backend = None
-        tr.fused = None
         tr.activities = 0
         tr.dtype = tr.shape = None
 

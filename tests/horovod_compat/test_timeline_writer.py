@@ -147,22 +147,22 @@ def test_ranks_ready_before_the_writer_open_the_span_and_speculative_ops_nest(tm
 
 
 def test_fusion_activities_and_ops_without_negotiation(tmp_path):
-    """What a DistributedOptimizer bucket would emit: OP_START(fused) .. copies out .. OP_END."""
+    """An op without negotiation, with fusion-buffer copies reported as activities: the copy out
+    ends the backend transfer span and nests in the op."""
     path = str(tmp_path / "tl.json")
     rec = TimelineRecorder(path, rank=0, size=2, flush_ms=10_000)
     feed(rec, [
-        ("OP_START", "allreduce.bucket0", {"kind": "allreduce", "dtype": "float32", "shape": (10,),
-                                           "fused": ["fc.weight", "fc.bias"]}),
-        ("ACTIVITY_START", "allreduce.bucket0", {"activity": "MEMCPY_OUT_FUSION_BUFFER"}),
-        ("ACTIVITY_END", "allreduce.bucket0", {}),
-        ("OP_END", "allreduce.bucket0", {}),
+        ("OP_START", "fc.weight", {"kind": "allreduce", "dtype": "float32", "shape": (10,)}),
+        ("ACTIVITY_START", "fc.weight", {"activity": "MEMCPY_OUT_FUSION_BUFFER"}),
+        ("ACTIVITY_END", "fc.weight", {}),
+        ("OP_END", "fc.weight", {}),
     ])
     rec.close()
     ev = json.load(open(path))
+    assert [e["args"]["name"] for e in ev if e.get("name") == "process_name" and e["pid"]] == ["allreduce.fc.weight"]
     seq = [(e["ph"], e.get("name")) for e in ev if e.get("pid") == 1 and e["ph"] != "M"]
-    assert seq == [("B", "ALLREDUCE"), ("B", "MEMCPY_IN_FUSION_BUFFER"), ("E", None),
-                   ("B", "GLOO_ALLREDUCE"), ("E", None), ("B", "MEMCPY_OUT_FUSION_BUFFER"),
-                   ("E", None), ("E", None)]
+    assert seq == [("B", "ALLREDUCE"), ("B", "GLOO_ALLREDUCE"), ("E", None),
+                   ("B", "MEMCPY_OUT_FUSION_BUFFER"), ("E", None), ("E", None)]
     assert balanced_per_pid(ev) == ({}, [])
 
 
