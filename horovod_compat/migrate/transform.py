@@ -143,7 +143,9 @@ class HorovodTransformer(cst.CSTTransformer):
             self.hvd_call_depth += 1
         return super().on_visit(node)
 
-    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
+    def on_leave(  # type: ignore[override]
+        self, original_node: cst.CSTNode, updated_node: cst.CSTNode
+    ) -> Union[cst.CSTNode, cst.FlattenSentinel, cst.RemovalSentinel]:
         result = super().on_leave(original_node, updated_node)
         if isinstance(original_node, cst.Call) and hvd_attr_name(original_node.func, self.ctx.hvd_aliases):
             self.hvd_call_depth -= 1
@@ -157,7 +159,9 @@ class HorovodTransformer(cst.CSTTransformer):
                 result = cst.FlattenSentinel(nodes)
         return result
 
-    def leave_With(self, original_node: cst.With, updated_node: cst.With):  # type: ignore[override]
+    def leave_With(  # type: ignore[override]
+        self, original_node: cst.With, updated_node: cst.With
+    ) -> Union[cst.With, cst.FlattenSentinel]:
         if original_node in self.plan.unwrap and isinstance(updated_node.body, cst.IndentedBlock):
             self.ctx.rewrite(self._line(original_node), "skip_synchronize",
                              "unwrapped: DDP gradients are already averaged, step() needs no sync")

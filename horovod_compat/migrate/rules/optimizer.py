@@ -36,10 +36,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 import libcst as cst
 from libcst.metadata import CodeRange, GlobalScope, Scope
 
-from horovod_compat.migrate.rules.accumulation import Accumulation, plan_accumulation
 from horovod_compat.migrate.context import (
     HVD,
-    Flagged,
     RewriteContext,
     Rewritten,
     code_of,
@@ -48,6 +46,7 @@ from horovod_compat.migrate.context import (
     keyword_args,
     positional_args,
 )
+from horovod_compat.migrate.rules.accumulation import Accumulation, plan_accumulation
 
 
 @dataclasses.dataclass
@@ -250,6 +249,9 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
         return f"`{model}` is also used in another notebook cell, which the rewriter cannot follow"
     here = _start(facts, stmt)
     accesses, assignments = _references(scope, model)
+    if not assignments:
+        # e.g. a notebook cell using a model created in another cell: its uses cannot be followed.
+        return f"`{model}` is not bound in this file or cell, so its uses cannot be followed"
     for assignment in assignments:
         if assignment.scope is not scope:
             return (

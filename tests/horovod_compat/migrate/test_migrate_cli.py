@@ -5,7 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from horovod_compat.migrate.cli import main
 
@@ -250,3 +249,18 @@ def test_name_clash_leaves_the_file_unchanged_and_says_why(tmp_path):
     assert f"{script}:4: TODO dist: `dist` is already bound here" in err
     assert run(script)[0] == 0
     assert script.read_text() == source
+
+
+def test_notebook_model_created_in_another_cell_is_not_wrapped(tmp_path):
+    nb = _notebook([
+        _code(["import torch\n", "model = torch.nn.Linear(1, 1)\n"]),
+        _code(["def train():\n", "    import horovod.torch as hvd\n",
+               "    opt = torch.optim.SGD(model.parameters(), lr=1.0)\n",
+               "    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())\n",
+               "    model(torch.ones(1)).sum().backward()\n"]),
+    ])
+    path = tmp_path / "nb.ipynb"
+    _write_nb(path, nb)
+    _, _, err = run(path)
+    assert f"{path}[cell 1]:4: TODO hvd.DistributedOptimizer: `model` is not bound in this file or cell" in err
+    assert "hvd.DistributedOptimizer(" in "".join(json.loads(path.read_text())["cells"][1]["source"])
