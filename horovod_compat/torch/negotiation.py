@@ -151,38 +151,175 @@ class SetState:
         # kept per key (indexed by this rank's descriptor) and these keys never speculate: the
         # control message carries the agreement id and the data moves only after all ranks agreed.
         self.poly: Dict[tuple, Dict[Desc, Agreement]] = {}
+        self.streak: Dict[tuple, Tuple[int, int]] = {}
         self.inflight: Dict[str, float] = {}
         self.verify_rounds = 0  # verification rounds run so far (tests check the loop is cheap)
         self.lock = threading.Lock()
+        self.control: Any = _make_control(self)
+
+
+class _GlooControl:
+    """Control words exchanged with an async gloo all_gather on the set's control group (any
+    placement: used when the set spans several hosts)."""
+
+    def __init__(self, st: "SetState") -> None:
+        self.group = st.ctl
+        self.n = st.n
+
+    def post(self, code: int, kh: int) -> Any:
+        send = torch.tensor([code, kh], dtype=torch.int64)
+        recv = torch.empty(2 * self.n, dtype=torch.int64)
+        return (_gather(recv, send, group=self.group, async_op=True), recv)
+
+    def ready(self, tok: Any) -> bool:
+        return tok[0].is_completed()
+
+    def result(self, tok: Any) -> List[Tuple[int, int]]:
+        tok[0].wait()
+        g = tok[1].tolist()
+        return [(g[i], g[i + 1]) for i in range(0, len(g), 2)]
+
+    def close(self) -> None:
+        pass
+
+
+class _ShmControl:
+    """Control words in a shared-memory ring, for sets whose ranks all run on one host.
+
+    Rank j's word for its s-th collective lives in slot ``s % RING`` of its row: ``[s, code, kh]``,
+    written data-first, sequence-last (x86-64 keeps stores in order).  A reader waits until every
+    row shows sequence s.  Because the word is posted before any data transfer starts, a rank whose
+    speculative transfer completed can read everybody's word without waiting: the steady state costs
+    no message at all.  A row's ``ack`` (lowest sequence whose words it has not read yet) stops a
+    writer from lapping a slow reader.
+    """
+
+    RING = 4096
+
+    def __init__(self, mm: Any, n: int, me: int) -> None:
+        self.mm = mm
+        self.mv = memoryview(mm).cast("q")
+        self.n, self.me = n, me
+        self.seq = 0
+        self.row = 1 + self.RING * 3  # ack word + ring
+        self.unread: Dict[int, bool] = {}  # sequences posted here whose words are not read yet
+
+    def post(self, code: int, kh: int) -> int:
+        self.seq += 1
+        s = self.seq
+        if s > self.RING:
+            self._backpressure(s - self.RING)
+        mv = self.mv
+        base = self.me * self.row + 1 + (s % self.RING) * 3
+        mv[base + 1] = code
+        mv[base + 2] = kh
+        mv[base] = s
+        self.unread[s] = True
+        return s
+
+    def _backpressure(self, s_old: int) -> None:
+        delay = 0.0
+        while any(self.mv[j * self.row] <= s_old for j in range(self.n) if j != self.me):
+            time.sleep(delay)
+            delay = min(0.001, delay + 0.00005)
+
+    def ready(self, s: int) -> bool:
+        mv, off = self.mv, 1 + (s % self.RING) * 3
+        for j in range(self.n):
+            if mv[j * self.row + off] != s:
+                return False
+        return True
+
+    def result(self, s: int) -> List[Tuple[int, int]]:
+        spins = 0
+        while not self.ready(s):
+            spins += 1
+            if spins > 20:  # the peers need the CPU more than we do (2 ranks may share 2 cores)
+                if spins < 300:
+                    os.sched_yield()
+                else:
+                    time.sleep(0.00005 if spins < 3000 else 0.0005)
+        mv, off = self.mv, 1 + (s % self.RING) * 3
+        out = [(mv[j * self.row + off + 1], mv[j * self.row + off + 2]) for j in range(self.n)]
+        self.unread.pop(s, None)
+        self.mv[self.me * self.row] = min(self.unread) if self.unread else self.seq + 1
+        return out
+
+    def close(self) -> None:
+        try:
+            self.mv.release()
+            self.mm.close()
+        except Exception:
+            pass
+
+
+_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _make_control(st: "SetState") -> Any:
+    """Shared memory when every rank of the set is on this host (and /dev/shm exists), else gloo.
+
+    Collective over the set: the ranks compare hostnames, the set's first rank creates the segment
+    and shares its path; it is unlinked as soon as everybody mapped it, so nothing leaks.
+    """
+    import mmap
+    import socket
+    import uuid
+
+    if os.environ.get("HOROVOD_COMPAT_SHM_CONTROL", "1") == "0" or not os.path.isdir("/dev/shm"):
+        hosts_ok = False
+    else:
+        hosts_ok = True
+    path = f"/dev/shm/horovod_compat-{uuid.uuid4().hex}" if st.me == 0 else None
+    info = [None] * st.n
+    dist.all_gather_object(info, (socket.gethostname(), hosts_ok, path), group=st.ctl)
+    if not all(i[1] for i in info) or len({i[0] for i in info}) != 1:
+        return _GlooControl(st)
+    path = info[0][2]
+    size = st.n * (1 + _ShmControl.RING * 3) * 8
+    if st.me == 0:
+        with open(path, "wb") as f:
+            f.truncate(size)
+    dist.barrier(group=st.ctl)
+    with open(path, "r+b") as f:
+        mm = mmap.mmap(f.fileno(), size)
+    dist.barrier(group=st.ctl)
+    if st.me == 0:
+        os.unlink(path)
+    return _ShmControl(mm, st.n, st.me)
 
 
 class Pending:
     """A submitted collective: ``poll()`` without blocking, ``wait()`` for its result."""
 
-    __slots__ = ("st", "plan", "agr", "works", "cw", "recv", "stage", "result", "kh", "hit")
+    __slots__ = ("st", "plan", "agr", "works", "tok", "g", "stage", "result", "kh", "hit", "err")
 
     def __init__(self, st: SetState, plan: Plan) -> None:
         self.st = st
         self.plan = plan
         self.stage = 0  # 0: control in flight, 1: data in flight (agreed), 2: done
         self.result: Any = None
+        self.err: Optional[BaseException] = None
         self.works: Optional[List[Any]] = None
-        self.cw: Any = None
-        self.recv: Optional[torch.Tensor] = None
+        self.tok: Any = None                     # control-exchange token
+        self.g: Optional[List[Tuple[int, int]]] = None  # every rank's (status bits, key hash)
 
     # -- internal ---------------------------------------------------------------------------
     def _fast_ok(self) -> bool:
         """After the control message: did every rank hit the same key?"""
-        g = self.recv.tolist()
+        if self.g is None:
+            self.g = self.st.control.result(self.tok)
         kh = self.kh
-        for i in range(0, len(g), 2):
-            if not (g[i] & HIT) or g[i + 1] != kh:
+        for code, h in self.g:
+            if not (code & HIT) or h != kh:
                 return False
         return True
 
     def _to_stage1(self) -> bool:
         """Control message completed; True if we are on the fast path (data launched)."""
         if self._fast_ok():
+            if self.st.poly:
+                _note_streak(self.st, self.plan.desc.key, self.agr)
             if hooks.active:
                 hooks.emit(hooks.ALL_READY, self.plan.name)
             if self.works is None:
@@ -212,21 +349,31 @@ class Pending:
         if self.stage == 2:
             return True
         if self.stage == 0:
-            if not self.cw.is_completed():
+            if not self.st.control.ready(self.tok):
                 return False
             if not self._to_stage1():
-                return True  # slow path: wait() finishes it (short control rounds)
+                try:  # a short verification round, then the transfer is in flight
+                    self._slow_launch()
+                except HorovodInternalError as exc:
+                    self.err = exc  # reported by wait()/synchronize(), as Horovod does
+                    return True
         return all(w.is_completed() for w in self.works)
 
     def wait(self) -> Any:
         """Block until done; return the result or raise ``HorovodInternalError``."""
         if self.stage == 2:
+            if self.err is not None:
+                raise self.err
             return self.result
         try:
             if self.stage == 0:
-                self.cw.wait()
+                if self.works is not None:
+                    # speculative transfer: let it finish first; once it completed, every rank's
+                    # control word is readable without waiting (they are posted before transfers)
+                    for w in self.works:
+                        w.wait()
                 if not self._to_stage1():
-                    return self._slow()
+                    self._slow_launch()
             for w in self.works:
                 w.wait()
         except HorovodInternalError:
@@ -236,12 +383,11 @@ class Pending:
             raise HorovodInternalError(f"{self.plan.desc.kind} {self.plan.name!r} failed: {exc}") from exc
         return self._finish()
 
-    def _slow(self) -> Any:
-        """Somebody missed: settle speculative transfers, verify all descriptors, run for real."""
+    def _slow_launch(self) -> None:
+        """Somebody missed: settle speculative transfers, verify all descriptors, launch for real."""
         st, plan = self.st, self.plan
-        g = self.recv.view(st.n, 2).tolist()
         try:
-            _settle_speculation(st, g, self.works)
+            _settle_speculation(st, self.g, self.works)
             descs = _exchange_descs(st, plan.desc)
             if hooks.active:
                 hooks.emit(hooks.ALL_READY, plan.name)
@@ -250,17 +396,15 @@ class Pending:
                 raise HorovodInternalError(err)
             self.agr = _remember(st, descs)
             self.works = plan.launch(self.agr)
+            self.stage = 1
             if hooks.active:
                 _emit_start(plan)
-            for w in self.works:
-                w.wait()
         except HorovodInternalError:
             self._done()
             raise
         except Exception as exc:
             self._done()
             raise HorovodInternalError(f"{plan.desc.kind} {plan.name!r} failed: {exc}") from exc
-        return self._finish()
 
 
 def _emit_start(plan: Plan) -> None:
@@ -315,6 +459,25 @@ _JOIN_KINDS = {"allreduce", "grouped_allreduce", "allgather", "grouped_allgather
 
 
 _POLY_LIMIT = 256
+_DEMOTE_AFTER = 8
+
+
+def _note_streak(st: SetState, key: tuple, agr: Agreement) -> None:
+    """A polymorphic key that hit the same agreement ``_DEMOTE_AFTER`` times in a row on the fast
+    path becomes monomorphic again (speculative).  Every rank sees the same fast-path outcomes, so
+    every rank demotes at the same op."""
+    if key not in st.poly:
+        return
+    last, count = st.streak.get(key, (None, 0))
+    count = count + 1 if last == agr.agid else 1
+    if count >= _DEMOTE_AFTER:
+        with st.lock:
+            del st.poly[key]
+            st.streak.pop(key, None)
+            st.cache[key] = agr
+            st.by_hash[agr.keyhash] = agr
+    else:
+        st.streak[key] = (agr.agid, count)
 
 
 def _remember(st: SetState, descs: Sequence[Optional[Desc]]) -> Agreement:
@@ -365,20 +528,21 @@ def submit(st: SetState, plan: Plan) -> Pending:
         if st.n == 1:
             if not hit:
                 p.agr = _remember(st, [desc])
-            p.cw = None
             p.works = plan.launch(p.agr)
             p.stage = 1
             return p
         code = HIT if hit else 0
-        if agr is not None and speculative:
-            p.works = plan.launch(agr) if hit else _KINDS[desc.kind][1](agr, st)
+        spec = agr is not None and speculative
+        if spec:
             code |= LAUNCHED
+        kh = p.kh = _keyhash(key) if alts is None or not hit else agr.agid
+        # the control word goes out BEFORE any data transfer (the shared-memory control relies on
+        # it: a completed transfer proves every participant's control word is readable)
+        p.tok = st.control.post(code, kh)
+        if spec:
+            p.works = plan.launch(agr) if hit else _KINDS[desc.kind][1](agr, st)
             if hit and hooks.active:
                 _emit_start(plan)
-        kh = p.kh = _keyhash(key) if alts is None or not hit else agr.agid
-        send = torch.tensor([code, kh], dtype=torch.int64)
-        p.recv = torch.empty(2 * st.n, dtype=torch.int64)
-        p.cw = dist.all_gather_into_tensor(p.recv, send, group=st.ctl, async_op=True)
     except BaseException:
         inflight.pop(name, None)
         raise
@@ -393,10 +557,7 @@ def join(st: SetState) -> int:
     code = JOINED | JUST_JOINED
     try:
         while True:
-            send = torch.tensor([code, 0], dtype=torch.int64)
-            recv = torch.empty(2 * st.n, dtype=torch.int64)
-            dist.all_gather_into_tensor(recv, send, group=st.ctl)
-            g = recv.view(st.n, 2).tolist()
+            g = st.control.result(st.control.post(code, 0))
             code = JOINED
             if all(c & JOINED for c, _ in g):
                 last = max(i for i, (c, _) in enumerate(g) if c & JUST_JOINED)

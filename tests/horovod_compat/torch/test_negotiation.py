@@ -72,12 +72,23 @@ def _mismatches():
         hvd.allgather(torch.ones(2, 2), name="loop.b")
         hvd.allreduce(torch.ones(3))
     out.append(("verification rounds in steady state", st.verify_rounds - before))
+    out.append(("control", type(st.control).__name__))
+    # a polymorphic key that settles on one signature becomes speculative again
+    for _ in range(10):
+        hvd.allreduce(torch.ones(3))
+    out.append(("demoted", ("allreduce", "") not in st.poly))
+    # many async ops in flight, waited in reverse order
+    hs = [hvd.allreduce_async(torch.full((4,), float(i)), name=f"async.{i}", op=hvd.Sum)
+          for i in range(50)]
+    out.append(("async reverse", [hvd.synchronize(h)[0].item() for h in reversed(hs)]))
     hvd.shutdown()
     return out
 
 
-def test_mismatches_fail_on_every_rank_and_job_keeps_working():
-    reports = run_function(_mismatches, num_processes=2, return_all=True, timeout=120)
+@pytest.mark.parametrize("control", ["shm", "gloo"])
+def test_mismatches_fail_on_every_rank_and_job_keeps_working(control):
+    env = {"HOROVOD_COMPAT_SHM_CONTROL": "1" if control == "shm" else "0"}
+    reports = run_function(_mismatches, num_processes=2, return_all=True, timeout=120, env=env)
     r0, r1 = (dict(rep) for rep in reports)
     want = {
         "shape": "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [4], but another "
@@ -110,6 +121,9 @@ def test_mismatches_fail_on_every_rank_and_job_keeps_working():
         assert rep["cached new shape value"] == [2.0] * 6
         assert [rep[f"alternating {i}"] for i in range(4)] == [[2.0] * 2, [2.0] * 3] * 2
         assert rep["verification rounds in steady state"] == 0
+        assert rep["control"] == {"shm": "_ShmControl", "gloo": "_GlooControl"}[control]
+        assert rep["demoted"] is True
+        assert rep["async reverse"] == [2.0 * i for i in reversed(range(50))]
     assert r0["in-place tensor intact"] == [0.0, 1.0, 2.0, 3.0]
 
 
