@@ -132,6 +132,26 @@ def _scenarios():
     # backward_passes_per_step: local accumulation, reduced every 2nd backward
     ref2 = ddp_run(sgd, steps=3, passes=2)
     rep["bpps2"] = diff(hvd_run(sgd, steps=3, passes=2)[0], ref2)
+    # options combined: accumulation + predivide + int groups (+ fp16 below)
+    rep["combined"] = diff(hvd_run(sgd, steps=3, passes=2, gradient_predivide_factor=4.0, groups=2)[0], ref2)
+    if Compression is not None:
+        rep["combined_fp16"] = diff(hvd_run(sgd, steps=3, passes=2, gradient_predivide_factor=4.0,
+                                            groups=2, compression=Compression.fp16)[0], ref2)
+
+    # a user-defined compressor goes through its own compress/decompress, tensor by tensor
+    class Float64Compressor:
+        calls = 0
+
+        @staticmethod
+        def compress(t):
+            Float64Compressor.calls += 1
+            return t.to(torch.float64), t.dtype
+
+        @staticmethod
+        def decompress(t, ctx):
+            return t.to(ctx)
+    w, opt = hvd_run(adam, compression=Float64Compressor)
+    rep["custom_compression"] = (diff(w, ref_adam), Float64Compressor.calls, len(opt._hvd_reducer.buckets))
     # groups: explicit lists, an int, and the deprecated num_groups
     m = make()
     plist = list(m.parameters())
@@ -433,6 +453,15 @@ def test_fusion_threshold_env(report):
         assert d < TOL and n == 6  # HOROVOD_FUSION_THRESHOLD=0: one tensor per reduction
         d, n = r["small_fusion"]
         assert d < TOL and 1 < n < 6
+
+
+def test_combined_options_and_custom_compressor(report):
+    for r in report:
+        assert r["combined"] < TOL
+        if "combined_fp16" in r:
+            assert r["combined_fp16"] < 2e-3
+        d, calls, buckets = r["custom_compression"]
+        assert d < TOL and calls == 4 * 6 and buckets == 6
 
 
 def test_fp16_compression(report):
