@@ -247,6 +247,11 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
         return "could not resolve the scope of this statement"
     if isinstance(scope, GlobalScope) and model in facts.names_elsewhere:
         return f"`{model}` is also used in another notebook cell, which the rewriter cannot follow"
+    node: cst.CSTNode = stmt
+    while node in facts.parents and not isinstance(node, (cst.FunctionDef, cst.Module)):
+        node = facts.parents[node]
+        if isinstance(node, (cst.For, cst.While)):
+            return "the optimizer is wrapped inside a loop; calls before it in the loop body could not be redirected"
     here = _start(facts, stmt)
     accesses, assignments = _references(scope, model)
     if not assignments:

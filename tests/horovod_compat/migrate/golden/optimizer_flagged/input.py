@@ -36,3 +36,13 @@ def clips_without_synchronize(x):
     model(x).sum().backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
+
+
+def wrapped_inside_a_loop(x):
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        model(x).sum().backward()
+        if epoch == 0:
+            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        opt.step()
