@@ -82,6 +82,40 @@ def worker(kind: str, steps: int, rounds: int, warmup: int, out_dir: str) -> Dic
             "tensors": sum(1 for _ in model.parameters())}
 
 
+def micro_cost(tensors: int = 194, steps: int = 20) -> Dict[str, float]:
+    """CPU µs per hook event in this process: on the training thread (emit + our listener) and on the
+    writer thread (translation + formatting + write), for a DistributedOptimizer-like event stream."""
+    sys.path.insert(0, ROOT)
+    from horovod_compat.timeline.writer import TimelineRecorder
+    from horovod_compat.torch import hooks
+
+    names = [f"layer.{i}.weight" for i in range(tensors)]
+
+    def stream() -> float:
+        t0 = time.process_time()
+        for _ in range(steps):
+            for n in names:
+                hooks.emit(hooks.NEGOTIATE_START, n, kind="allreduce")
+                hooks.emit(hooks.ALL_READY, n)
+                hooks.emit(hooks.OP_START, n, kind="allreduce", dtype="float32", shape=(128, 128), op=0)
+            for n in names:
+                hooks.emit(hooks.OP_END, n)
+        return (time.process_time() - t0) / (steps * 4 * tensors) * 1e6
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = TimelineRecorder(os.path.join(tmp, "micro.json"), rank=0, size=2, flush_ms=1e9)
+        hooks.subscribe(rec.listener)
+        try:
+            hot = min(stream() for _ in range(3))
+            t0 = time.process_time()
+            rec.flush()
+            writer = (time.process_time() - t0) / (3 * steps * 4 * tensors) * 1e6
+        finally:
+            hooks.unsubscribe(rec.listener)
+            rec.close()
+    return {"hot_us": hot, "writer_us": writer}
+
+
 def run_model(kind: str, args: argparse.Namespace, out_dir: str) -> Dict[str, Any]:
     sys.path.insert(0, ROOT)
     from distributor import run_function
@@ -116,7 +150,9 @@ def main(argv: List[str] = None) -> int:
     print(f"2 ranks, CPU, gloo, 1 torch thread per rank, hvd.DistributedOptimizer; {args.rounds} rounds x "
           f"{args.steps} steps per variant, alternating; rate = slowest rank; median of per-round ratios")
     ok = True
-    out: Dict[str, Any] = {}
+    out: Dict[str, Any] = {"micro": micro_cost()}
+    print(f"cost per hook event (CPU): {out['micro']['hot_us']:.2f} us on the training thread, "
+          f"{out['micro']['writer_us']:.2f} us on the timeline writer thread")
     with tempfile.TemporaryDirectory(prefix="tl_overhead_") as tmp:
         for kind in args.models.split(","):
             res = run_model(kind, args, tmp)

@@ -113,6 +113,11 @@ def test_structure_matches_horovod_reference(dynamic_run):
         assert n in ours, n
     assert all(e["s"] == "g" for e in ev if e["ph"] == "i")
     assert _balance(ev) == {}
+    last_ts = {}
+    for e in ev:                       # per tensor, file order is time order (no viewer must sort)
+        if "ts" in e and "pid" in e:
+            assert e["ts"] >= last_ts.get(e["pid"], 0), e
+            last_ts[e["pid"]] = e["ts"]
     # every negotiation starts with this rank's tick; the op's closing E carries dtype and shape
     pid_grad = next(p for p, n in names.items() if n == "allreduce.grad_a")
     seq = [e for e in ev if e.get("pid") == pid_grad and e["ph"] != "M"]
