@@ -182,14 +182,15 @@ def _is_distributed_optimizer(optimizer: torch.optim.Optimizer) -> bool:
 def _materialize_state(optimizer: torch.optim.Optimizer) -> None:
     """Create the optimizer's lazily built state with one step on zero gradients.
 
-    Horovod does the same (zero grads + one step); unlike Horovod we put the parameters and the
-    gradients back afterwards, so the step has no side effect (e.g. weight decay) on the weights.
+    As in Horovod, the parameters that require grad are left with zero gradients (scripts and
+    Horovod's own tests read ``p.grad`` afterwards).  Unlike Horovod, the parameter values are put
+    back after the step, so it has no side effect on the weights (e.g. from weight decay).
     """
     saved = []
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad:
-                saved.append((p, p.detach().clone(), p.grad))
+                saved.append((p, p.detach().clone()))
                 p.grad = torch.zeros_like(p)
     base = getattr(optimizer, "_hvd_base", None)
     if base is not None:
@@ -199,9 +200,8 @@ def _materialize_state(optimizer: torch.optim.Optimizer) -> None:
     else:
         optimizer.step()
     with torch.no_grad():
-        for p, value, grad in saved:
+        for p, value in saved:
             p.copy_(value)
-            p.grad = grad
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,

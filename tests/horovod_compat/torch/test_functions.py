@@ -71,7 +71,13 @@ def _functions_report():
     rep["adam_options"] = [(g["lr"], g["betas"], g["weight_decay"]) for g in opt.param_groups]
     rep["adam_state_keys"] = [sorted(opt.state[p].keys()) for p in m.parameters()]
     rep["params_unchanged"] = all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
-    rep["grads_restored"] = all(p.grad is None for p in m.parameters())
+    rep["grads_zero"] = all(p.grad is not None and not p.grad.any() for p in m.parameters())
+    # a parameter that does not require grad keeps grad None (Horovod's test_broadcast_state_no_grad)
+    frozen = torch.nn.Parameter(torch.tensor([1, 3], dtype=torch.int32), requires_grad=False)
+    live = torch.nn.Parameter(torch.rand(4))
+    opt_ng = torch.optim.SGD([frozen, live], lr=0.001, weight_decay=1e-6, momentum=0.9, nesterov=True)
+    broadcast_optimizer_state(opt_ng, root_rank=0)
+    rep["no_grad_param"] = (frozen.grad is None, live.grad is not None and not live.grad.any())
     # state only on rank 1 (trained), broadcast from rank 1: rank 0 ends with rank 1's state
     m = model()
     opt = torch.optim.SGD(m.parameters(), lr=0.1 + rank, momentum=0.9)
@@ -143,9 +149,10 @@ def test_broadcast_optimizer_state_materializes_and_syncs_options(reports):
     r0, r1 = reports
     assert r0["adam_options"] == r1["adam_options"] == [(0.01, (0.9, 0.99), 0.1)]
     assert r1["adam_state_keys"][0] == ["exp_avg", "exp_avg_sq", "step"]
-    # the materializing step (weight decay!) left the weights and grads as they were
+    # the materializing step (weight decay!) left the weights as they were
     assert r0["params_unchanged"] and r1["params_unchanged"]
-    assert r0["grads_restored"] and r1["grads_restored"]
+    assert r0["grads_zero"] and r1["grads_zero"]  # Horovod leaves zero gradients behind
+    assert r0["no_grad_param"] == r1["no_grad_param"] == (True, True)
 
 
 def test_broadcast_optimizer_state_from_rank_with_state(reports):
