@@ -261,3 +261,27 @@ def test_cli_summarize_plot_and_merge(tmp_path):
     assert s["negotiation"]["multi_rank_instances"] == 1
     assert s["negotiation"]["per_rank"][1]["last"] == 1      # rank 1's file starts 1 s later
     assert s["negotiation"]["per_rank"][0]["waited_us"] == pytest.approx(1_000_000, abs=20_000)
+
+
+def test_adapter_env_parsing_and_stop_without_start(caplog, monkeypatch):
+    import logging
+    from horovod_compat.torch import timeline
+
+    assert timeline._parse_bytes("64M") == 64 * 1024 * 1024
+    assert timeline._parse_bytes("1.5k") == 1536
+    assert timeline._parse_bytes("4096") == 4096
+    assert timeline._parse_bytes("") == 0
+    assert timeline._parse_steps("10:20") == (10, 20)
+    assert timeline._parse_steps("5:") == (5, None)
+    assert timeline._parse_steps(":3") == (0, 3)
+    assert timeline._parse_steps("") is None
+    assert timeline.resolve_path("/x/tl.{rank}.json", 3) == "/x/tl.3.json"
+    assert timeline.resolve_path("/x/tl.json", 0) == "/x/tl.json"
+    assert timeline.resolve_path("/x/tl.json", 1) is None
+    monkeypatch.delenv("HOROVOD_TIMELINE", raising=False)
+    with pytest.raises(ValueError, match=r"^Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage\.$"):
+        timeline.start("/tmp/never.json")
+    with caplog.at_level(logging.INFO, logger="horovod_compat.timeline"):
+        timeline.stop()
+    assert "Timeline is already stopped" in caplog.text
+    assert not timeline.is_recording()
