@@ -258,11 +258,9 @@ class SparkPlacement(Placement):
         request = job.request
         if self._tasks == 0:
             self.validate(request)
-        conf = self._sc.getConf()
-        advertised = conf.get("spark.driver.host") or job.hub_address[0]
         config = {
             "secret": job.secret.hex(),
-            "hub_address": [advertised, job.hub_address[1]],
+            "hub_address": [self.hub_host_for_executors(job.hub_address[0]), job.hub_address[1]],
             "run_id": job.run_id,
             "env": dict(request.env),
             "use_gpu": request.use_gpu,
@@ -277,6 +275,11 @@ class SparkPlacement(Placement):
         description = f"distributor {job.run_id}: {request.num_processes} ranks in {self._tasks} barrier tasks"
         self._thread = _spark_thread(self._run_spark_job, task, description)
         self._thread.start()
+
+    def hub_host_for_executors(self, bound_host: str) -> str:
+        """The driver address the tasks connect to: spark.driver.host, which executors already
+        use to reach the driver (the hub may be bound to a wildcard bindAddress)."""
+        return self._sc.getConf().get("spark.driver.host") or bound_host
 
     def _run_spark_job(self, task: Callable[[Iterator[Any]], Iterator[str]], description: str) -> None:
         import json

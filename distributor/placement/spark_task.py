@@ -105,7 +105,16 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
 
     secret = bytes.fromhex(config["secret"])
     hub = tuple(config["hub_address"])
-    channel = protocol.connect((hub[0], int(hub[1])), secret)
+    try:
+        channel = protocol.connect((hub[0], int(hub[1])), secret)
+    except OSError as exc:
+        from .spark import TASK_ERROR_MARKER
+
+        raise RuntimeError(
+            f"{TASK_ERROR_MARKER} Spark task {partition} on {host} could not reach the driver hub "
+            f"at {hub[0]}:{hub[1]} ({exc}). Set spark.driver.host (and spark.driver.bindAddress) "
+            "to an address of the driver that the executors can reach."
+        ) from None
     channel.send(Kind.AGENT, (specs[0].node_rank, [s.rank for s in specs]))
     forwarder = _HubForwarder(channel, [s.rank for s in specs])
     supervisor = Supervisor(forwarder)

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from distributor import LaunchValidationError, RankFailedError, TorchDistributor
+from distributor import LaunchValidationError, RankFailedError, TorchDistributor, run_function
+from distributor.placement import SparkPlacement, SparkPlacementError
 
 from spark_clusters import SPARK_TEST_ENV, EnvPatch, alive, mirror_spark_home, start_session, stop_session
 
@@ -67,3 +68,16 @@ def test_rank_failure_raises_rank_failed_error_not_a_py4j_dump(spark, capsys):
 def test_local_master_slots_are_its_cores(spark):
     with pytest.raises(LaunchValidationError, match=r"master local\[2\]\) has only 2 task slot\(s\): spark.task.cpus=1"):
         TorchDistributor(num_processes=4, local_mode=False, use_gpu=False).run(lambda: 1)
+
+
+class _UnreachableHub(SparkPlacement):
+    def hub_host_for_executors(self, bound_host):
+        return "127.0.0.2"  # loopback, but the hub listens on 127.0.0.1 only
+
+
+def test_unreachable_driver_hub_says_which_setting_to_fix(spark):
+    with pytest.raises(SparkPlacementError) as info:
+        run_function(lambda: 1, num_processes=2, placement=_UnreachableHub(spark))
+    message = str(info.value)
+    assert "could not reach the driver hub at 127.0.0.2:" in message
+    assert "Set spark.driver.host" in message and "org.apache" not in message
