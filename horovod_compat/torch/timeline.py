@@ -161,9 +161,9 @@ def start(file_path: str, mark_cycles: bool = False) -> None:
     Starting again with the same path only updates ``mark_cycles``; another path closes the current
     file and opens the new one.
     """
+    global _from_env
     if not os.environ.get("HOROVOD_TIMELINE", ""):
         raise ValueError(DYNAMIC_REQUIRED)
-    global _from_env
     with _lock:
         _start(str(file_path), bool(mark_cycles))
         _from_env = False
