@@ -127,7 +127,9 @@ class _GradReducer:
         self.buckets: List[_Bucket] = []
         self.slot: List[Tuple[_Bucket, int]] = []
         self._build(list(reversed(range(len(params)))))
-        self._check_agreement()
+        # Checked before the first reduction (not here: constructing an optimizer must not be a
+        # collective, some scripts build one on a single rank).
+        self.checked = False
         self.handles = []
         self._register_hooks()
 
@@ -197,7 +199,8 @@ class _GradReducer:
             off += n
 
     def _check_agreement(self) -> None:
-        """One small allgather at construction: every rank must reduce the same tensors the same way.
+        """One small allgather before the first reduction: every rank must reduce the same tensors the
+        same way.
 
         Different models (shapes/dtypes), ops, compressions or bucket layouts would otherwise make
         the bucket collectives hang or mix data; here every rank raises ``HorovodInternalError``
@@ -338,6 +341,9 @@ class _GradReducer:
             view.copy_(g)
 
     def _launch_ready(self) -> None:
+        if not self.checked:
+            self.checked = True
+            self._check_agreement()
         buckets = self.buckets
         n = len(buckets)
         while self.next_bucket < n and buckets[self.next_bucket].pending == 0:

@@ -299,7 +299,9 @@ def _scenarios():
     # ranks with different models: HorovodInternalError on every rank, naming the ranks, no hang
     bad = torch.nn.Linear(4, 3 + rank)
     try:
-        DistributedOptimizer(torch.optim.SGD(bad.parameters(), lr=0.1), named_parameters=bad.named_parameters())
+        opt = DistributedOptimizer(torch.optim.SGD(bad.parameters(), lr=0.1), named_parameters=bad.named_parameters())
+        bad(torch.ones(1, 4)).sum().backward()
+        opt.step()
         rep["mismatch"] = None
     except RuntimeError as e:
         rep["mismatch"] = (type(e).__name__, str(e))
