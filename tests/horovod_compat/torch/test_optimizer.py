@@ -567,3 +567,45 @@ def test_validation_errors_and_size_one():
             assert r["errors"][key] is not None and r["errors"][key].startswith(text), (key, r["errors"][key])
         plain, d = r["size1"]
         assert plain and d < 1e-7
+
+
+def _process_set_scenarios():
+    """Explicit process_set= arguments (the global set, passed by the caller)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import horovod_compat.torch as hvd
+    torch.set_num_threads(1)
+    hvd.init()
+    ps = hvd.global_process_set
+    from horovod_compat.torch.functions import allgather_object, broadcast_parameters
+    from horovod_compat.torch.optimizer import DistributedOptimizer
+    rank = hvd.rank()
+
+    def make():
+        torch.manual_seed(11 + rank)
+        return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 2))
+    xs = [torch.randn(3, 5, generator=torch.Generator().manual_seed(i * 2 + rank)) for i in range(3)]
+    ref = make()
+    broadcast_parameters(ref.state_dict(), root_rank=0, process_set=ps)
+    m = make()
+    broadcast_parameters(m.state_dict(), root_rank=0, process_set=ps)
+    d = DDP(ref)
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters(),
+                               process_set=ps)
+    for x in xs:
+        for net, o in ((d, ropt), (m, opt)):
+            o.zero_grad()
+            net(x).pow(2).mean().backward()
+            o.step()
+    return {"diff": max((a - b).abs().max().item() for a, b in zip(m.parameters(), ref.parameters())),
+            "objects": allgather_object(rank * 10, process_set=ps)}
+
+
+def test_explicit_process_set_argument():
+    reps = run_function(_process_set_scenarios, num_processes=2, return_all=True, timeout=120)
+    for r in reps:
+        assert r["diff"] < TOL
+        assert r["objects"] == [0, 10]
