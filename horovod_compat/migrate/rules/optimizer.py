@@ -161,6 +161,10 @@ def _model_name(call: cst.Call) -> Optional[str]:
     return None
 
 
+#: Module methods that move or cast parameters: fine before DDP wraps the model, not after.
+_MOVES = {"cuda", "cpu", "to", "half", "float", "double", "bfloat16", "type", "to_empty"}
+
+
 def _references(scope: Scope, name: str) -> Tuple[list, list]:
     """(accesses, assignments) of the binding `name` visible from `scope`."""
     assignments = [a for a in scope[name] if hasattr(a, "node")]
@@ -283,6 +287,11 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
         elif isinstance(parent, cst.Attribute) and parent.value is node:
             if parent.attr.value == "forward":
                 return f"`{model}.forward(...)` at line {line} would bypass DistributedDataParallel"
+            if parent.attr.value in _MOVES:
+                return (
+                    f"`{model}.{parent.attr.value}(...)` at line {line} moves or casts the model after "
+                    "the wrap; DDP must wrap it on its final device and dtype (move that call before it)"
+                )
         else:
             return (
                 f"`{model}` is used as a value at line {line} (e.g. passed to a function); the "

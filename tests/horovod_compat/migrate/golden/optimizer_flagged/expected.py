@@ -57,3 +57,12 @@ def wrapped_inside_a_loop(x):
             # TODO(horovod-compat): hvd.DistributedOptimizer: the optimizer is wrapped inside a loop; calls before it in the loop body could not be redirected
             opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
         opt.step()
+
+
+def moved_after_the_wrap(x):
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # TODO(horovod-compat): hvd.DistributedOptimizer: `model.cuda(...)` at line 55 moves or casts the model after the wrap; DDP must wrap it on its final device and dtype (move that call before it)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    model.cuda()
+    model(x.cuda()).sum().backward()

@@ -46,3 +46,11 @@ def wrapped_inside_a_loop(x):
         if epoch == 0:
             opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
         opt.step()
+
+
+def moved_after_the_wrap(x):
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    model.cuda()
+    model(x.cuda()).sum().backward()
