@@ -7,6 +7,7 @@ semantics (so it is not just "whatever DDP printed"); and, once the hvd shim is 
 unchanged Horovod script under torchrun prints the same trace.
 """
 import ast
+import importlib.util
 import os
 import re
 import signal
@@ -108,11 +109,9 @@ def test_rewritten_example_runs_natively_with_the_golden_trace(name, rewritten):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_golden_trace_matches_a_single_process_simulation_of_horovod(name):
-    sys.path.insert(0, str(Path(__file__).parent / "e2e"))
-    try:
-        import simulate
-    finally:
-        sys.path.pop(0)
+    spec = importlib.util.spec_from_file_location("migrate_e2e_simulate", Path(__file__).parent / "e2e" / "simulate.py")
+    simulate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(simulate)
     expected = (EXAMPLES / name / "expected_output.txt").read_text().splitlines()
     assert_same_trace(simulate.SIMULATIONS[name](), expected, rel=1e-4)
 
