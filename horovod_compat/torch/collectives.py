@@ -180,6 +180,16 @@ def _desc_shape(t: torch.Tensor) -> Tuple[int, ...]:
     return tuple(t.shape)
 
 
+def _dev(d: Desc) -> torch.device:
+    """Where dummy contributions for descriptor ``d`` live (same backend as the real tensors)."""
+    if d.device == "cpu":
+        return _CPU
+    return torch.device(d.device, torch.cuda.current_device()) if d.device == "cuda" else torch.device(d.device)
+
+
+_CPU = torch.device("cpu")
+
+
 # ----------------------------------------------------------------------------- allreduce
 
 class _AllreducePlan(Plan):
@@ -219,8 +229,9 @@ def _allreduce_dummy(agr: Agreement, st: SetState) -> List[Any]:
     joined = agr.descs[st.me] is None
     dtypes = d.dtype.split(",")
     if d.op == Adasum:
-        return [_gather(torch.zeros(st.n * _numel(s), dtype=_DTYPES_BY_NAME[dt]),
-                        torch.zeros(_numel(s), dtype=_DTYPES_BY_NAME[dt]), group=st.ctl_data(),
+        return [_gather(torch.zeros(st.n * _numel(s), dtype=_DTYPES_BY_NAME[dt], device=_dev(d)),
+                        torch.zeros(_numel(s), dtype=_DTYPES_BY_NAME[dt], device=_dev(d)),
+                        group=st.ctl_data(),
                         async_op=True) for s, dt in zip(d.shapes, dtypes)]
     top = _TORCH_OPS[d.op]
     works = []
@@ -228,7 +239,8 @@ def _allreduce_dummy(agr: Agreement, st: SetState) -> List[Any]:
         dtype = _DTYPES_BY_NAME[dt]
         dtype = _REDUCE_WIRE.get(dtype, dtype)
         fill = 0 if joined else _identity(d.op, dtype)
-        works.append(dist.all_reduce(torch.full(s, fill, dtype=dtype), op=top, group=st.pg,
+        works.append(dist.all_reduce(torch.full(s, fill, dtype=dtype, device=_dev(d)), op=top,
+                                     group=st.pg,
                                      async_op=True))
     return works
 
@@ -283,7 +295,7 @@ def _fresh_copy(t: torch.Tensor) -> torch.Tensor:
         return t.clone(memory_format=torch.contiguous_format)
     global _libc
     out = torch.empty(t.shape, dtype=t.dtype)
-    try:
+    try:  # (CPU only)
         if _libc is None:
             import ctypes
 
@@ -339,7 +351,8 @@ def _submit_allreduce(tensors: Sequence[torch.Tensor], outs: Optional[Sequence[t
         plan.outs = [torch.empty_like(t) for t in tensors]
     dt = ",".join(_dtype_name(t.dtype) for t in tensors)
     extra = (float(prescale), float(postscale)) if (prescale != 1.0 or postscale != 1.0) else ()
-    plan.desc = Desc(kind, name or "", op, dt, tuple(_desc_shape(t) for t in tensors), extra)
+    plan.desc = Desc(kind, name or "", op, dt, tuple(_desc_shape(t) for t in tensors), extra,
+                     tensors[0].device.type)
     plan.name = name or _auto_name(kind)
     return _neg.submit(st, plan)
 
@@ -481,7 +494,7 @@ def _adasum_launch(plan: _AllreducePlan, agr: Agreement) -> List[Any]:
     plan._gathered = []  # type: ignore[attr-defined]
     works = []
     for b in plan.bufs:
-        g = torch.empty(st.n * b.numel(), dtype=b.dtype)
+        g = torch.empty(st.n * b.numel(), dtype=b.dtype, device=b.device)
         plan._gathered.append(g)  # type: ignore[attr-defined]
         works.append(_gather(g, b.reshape(-1), group=st.ctl_data(), async_op=True))
     return works
@@ -558,13 +571,14 @@ def _allgather_launch(plan: Optional[_AllgatherPlan], agr: Agreement,
             t = tensors[i].contiguous()
         else:
             mine = agr.descs[st.me]
-            t = torch.zeros((mine.shapes[i][0] if mine is not None else 0,) + rest, dtype=dtype)
+            t = torch.zeros((mine.shapes[i][0] if mine is not None else 0,) + rest, dtype=dtype,
+                            device=_dev(tmpl))
         if padded and t.shape[0] != m:
-            p = torch.zeros((m,) + rest, dtype=dtype)
+            p = torch.zeros((m,) + rest, dtype=dtype, device=t.device)
             p[: t.shape[0]] = t
             t = p
         inp = _move_view(t)
-        out = torch.empty(len(dims) * inp.numel(), dtype=inp.dtype)
+        out = torch.empty(len(dims) * inp.numel(), dtype=inp.dtype, device=inp.device)
         works.append(_gather(out, inp, group=st.pg, async_op=True))
         parts.append((out, padded, dims, rest, dtype))
     if plan is not None:
@@ -602,7 +616,7 @@ def _submit_allgather(tensors: Sequence[torch.Tensor], name: Optional[str],
     plan.single = kind == "allgather"
     plan.tensors = [t if t.dim() > 0 else t.reshape(1) for t in tensors]
     plan.desc = Desc(kind, name or "", -1, ",".join(_dtype_name(t.dtype) for t in plan.tensors),
-                     tuple(_desc_shape(t) for t in plan.tensors))
+                     tuple(_desc_shape(t) for t in plan.tensors), (), plan.tensors[0].device.type)
     plan.name = name or _auto_name(kind)
     return _neg.submit(st, plan)
 
@@ -674,7 +688,7 @@ class _BroadcastPlan(Plan):
 
 def _broadcast_dummy(agr: Agreement, st: SetState) -> List[Any]:
     d = agr.template(st.me)
-    buf = torch.zeros(d.shapes[0], dtype=_DTYPES_BY_NAME[d.dtype])
+    buf = torch.zeros(d.shapes[0], dtype=_DTYPES_BY_NAME[d.dtype], device=_dev(d))
     return [dist.broadcast(_move_view(buf), src=d.extra[0], group=st.pg, async_op=True)]
 
 
@@ -694,7 +708,7 @@ def _submit_broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str],
     else:
         plan.buf = plan.out = tensor.clone(memory_format=torch.contiguous_format)
     plan.desc = Desc("broadcast", name or "", -1, _dtype_name(tensor.dtype),
-                     (_desc_shape(tensor),), (root_rank,))
+                     (_desc_shape(tensor),), (root_rank,), tensor.device.type)
     plan.name = name or _auto_name("broadcast")
     return _neg.submit(st, plan)
 
@@ -765,11 +779,11 @@ def _alltoall_launch(agr: Agreement, st: SetState, tensor: Optional[torch.Tensor
     rest = tuple(tmpl.shapes[0][1:])
     row = _numel(rest) * (2 if dtype == torch.int16 else 1)
     if tensor is None:
-        tensor = torch.zeros(tmpl.shapes[0], dtype=dtype)
+        tensor = torch.zeros(tmpl.shapes[0], dtype=dtype, device=_dev(tmpl))
     send = list(tmpl.extra[0])
     recv = [d.extra[0][st.me] for d in agr.descs]
     inp = _move_view(tensor.contiguous())
-    out = torch.empty(sum(recv) * row, dtype=inp.dtype)
+    out = torch.empty(sum(recv) * row, dtype=inp.dtype, device=inp.device)
     w = dist.all_to_all_single(out, inp, [r * row for r in recv], [s * row for s in send],
                                group=st.pg, async_op=True)
     return [w], out, recv
@@ -805,7 +819,7 @@ def _submit_alltoall(tensor: torch.Tensor, splits: Any, name: Optional[str],
     plan = _AlltoallPlan()
     plan.st, plan.tensor, plan.with_splits = st, tensor, splits is not None
     plan.desc = Desc("alltoall", name or "", -1, _dtype_name(tensor.dtype), (_desc_shape(tensor),),
-                     (sp,))
+                     (sp,), tensor.device.type)
     plan.name = name or _auto_name("alltoall")
     return _neg.submit(st, plan)
 
@@ -883,7 +897,8 @@ def _reducescatter_dummy(agr: Agreement, st: SetState) -> List[Any]:
     works = []
     for s, dtn in zip(d.shapes, d.dtype.split(",")):
         dtype = _DTYPES_BY_NAME[dtn]
-        works.append(dist.all_reduce(torch.zeros(s, dtype=_REDUCE_WIRE.get(dtype, dtype)),
+        works.append(dist.all_reduce(torch.zeros(s, dtype=_REDUCE_WIRE.get(dtype, dtype),
+                                                 device=_dev(d)),
                                      group=st.pg, async_op=True))
     return works
 
@@ -904,7 +919,7 @@ def _submit_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str], 
     plan.bufs = [_prep_reduce(t, False, float(prescale)) for t in tensors]
     extra = (float(prescale), float(postscale)) if (prescale != 1.0 or postscale != 1.0) else ()
     plan.desc = Desc(kind, name or "", op, ",".join(_dtype_name(t.dtype) for t in tensors),
-                     tuple(_desc_shape(t) for t in tensors), extra)
+                     tuple(_desc_shape(t) for t in tensors), extra, tensors[0].device.type)
     plan.name = name or _auto_name(kind)
     return _neg.submit(st, plan)
 

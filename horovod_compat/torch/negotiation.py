@@ -13,11 +13,19 @@ Design (our own):
 * Each process set keeps a cache ``key -> Agreement`` (the descriptors of all ranks that were last
   verified for that key).  The cache is updated only in *verification rounds*, which every rank runs
   together with identical inputs, so all ranks always hold identical caches.
-* Every collective sends ONE tiny control message (2 int64: status bits + 63-bit key hash) with an
-  asynchronous ``all_gather`` on the set's control group.  A rank whose descriptor equals its cached
-  one is a *hit*.  For the hot kinds (allreduce, allgather, reducescatter, alltoall) a hit launches
-  the data transfer *speculatively*, at the same time as the control message, so the control
-  latency overlaps the transfer instead of adding to it.
+* Every collective posts ONE control word (status bits + 63-bit key hash) BEFORE any data moves.
+  When all ranks of the set share a host (the usual local case) the words live in a shared-memory
+  ring (``_ShmControl``): posting is three memory stores and reading them costs no message;
+  otherwise they travel with an async gloo ``all_gather`` on the set's control group
+  (``_GlooControl``; ``HOROVOD_COMPAT_SHM_CONTROL=0`` forces it).  A rank whose descriptor equals
+  its cached one is a *hit*.  For the hot kinds (allreduce, allgather, reducescatter, alltoall) a
+  hit launches the data transfer *speculatively* right after posting; once that transfer completed,
+  every participant's word is necessarily posted, so the check after it never waits.
+* Keys whose agreed signature changes (unnamed ops used with several shapes, allgathers with varying
+  first dimensions) become *polymorphic*: every agreement seen is kept, the control word carries the
+  agreement id, and data moves only after every rank's word was read (no speculation, so differing
+  signatures can never meet in a transfer).  After 8 consecutive identical agreements such a key
+  becomes speculative again.
 * A rank whose descriptor changed for a cached key knows what the others will send (the cache is
   identical everywhere), so it joins the speculative transfer with a *dummy* of the cached shape
   filled with the op's identity element (0 for sums, +max for Min, ...); the good ranks' buffers
@@ -78,6 +86,7 @@ class Desc(NamedTuple):
     dtype: str
     shapes: Tuple[Tuple[int, ...], ...]
     extra: tuple = ()
+    device: str = "cpu"  # device type of the tensors ("cpu" travels on gloo, "cuda" on NCCL)
 
     @property
     def key(self) -> Tuple[str, str]:
@@ -450,6 +459,10 @@ def _validate(st: SetState, descs: Sequence[Optional[Desc]]) -> Optional[str]:
             return (f"Mismatched {first.kind.upper()} tensor names: rank {st.ranks[first_i]} "
                     f"submitted {first.name or '<unnamed>'!r}, but rank {st.ranks[i]} submitted "
                     f"{d.name or '<unnamed>'!r}.")
+    for i, d in live[1:]:
+        if d.device != first.device:
+            return (f"Mismatched device types: One rank had a tensor on {first.device}, but another "
+                    f"rank had a tensor on {d.device}.")
     if len(live) < len(descs) and first.kind not in _JOIN_KINDS:
         return f"{first.kind} is not supported while some ranks have called hvd.join()"
     return _KINDS[first.kind][0](descs, st)
