@@ -34,6 +34,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from typing import Optional, Tuple
 
 from horovod_compat.timeline.writer import TimelineRecorder
@@ -130,7 +131,13 @@ def on_init() -> None:
         if not _recording:
             _anchor = (time.perf_counter_ns(), time.time_ns())
         if env and env != "DYNAMIC":
-            _start(env, _env_bool("HOROVOD_TIMELINE_MARK_CYCLES"))
+            try:
+                _start(env, _env_bool("HOROVOD_TIMELINE_MARK_CYCLES"))
+            except OSError as exc:   # like Horovod: a timeline that cannot be opened is not fatal
+                _stop()
+                warnings.warn(f"Error opening the Horovod Timeline file {env!r}, will not write a "
+                              f"timeline: {exc}", RuntimeWarning)
+                return
             _from_env = True
 
 

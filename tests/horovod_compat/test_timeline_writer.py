@@ -285,3 +285,14 @@ def test_adapter_env_parsing_and_stop_without_start(caplog, monkeypatch):
         timeline.stop()
     assert "Timeline is already stopped" in caplog.text
     assert not timeline.is_recording()
+
+
+def test_unwritable_env_timeline_warns_instead_of_failing_init(tmp_path, monkeypatch):
+    from horovod_compat.torch import timeline
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("HOROVOD_TIMELINE", str(blocker / "sub" / "tl.json"))   # parent is a file
+    with pytest.warns(RuntimeWarning, match="will not write a timeline"):
+        timeline.on_init()
+    assert not timeline.is_recording() and timeline.current_path() is None
