@@ -186,6 +186,7 @@ def summarize(events: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
     """Per-op, per-activity and per-tensor times (µs) and the negotiation wait per rank."""
     tl = parse(events)
     ops: Dict[str, List[float]] = defaultdict(list)
+    op_intervals: Dict[str, List[Tuple[float, float]]] = defaultdict(list)
     acts: Dict[str, List[float]] = defaultdict(list)
     tensors: Dict[str, List[float]] = defaultdict(list)
     neg_spans: Dict[int, List[float]] = defaultdict(list)   # tid -> negotiation durations
@@ -194,6 +195,7 @@ def summarize(events: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
             neg_spans[s.tid].append(s.dur)
         elif _is_op(s):
             ops[s.name].append(s.dur)
+            op_intervals[s.name].append((s.start, s.end))
             tensors[tl.processes.get(s.pid, f"pid {s.pid}")].append(s.dur)
         else:
             acts[s.name].append(s.dur)
@@ -202,6 +204,9 @@ def summarize(events: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
         return {k: {"count": len(v), "total_us": sum(v), "mean_us": sum(v) / len(v)}
                 for k, v in sorted(d.items(), key=lambda kv: -sum(kv[1]))}
 
+    op_stats = stats(ops)
+    for k, v in op_stats.items():
+        v["wall_us"] = _union(op_intervals[k])
     negs = _negotiations(tl)
     ranks = sorted({r for inst in negs for r in inst})
     per_rank: Dict[int, Dict[str, float]] = {r: {"negotiations": 0, "waited_us": 0.0, "last": 0,
@@ -231,7 +236,7 @@ def summarize(events: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
         "cycles": len(tl.cycles),
         "unclosed_spans": tl.unclosed,
         "tensors_count": len(tl.processes),
-        "ops": stats(ops),
+        "ops": op_stats,
         "activities": stats(acts),
         "tensors": stats(tensors),
         "negotiation": {"per_rank": per_rank, "instances": len(negs),
@@ -239,6 +244,21 @@ def summarize(events: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
         "size": hc.get("size"),
         "truncated": tl.meta.get("timeline_truncated"),
     }
+
+
+def _union(intervals: List[Tuple[float, float]]) -> float:
+    """Length of the union of intervals: time during which at least one of them was open."""
+    total, cur_s, cur_e = 0.0, None, None
+    for a, b in sorted(intervals):
+        if cur_e is None or a > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = a, b
+        else:
+            cur_e = max(cur_e, b)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
 
 
 def _ms(us: float) -> str:
@@ -266,6 +286,9 @@ def format_summary(summary: Dict[str, Any], top: int = 10, title: str = "") -> s
             lines.append(f"{k[:40]:<40} {v['count']:>7} {_ms(v['total_us'])} {_ms(v['mean_us'])}")
 
     table("op", summary["ops"])
+    lines.append("(total sums every tensor's op; ops in flight together overlap.)  Wall time with at "
+                 "least one in flight: " + ", ".join(
+        f"{k} {v['wall_us'] / 1000.0:.3f} ms" for k, v in summary["ops"].items()))
     table("activity", summary["activities"])
     table(f"tensor (top {top} by total time)", summary["tensors"], top)
     neg = summary["negotiation"]
