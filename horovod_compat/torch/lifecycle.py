@@ -271,7 +271,9 @@ def init(comm: Any = None, process_sets: Union[None, str, Sequence["_ps.ProcessS
         state.local_rank, state.local_size = info["local_rank"], info["local_size"]
         state.cross_rank, state.cross_size = info["cross_rank"], info["cross_size"]
         state.source, state.owns_default_pg = info["source"], owns
-        state.mpi = info["source"] == "mpirun"
+        # started by mpirun even when a launcher (HorovodRunner's engine) translated MPI's
+        # variables into torchrun's
+        state.mpi = info["source"] == "mpirun" or _env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE") is not None
         state.dynamic_process_sets = dynamic
         state.store = store
         state.initialized = True
