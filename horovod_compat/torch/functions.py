@@ -26,7 +26,10 @@ from . import _backend
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object"]
 
-_GLOBAL = object()  # sentinel: "the global process set" (resolved lazily from the core)
+try:  # Horovod's default process set, from the core
+    from .process_sets import global_process_set as _GLOBAL
+except ImportError:  # pragma: no cover - core not available: resolved lazily instead
+    _GLOBAL = object()
 
 
 def _resolve_ps(process_set: Any) -> Any:

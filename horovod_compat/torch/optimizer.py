@@ -58,7 +58,15 @@ _STEP_AFTER_SYNC = ("optimizer.step() called without optimizer.skip_synchronize(
                     "consider using optimizer.skip_synchronize() context if you use "
                     "optimizer.synchronize() in your code.")
 
-_GLOBAL = object()  # sentinel for "the global process set", resolved lazily from the core
+try:  # Horovod's defaults, from the core (present whenever the package is imported normally)
+    from .collectives import Average as _AVERAGE
+    from .compression import Compression as _Compression
+    from .process_sets import global_process_set as _GLOBAL
+    _COMPRESSION_NONE: Any = _Compression.none
+except ImportError:  # pragma: no cover - core not available: resolved lazily instead
+    _AVERAGE = None
+    _COMPRESSION_NONE = None
+    _GLOBAL = object()
 
 
 def _fusion_thresholds() -> Tuple[int, int]:
@@ -654,9 +662,9 @@ _COPIED = {k: v for k, v in _DistributedOptimizer.__dict__.items() if k not in (
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
-                         compression: Any = None,
+                         compression: Any = _COMPRESSION_NONE,
                          backward_passes_per_step: int = 1,
-                         op: Any = None,
+                         op: Any = _AVERAGE,
                          gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0,
                          groups: Any = None,
@@ -677,7 +685,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if compression is None:
         comp = _backend._core_attr("Compression", ("compression",))
         compression = getattr(comp, "none", None) if comp is not None else None
-    if process_set is _GLOBAL:
+    if process_set is _GLOBAL or process_set is None:
         process_set = _backend.global_process_set()
     name = _backend.op_name(op)
     if gradient_predivide_factor != 1.0 and name != "Average":

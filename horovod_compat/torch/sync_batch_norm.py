@@ -24,7 +24,10 @@ from . import _backend
 
 __all__ = ["SyncBatchNorm"]
 
-_GLOBAL = object()
+try:  # Horovod's default process set, from the core
+    from .process_sets import global_process_set as _GLOBAL
+except ImportError:  # pragma: no cover - core not available: resolved lazily instead
+    _GLOBAL = object()
 
 
 class SyncBatchNorm(_BatchNorm):
