@@ -227,6 +227,18 @@ def _semantics():
     rep.close("Adasum orthogonal", hvd.allreduce(a, op=hvd.Adasum), torch.tensor([1.0, 1.0]))
     rep.close("Adasum parallel", hvd.allreduce(torch.tensor([2.0, 2.0]), op=hvd.Adasum),
               torch.tensor([2.0, 2.0]))
+    # large outputs are recycled only once the caller dropped them (output pool)
+    big = torch.full((2 << 20,), float(r + 1))
+    a = hvd.allreduce(big, op=hvd.Sum)
+    pa = a.data_ptr()
+    b = hvd.allreduce(big * 2, op=hvd.Sum)
+    rep.check("pool: held output not reused", b.data_ptr() != pa and a[0].item() == 3.0
+              and a[-1].item() == 3.0, (a[0], b[0]))
+    view = b[:4]
+    del a, b
+    c = hvd.allreduce(big * 3, op=hvd.Sum)
+    rep.check("pool: dropped output reused", c.data_ptr() == pa and c[0].item() == 9.0, c[0])
+    rep.check("pool: a live view keeps its buffer", view.tolist() == [6.0] * 4, view)
     # barrier + join
     hvd.barrier()
     if r == 0:
@@ -250,4 +262,4 @@ def test_semantics_async_autograd_join_on_two_ranks():
     for rows in reports:
         failures = [r for r in rows if not r[1]]
         assert not failures, failures
-        assert len(rows) >= 37
+        assert len(rows) >= 40
