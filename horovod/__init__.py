@@ -31,7 +31,8 @@ __version__ = "0.28.1"  # the Horovod API version this package reproduces
 
 _install("horovod", "horovod_compat",
          {"horovod.common": "horovod_compat.common",
-          "horovod.common.exceptions": "horovod_compat.common.exceptions"})
+          "horovod.common.exceptions": "horovod_compat.common.exceptions",
+          "horovod.common.util": "horovod_compat.common.util"})
 
 _here = _os.path.dirname(__file__)
 _leftovers = [p for p in _glob.glob(_os.path.join(_here, "**", "*.so"), recursive=True)]

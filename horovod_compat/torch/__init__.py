@@ -35,6 +35,7 @@ from .process_sets import (  # noqa: F401
     remove_process_set, torch_group,
 )
 from . import hooks  # noqa: F401
+from horovod_compat.common.util import check_extension  # noqa: F401
 
 __version__ = "0.28.1"
 

@@ -70,3 +70,38 @@ def test_regular_install(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"ALIAS-OK {target / 'horovod'}" in p.stdout
+
+
+# Every name of Horovod 0.28.1's ``horovod.torch`` namespace (docs/horovod_torch_api.md).
+PUBLIC_NAMES = """
+init shutdown is_initialized size rank local_rank local_size cross_rank cross_size
+mpi_threads_supported mpi_enabled mpi_built gloo_enabled gloo_built nccl_built ddl_built ccl_built
+cuda_built rocm_built start_timeline stop_timeline
+Average Sum Adasum Min Max Product
+allreduce allreduce_async allreduce_ allreduce_async_
+grouped_allreduce grouped_allreduce_async grouped_allreduce_ grouped_allreduce_async_
+sparse_allreduce_async allgather allgather_async grouped_allgather grouped_allgather_async
+broadcast broadcast_async broadcast_ broadcast_async_ alltoall alltoall_async
+reducescatter reducescatter_async grouped_reducescatter grouped_reducescatter_async
+join barrier poll synchronize
+ProcessSet global_process_set add_process_set remove_process_set
+broadcast_parameters broadcast_optimizer_state broadcast_object allgather_object
+Compression DistributedOptimizer SyncBatchNorm elastic check_extension
+""".split()
+
+
+def test_every_public_name_exists():
+    import horovod.torch as hvd
+    missing = [n for n in PUBLIC_NAMES if not hasattr(hvd, n)]
+    assert not missing, missing
+    assert (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product) == (0, 1, 2, 3, 4, 5)
+    assert hvd.global_process_set.__class__.__name__.endswith("ProcessSet")
+    for n in PUBLIC_NAMES:
+        if n not in ("Average", "Sum", "Adasum", "Min", "Max", "Product", "global_process_set",
+                     "elastic", "Compression"):
+            assert callable(getattr(hvd, n)), n
+    assert hasattr(hvd.elastic, "run") and hasattr(hvd.elastic, "TorchState")
+    assert hasattr(hvd.Compression, "none") and hasattr(hvd.Compression, "fp16")
+    from horovod.common.util import check_extension, split_list
+    check_extension("horovod.torch", "HOROVOD_WITH_PYTORCH", __file__, "mpi_lib_v2")
+    assert split_list([1, 2, 3, 4, 5], 2) == [[1, 2, 3], [4, 5]]
