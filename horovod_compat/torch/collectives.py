@@ -212,13 +212,13 @@ class _AllreducePlan(Plan):
         for b, o in zip(self.bufs, self.outs):
             if self.op == Average:
                 if b.is_floating_point() or b.is_complex():
-                    b.mul_(self.postscale / n) if self.postscale != 1.0 else b.div_(n)
+                    _scale_(b, self.postscale / n) if self.postscale != 1.0 else b.div_(n)
                 else:
                     b.div_(n, rounding_mode="trunc")
                     if self.postscale != 1.0:
-                        b.copy_(b * self.postscale)
+                        _scale_(b, self.postscale)
             elif self.postscale != 1.0:
-                b.mul_(self.postscale) if b.is_floating_point() else b.copy_(b * self.postscale)
+                _scale_(b, self.postscale)
             if o is not b:
                 o.copy_(b)
         return self.outs[0] if self.single else list(self.outs)
@@ -375,11 +375,19 @@ def _prep_reduce(t: torch.Tensor, inplace: bool, prescale: float) -> torch.Tenso
     else:
         buf = t.to(wire, memory_format=torch.contiguous_format)
     if prescale != 1.0:
-        if buf.is_floating_point() or buf.is_complex():
-            buf.mul_(prescale)
-        else:
-            buf.copy_(buf * prescale)
+        _scale_(buf, prescale)
     return buf
+
+
+def _scale_(b: torch.Tensor, factor: float) -> None:
+    """Multiply in place the way Horovod does on CPU: integers in float64 (then truncated), half
+    precision in float32, other floats in their own precision."""
+    if b.dtype in (torch.float32, torch.float64) or b.is_complex():
+        b.mul_(factor)
+    elif b.is_floating_point():
+        b.copy_(b.float() * factor)
+    else:
+        b.copy_(b.double() * factor)
 
 
 def _submit_allreduce(tensors: Sequence[torch.Tensor], outs: Optional[Sequence[torch.Tensor]],
@@ -859,10 +867,17 @@ def _submit_alltoall(tensor: torch.Tensor, splits: Any, name: Optional[str],
         raise ValueError("alltoall: the tensor must have at least one dimension")
     d0 = tensor.shape[0]
     if splits is None:
-        base, extra = divmod(d0, st.n)
-        sp = tuple(base + (1 if i < extra else 0) for i in range(st.n))
+        if d0 % st.n:
+            raise ValueError(f"alltoall: without splits, the first dimension ({d0}) must be a "
+                             f"multiple of the number of ranks ({st.n})")
+        sp = (d0 // st.n,) * st.n
     else:
-        sp = tuple(int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits))
+        if isinstance(splits, torch.Tensor):
+            if splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dtype == torch.bool:
+                raise ValueError(f"alltoall: splits must contain integers (torch.int32), not "
+                                 f"{splits.dtype}")
+            splits = splits.tolist()
+        sp = tuple(int(s) for s in splits)
         if len(sp) != st.n:
             raise ValueError(f"alltoall: splits has {len(sp)} entries, expected one per rank ({st.n})")
         if any(s < 0 for s in sp) or sum(sp) != d0:

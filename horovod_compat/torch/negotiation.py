@@ -468,7 +468,9 @@ def _validate(st: SetState, descs: Sequence[Optional[Desc]]) -> Optional[str]:
     return _KINDS[first.kind][0](descs, st)
 
 
-_JOIN_KINDS = {"allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast"}
+# Collectives that may run while some ranks have joined (they contribute zeros).  As in Horovod,
+# allgather / broadcast / alltoall / reducescatter with joined ranks fail on the other ranks.
+_JOIN_KINDS = {"allreduce", "grouped_allreduce"}
 
 
 _POLY_LIMIT = 256

@@ -218,6 +218,20 @@ def _semantics():
     h = hvd.alltoall_async(torch.arange(2.0) + 2 * r)
     rep.close("alltoall default splits", hvd.synchronize(h),
               torch.tensor([0.0, 2.0]) if r == 0 else torch.tensor([1.0, 3.0]))
+    # alltoall argument errors (Horovod: ValueError)
+    rep.raises("alltoall default split needs a multiple of size", ValueError,
+               lambda: hvd.alltoall(torch.ones(3)))
+    rep.raises("alltoall splits must be integers", ValueError,
+               lambda: hvd.alltoall(torch.ones(2), torch.ones(2)))
+    rep.raises("alltoall splits must sum to dim 0", ValueError,
+               lambda: hvd.alltoall(torch.ones(1), torch.tensor([1, 1], dtype=torch.int32)))
+    # prescale on integers is done in float64 then truncated; on float16 in float32
+    xi = torch.tensor([7, -7, 100])
+    rep.equal("int prescale", hvd.allreduce(xi, op=hvd.Sum, prescale_factor=0.3),
+              (xi.double() * 0.3).long() * 2)
+    xh = torch.tensor([1.1, 2.2], dtype=torch.float16)
+    rep.equal("half postscale", hvd.allreduce(xh, op=hvd.Sum, postscale_factor=0.7),
+              ((xh.float() * 2).half().float() * 0.7).half())
     # sparse
     sp = torch.sparse_coo_tensor(torch.tensor([[r]]), torch.tensor([1.0 + r]), (3,))
     h = hvd.sparse_allreduce_async(sp, name="sp", op=hvd.Sum)
@@ -245,6 +259,10 @@ def _semantics():
         last = hvd.join()
         rep.check("join returns last rank", last == 1, last)
     else:
+        rep.raises("allgather while a rank joined -> HorovodInternalError", hvd.HorovodInternalError,
+                   lambda: hvd.allgather(torch.ones(2)), "join")
+        rep.raises("broadcast while a rank joined -> HorovodInternalError", hvd.HorovodInternalError,
+                   lambda: hvd.broadcast(torch.ones(2), 1), "join")
         z = hvd.allreduce(torch.tensor([4.0, 8.0]), name="after-join")
         rep.close("joined rank contributes zeros, Average divides by size", z,
                   torch.tensor([2.0, 4.0]))
@@ -262,4 +280,4 @@ def test_semantics_async_autograd_join_on_two_ranks():
     for rows in reports:
         failures = [r for r in rows if not r[1]]
         assert not failures, failures
-        assert len(rows) >= 40
+        assert len(rows) >= 45
