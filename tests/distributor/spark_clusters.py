@@ -22,6 +22,10 @@ import pyspark
 
 PYSPARK_DIR = Path(pyspark.__file__).parent
 
+#: JVM options for every test JVM: C1 only and the serial collector start a JVM about twice as
+#: fast on 2 cores, and short test jobs never profit from C2 or parallel GC.
+FAST_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
 #: Environment every Spark JVM and Python worker of the tests gets.
 SPARK_TEST_ENV = {
     "PYSPARK_PYTHON": sys.executable,
@@ -79,6 +83,8 @@ def start_session(master: str, app_name: str, conf: Optional[Dict[str, str]] = N
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.executor.memory", "512m")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.driver.extraJavaOptions", FAST_JVM_OPTS)
+        .config("spark.executor.extraJavaOptions", FAST_JVM_OPTS)
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
@@ -177,7 +183,8 @@ class StandaloneCluster:
         self.master_port = free_port()
         self.url = f"spark://127.0.0.1:{self.master_port}"
         env = {**os.environ, **SPARK_TEST_ENV, "SPARK_HOME": str(self.home),
-               "SPARK_LOG_DIR": str(root / "logs"), "SPARK_NO_DAEMONIZE": "1"}
+               "SPARK_LOG_DIR": str(root / "logs"), "SPARK_NO_DAEMONIZE": "1",
+               "SPARK_DAEMON_JAVA_OPTS": FAST_JVM_OPTS, "SPARK_DAEMON_MEMORY": "512m"}
         spark_class = str(self.home / "bin" / "spark-class")
         self.procs: List[subprocess.Popen] = []
         self._logs = []
