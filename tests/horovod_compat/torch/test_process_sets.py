@@ -86,6 +86,13 @@ def _process_sets():
     ps3 = hvd.add_process_set([0, 2])
     res["init_dynamic_id"] = ps3.process_set_id
     hvd.shutdown()
+    # init(comm=[ranks]): the job is that subset; other processes are told they are not part of it
+    try:
+        hvd.init(comm=[0, 2])
+        res["comm"] = (hvd.rank(), hvd.size(), hvd.allreduce(torch.ones(1), op=hvd.Sum).item())
+        hvd.shutdown()
+    except ValueError as e:
+        res["comm"] = str(e)
     return res
 
 
@@ -104,6 +111,8 @@ def test_process_sets_on_three_ranks():
         assert "cannot be removed" in res["remove_global"]
         assert res["init_dynamic_id"] == 1
     r0, r1, r2 = reps
+    assert r0["comm"] == (0, 2, 2.0) and r2["comm"] == (1, 2, 2.0)
+    assert "not part of comm" in r1["comm"]
     for res, idx in ((r0, 0), (r2, 1)):
         assert res["even"] == (2, idx, True)
         assert res["even_sum"] == 2.0
