@@ -27,7 +27,10 @@ IMPORT_FOR_NAME: Dict[str, str] = {
     "default_hooks": "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks",
     "functools": "import functools",
     "contextlib": "import contextlib",
-    "TorchDistributor": "from pyspark.ml.torch.distributor import TorchDistributor",
+    # horovod-compat's own TorchDistributor (PySpark's API; no Horovod in it): unlike PySpark's,
+    # it needs no SparkSession for local_mode=True, which is what HorovodRunner(np=-N) becomes.
+    # Switching the import to pyspark.ml.torch.distributor later needs no other change.
+    "TorchDistributor": "from distributor import TorchDistributor",
 }
 
 

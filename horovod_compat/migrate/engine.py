@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from typing import Dict, List, Mapping, Sequence, Set
+from typing import Dict, List, Mapping, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, ScopeProvider
@@ -102,16 +102,19 @@ def _module_level_families(module: cst.Module, shared: SharedState) -> Set[str]:
     return families
 
 
-#: What each name the rewrite may introduce must be bound to, if the input binds it already.
-_CANONICAL = {
-    "os": "os",
-    "torch": "torch",
-    "dist": "torch.distributed",
-    "DDP": "torch.nn.parallel.DistributedDataParallel",
-    "default_hooks": "torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
-    "functools": "functools",
-    "contextlib": "contextlib",
-    "TorchDistributor": "pyspark.ml.torch.distributor.TorchDistributor",
+#: What each name the rewrite may introduce may be bound to, if the input binds it already (the
+#: first is what the rewrite imports). Either TorchDistributor will do: they have one API.
+_CANONICAL: Dict[str, Tuple[str, ...]] = {
+    "os": ("os",),
+    "torch": ("torch",),
+    "dist": ("torch.distributed",),
+    "DDP": ("torch.nn.parallel.DistributedDataParallel",),
+    "default_hooks": ("torch.distributed.algorithms.ddp_comm_hooks.default_hooks",),
+    "functools": ("functools",),
+    "contextlib": ("contextlib",),
+    "TorchDistributor": ("distributor.TorchDistributor",
+                         "distributor.torch_distributor.TorchDistributor",
+                         "pyspark.ml.torch.distributor.TorchDistributor"),
 }
 
 
@@ -129,14 +132,16 @@ def _foreign_bindings(scopes: Mapping[cst.CSTNode, object], positions) -> Dict[s
                 targets = set()
                 for alias in node.names:
                     dotted = cst.Module([]).code_for_node(alias.name)
+                    # `import a.b` binds `a`; `from m import x` binds `x`; `... as y` binds `y`.
+                    bound = (alias.asname.name.value if alias.asname is not None
+                             and isinstance(alias.asname.name, cst.Name)
+                             else dotted if isinstance(node, cst.ImportFrom) else dotted.split(".")[0])
                     if isinstance(node, cst.ImportFrom) and node.module is not None:
                         dotted = cst.Module([]).code_for_node(node.module) + "." + dotted
-                    bound = (alias.asname.name.value if alias.asname is not None
-                             and isinstance(alias.asname.name, cst.Name) else dotted.split(".")[0])
                     if bound == name:
                         targets.add(dotted if alias.asname is not None or isinstance(node, cst.ImportFrom)
                                     else dotted.split(".")[0])
-                if targets <= {_CANONICAL[name]}:
+                if targets <= set(_CANONICAL[name]):
                     continue
             found[name] = positions[node].start.line if node in positions else 1
     return found
@@ -186,7 +191,7 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
         for i, name, line in clashes:
             ctx = RewriteContext(units[i].location, shared, line_offset=units[i].line_offset)
             ctx.todo(line, name, f"`{name}` is already bound here to something other than "
-                     f"{_CANONICAL[name]}; the rewrite needs that name. Rename yours and run again "
+                     f"{_CANONICAL[name][0]}; the rewrite needs that name. Rename yours and run again "
                      "(nothing in this file was rewritten)")
             results[i].findings.extend(ctx.findings)
         return results

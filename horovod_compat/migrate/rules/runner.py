@@ -8,6 +8,8 @@
 * ``run(main, **kwargs)`` called ``main(**kwargs)``; ``TorchDistributor.run(main, *args)`` passes
   positional arguments only, so keyword arguments are bound with ``functools.partial``.
 * ``driver_log_verbosity`` only chose how much output the driver shows; it is dropped.
+* ``TorchDistributor`` is imported from ``distributor`` (shipped with horovod-compat, PySpark's
+  API), which needs no SparkSession for ``local_mode=True``; see ``IMPORT_FOR_NAME``.
 """
 from __future__ import annotations
 

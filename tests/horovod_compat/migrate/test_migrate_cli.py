@@ -251,6 +251,18 @@ def test_name_clash_leaves_the_file_unchanged_and_says_why(tmp_path):
     assert script.read_text() == source
 
 
+def test_from_import_of_another_torch_distributor_is_a_name_clash(tmp_path):
+    """`from m import X` binds X (not m): a TorchDistributor of the user's own is not ours to call."""
+    script = tmp_path / "launch.py"
+    source = ("from sparkdl import HorovodRunner\nfrom mylib.launch import TorchDistributor\n"
+              "def train(lr):\n    return lr\nHorovodRunner(np=2).run(train, lr=0.1)\n")
+    script.write_text(source)
+    status, _, err = run(script)
+    assert status == 0
+    assert f"{script}:2: TODO TorchDistributor: `TorchDistributor` is already bound here" in err
+    assert script.read_text() == source
+
+
 def test_notebook_model_created_in_another_cell_is_not_wrapped(tmp_path):
     nb = _notebook([
         _code(["import torch\n", "model = torch.nn.Linear(1, 1)\n"]),

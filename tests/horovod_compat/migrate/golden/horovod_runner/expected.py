@@ -1,7 +1,7 @@
 from sparkdl import HorovodRunner
 import torch
 import functools
-from pyspark.ml.torch.distributor import TorchDistributor
+from distributor import TorchDistributor
 
 params = {"lr": 0.1}
 np_workers = 4
