@@ -101,16 +101,18 @@ def _stop_session(spark) -> None:
         proc.wait(timeout=30)
 
 
+#: Kept open for the whole run: loggers created during a quiet call keep writing to it.
+_DEVNULL = open(os.devnull, "w")
+
+
 def _quiet(fn: Callable[[], object]) -> object:
     """Run `fn` with the ranks' output lines dropped (both distributors print them)."""
-    devnull = open(os.devnull, "w")
     saved = sys.stdout, sys.stderr
-    sys.stdout = sys.stderr = devnull
+    sys.stdout = sys.stderr = _DEVNULL
     try:
         return fn()
     finally:
         sys.stdout, sys.stderr = saved
-        devnull.close()
 
 
 def ours(num_processes: int = 2) -> object:

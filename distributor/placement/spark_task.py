@@ -74,7 +74,16 @@ def _task_gpus(context: Any) -> List[str]:
     return list(info.addresses) if info is not None else []
 
 
-def _watch_hub(channel: Channel, supervisor: Supervisor, done: threading.Event) -> None:
+def _free_port_on(host: str) -> int:
+    """A port free on `host` (on every interface if `host` is not an address of this machine)."""
+    try:
+        return free_port(host)
+    except OSError:
+        return free_port("0.0.0.0")
+
+
+def _watch_hub(channel: Channel, supervisor: Supervisor, done: threading.Event,
+               stopped: threading.Event) -> None:
     """Stop the ranks on a STOP frame or when the hub connection drops."""
     try:
         while True:
@@ -83,12 +92,14 @@ def _watch_hub(channel: Channel, supervisor: Supervisor, done: threading.Event) 
                 break
     except (ConnectionError, OSError):
         pass
+    stopped.set()
     if not done.is_set():
         supervisor.stop(grace=2.0)
 
 
 def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
-    """Body of one barrier task; yields one JSON line with its ranks' exit statuses."""
+    """Body of one barrier task: runs its ranks to their end, then yields one JSON line naming
+    its partition, host and ranks (their outcomes went to the driver through the hub)."""
     from pyspark import BarrierTaskContext
 
     context = BarrierTaskContext.get()
@@ -96,8 +107,7 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     use_gpu = bool(config["use_gpu"])
     per_task = int(config["ranks_per_task"])
     host = _own_host(context)
-    mine = TaskSlot(host, free_port(host if host not in ("localhost",) else "127.0.0.1"),
-                    tuple(_task_gpus(context)) if use_gpu else ())
+    mine = TaskSlot(host, _free_port_on(host), tuple(_task_gpus(context)) if use_gpu else ())
     gathered = context.allGather(json.dumps({"host": mine.host, "port": mine.port, "gpus": mine.gpus}))
     slots = [TaskSlot(d["host"], int(d["port"]), tuple(d["gpus"])) for d in map(json.loads, gathered)]
     specs: List[RankSpec] = plan_ranks(slots, per_task, use_gpu, config["node_per"])[partition]
@@ -118,8 +128,9 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     channel.send(Kind.AGENT, (specs[0].node_rank, [s.rank for s in specs]))
     forwarder = _HubForwarder(channel, [s.rank for s in specs])
     supervisor = Supervisor(forwarder)
+    stopped = threading.Event()
     threading.Thread(
-        target=_watch_hub, args=(channel, supervisor, forwarder.all_exited),
+        target=_watch_hub, args=(channel, supervisor, forwarder.all_exited, stopped),
         name="distributor-hub-watch", daemon=True,
     ).start()
 
@@ -136,7 +147,11 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
         return env
 
     try:
+        if stopped.is_set():  # the job ended before this task got going: start nothing
+            raise RuntimeError("the driver stopped the job before these ranks started")
         launcher.start(specs, env_for, supervisor)
+        if stopped.is_set():
+            supervisor.stop(grace=1.0)  # a STOP that raced with the start
     except Exception as exc:  # noqa: BLE001 - reported to the driver as this task's ranks' failure
         started = supervisor.pids()
         supervisor.stop(grace=1.0)
