@@ -133,7 +133,6 @@ class _GradReducer:
         self.next_bucket = 0
         self.sparse_pending: Dict[int, torch.Tensor] = {}
         self.arrival: Optional[List[int]] = []  # observed order during the first iteration
-        self.rebuilt = False
         self.buckets: List[_Bucket] = []
         self.slot: List[Tuple[_Bucket, int]] = []
         self._build(list(reversed(range(len(params)))))
@@ -169,7 +168,11 @@ class _GradReducer:
                 gi = grouped[i]
                 if gi not in emitted_groups:
                     emitted_groups.add(gi)
-                    layouts.append(sorted(self.explicit_groups[gi], key=position.__getitem__))
+                    # one fused reduction per group (per dtype/device inside a mixed group)
+                    split: Dict[Any, List[int]] = {}
+                    for j in sorted(self.explicit_groups[gi], key=position.__getitem__):
+                        split.setdefault((self.params[j].dtype, self.params[j].device), []).append(j)
+                    layouts.extend(split.values())
                 continue
             p = self.params[i]
             key = (p.dtype, p.device)
@@ -485,7 +488,6 @@ class _GradReducer:
                 b.buffer = None
                 b.views = []
             self._build(order)
-        self.rebuilt = True
 
     def wait_pending(self) -> None:
         """Wait for in-flight collectives and forget everything pending (used by load_state_dict)."""
