@@ -256,8 +256,14 @@ class SparkPlacement(Placement):
     def start(self, job: JobContext) -> None:
         """Submit the barrier stage from a background thread and return at once."""
         request = job.request
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError("this SparkPlacement is still running a job; use one per job")
         if self._tasks == 0:
             self.validate(request)
+        self._done = threading.Event()
+        self._stop_requested = threading.Event()
+        self._failure = None
+        self.task_reports = []
         config = {
             "secret": job.secret.hex(),
             "hub_address": [self.hub_host_for_executors(job.hub_address[0]), job.hub_address[1]],

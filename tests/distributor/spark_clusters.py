@@ -73,8 +73,14 @@ class EnvPatch:
 def start_session(master: str, app_name: str, conf: Optional[Dict[str, str]] = None,
                   executors: int = 0, timeout: float = 120.0):
     """A SparkSession on `master`; waits until `executors` executors have registered."""
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
+    if SparkContext._active_spark_context is not None:  # getOrCreate would hand back that one
+        raise RuntimeError(
+            f"a SparkContext on {SparkContext._active_spark_context.master} is already active in "
+            f"this process; stop it before starting one on {master}"
+        )
     builder = (
         SparkSession.builder.master(master).appName(app_name)
         .config("spark.driver.host", "127.0.0.1")

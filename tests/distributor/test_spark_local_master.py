@@ -81,3 +81,9 @@ def test_unreachable_driver_hub_says_which_setting_to_fix(spark):
     message = str(info.value)
     assert "could not reach the driver hub at 127.0.0.2:" in message
     assert "Set spark.driver.host" in message and "org.apache" not in message
+
+
+def test_a_placement_object_can_run_jobs_one_after_another(spark):
+    placement = SparkPlacement(spark)
+    assert run_function(lambda: int(os.environ["RANK"]) + 5, num_processes=2, placement=placement) == 5
+    assert run_function(lambda: int(os.environ["WORLD_SIZE"]) * 7, num_processes=2, placement=placement) == 14
