@@ -1,6 +1,9 @@
 """The Spark placement on a real `local-cluster[2,1,1024]`: two executor JVMs, one barrier stage.
 
 One SparkSession for the whole module (a JVM start costs ~15-25 s here); every job is small.
+Each executor also has two fake GPUs (a discovery script that lists addresses "0" and "1"), and
+each task asks for two (spark.task.resource.gpu.amount=2): jobs with use_gpu=False ignore them,
+use_gpu=True jobs go through the real resource path, two ranks per task, without CUDA.
 """
 from __future__ import annotations
 
@@ -45,7 +48,15 @@ MASTER = "local-cluster[2,1,1024]"
 def spark(tmp_path_factory):
     root = tmp_path_factory.mktemp("local-cluster")
     env = EnvPatch({**SPARK_TEST_ENV, "SPARK_HOME": str(mirror_spark_home(root))})
-    session = start_session(MASTER, "test_spark_placement", executors=2)
+    discovery = root / "fake_gpus.sh"
+    discovery.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
+    discovery.chmod(0o755)
+    session = start_session(MASTER, "test_spark_placement", executors=2, conf={
+        "spark.worker.resource.gpu.amount": "2",
+        "spark.worker.resource.gpu.discoveryScript": str(discovery),
+        "spark.executor.resource.gpu.amount": "2",
+        "spark.task.resource.gpu.amount": "2",
+    })
     session.work_dir = root / "spark-home" / "work"
     try:
         yield session
@@ -203,8 +214,30 @@ def test_more_processes_than_slots_fails_at_once_saying_what_to_change(spark):
     assert time.monotonic() - started < 3
     message = str(info.value)
     assert "num_processes=3 needs 3 Spark barrier tasks" in message
-    assert "only 2 task slot(s): 2 executor(s) registered, spark.task.cpus=1" in message
+    assert ("only 2 task slot(s): 2 executor(s) registered, spark.task.cpus=1, "
+            "spark.task.resource.gpu.amount=2") in message
     assert "Lower num_processes to at most 2" in message
+
+
+def _gpu_env():
+    return {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
+                                           "WORLD_SIZE", "CUDA_VISIBLE_DEVICES")}
+
+
+def test_multi_gpu_tasks_run_one_rank_per_spark_gpu(spark):
+    """spark.task.resource.gpu.amount=2: 4 ranks in 2 tasks; each task's ranks see its 2 GPUs."""
+    envs = run_function(_gpu_env, num_processes=4, use_gpu=True, return_all=True,
+                        placement=SparkPlacement(spark), output=lambda *a: None)
+    assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "0", "1"]
+    assert [e["NODE_RANK"] for e in envs] == ["0", "0", "1", "1"]
+    assert {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"} and {e["WORLD_SIZE"] for e in envs} == {"4"}
+    assert {e["CUDA_VISIBLE_DEVICES"] for e in envs} == {"0,1"}  # the addresses Spark assigned
+
+
+def test_gpu_ranks_must_fill_whole_tasks(spark):
+    with pytest.raises(LaunchValidationError, match="num_processes=3 is not a multiple of spark.task.resource.gpu.amount=2"):
+        TorchDistributor(num_processes=3, local_mode=False, use_gpu=True).run(_gpu_env)
 
 
 def test_executor_python_without_a_required_module_is_reported(spark):
