@@ -53,6 +53,7 @@ prints an error and ends the process (exit code 1) so the launcher stops the job
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
@@ -162,6 +163,7 @@ class SetState:
         self.poly: Dict[tuple, Dict[Desc, Agreement]] = {}
         self.streak: Dict[tuple, Tuple[int, int]] = {}
         self.inflight: Dict[str, float] = {}
+        self.queue: "collections.deque[Pending]" = collections.deque()  # stage-0 ops, in order
         self.verify_rounds = 0  # verification rounds run so far (tests check the loop is cheap)
         self.lock = threading.Lock()
         self.control: Any = _make_control(self)
@@ -203,7 +205,7 @@ class _ShmControl:
     writer from lapping a slow reader.
     """
 
-    RING = 4096
+    RING = max(4, int(os.environ.get("HOROVOD_COMPAT_SHM_RING", "4096")))
 
     def __init__(self, mm: Any, n: int, me: int) -> None:
         self.mm = mm
@@ -212,6 +214,7 @@ class _ShmControl:
         self.seq = 0
         self.row = 1 + self.RING * 3  # ack word + ring
         self.unread: Dict[int, bool] = {}  # sequences posted here whose words are not read yet
+        self.snap: Dict[int, List[Tuple[int, int]]] = {}  # words read early (see _backpressure)
 
     def post(self, code: int, kh: int) -> int:
         self.seq += 1
@@ -227,10 +230,20 @@ class _ShmControl:
         return s
 
     def _backpressure(self, s_old: int) -> None:
+        """Wait until every peer has read the words of sequence ``s_old`` (whose slot we reuse).
+        Meanwhile read our own pending words into ``snap``, so peers waiting on us progress too."""
         delay = 0.0
         while any(self.mv[j * self.row] <= s_old for j in range(self.n) if j != self.me):
+            for s in sorted(self.unread):
+                if not self.ready(s):
+                    break
+                self.snap[s] = self._read(s)
             time.sleep(delay)
             delay = min(0.001, delay + 0.00005)
+        # every peer read sequence s_old, so all its words are posted: keep our own copy before
+        # the slot is reused
+        if s_old in self.unread:
+            self.snap[s_old] = self._read(s_old)
 
     def ready(self, s: int) -> bool:
         mv, off = self.mv, 1 + (s % self.RING) * 3
@@ -239,7 +252,17 @@ class _ShmControl:
                 return False
         return True
 
+    def _read(self, s: int) -> List[Tuple[int, int]]:
+        mv, off = self.mv, 1 + (s % self.RING) * 3
+        out = [(mv[j * self.row + off + 1], mv[j * self.row + off + 2]) for j in range(self.n)]
+        self.unread.pop(s, None)
+        mv[self.me * self.row] = min(self.unread) if self.unread else self.seq + 1
+        return out
+
     def result(self, s: int) -> List[Tuple[int, int]]:
+        got = self.snap.pop(s, None)
+        if got is not None:
+            return got
         spins = 0
         while not self.ready(s):
             spins += 1
@@ -248,11 +271,7 @@ class _ShmControl:
                     os.sched_yield()
                 else:
                     time.sleep(0.00005 if spins < 3000 else 0.0005)
-        mv, off = self.mv, 1 + (s % self.RING) * 3
-        out = [(mv[j * self.row + off + 1], mv[j * self.row + off + 2]) for j in range(self.n)]
-        self.unread.pop(s, None)
-        self.mv[self.me * self.row] = min(self.unread) if self.unread else self.seq + 1
-        return out
+        return self._read(s)
 
     def close(self) -> None:
         try:
@@ -352,41 +371,81 @@ class Pending:
         if hooks.active:
             hooks.emit(hooks.OP_END, self.plan.name)
 
+    # -- ordering ---------------------------------------------------------------------------
+    # Control rounds and non-speculative launches must happen in SUBMISSION order on every rank,
+    # whatever order the user synchronizes handles in (Horovod allows any order).  So before an
+    # op advances, every op submitted earlier on the same set is brought to "transfer launched".
+
+    def _launch_blocking(self) -> None:
+        """Stage 0 -> stage 1 (real transfer launched), or stage 2 with ``err``; may wait for peers."""
+        try:
+            if self.works is not None:  # speculative: once it completed, all words are readable
+                for w in self.works:
+                    w.wait()
+            if not self._to_stage1():
+                self._slow_launch()
+        except HorovodInternalError as exc:
+            self.err = exc
+            if self.stage != 2:
+                self._done()
+        except Exception as exc:
+            self.err = HorovodInternalError(f"{self.plan.desc.kind} {self.plan.name!r} failed: {exc}")
+            self.err.__cause__ = exc
+            if self.stage != 2:
+                self._done()
+
+    def _launch_ready(self) -> bool:
+        """Advance without waiting for peers; False if that is not possible yet."""
+        if self.works is not None and not all(w.is_completed() for w in self.works):
+            return False
+        if not self.st.control.ready(self.tok):
+            return False
+        self._launch_blocking()
+        return True
+
+    def _drain_before(self, block: bool) -> bool:
+        q = self.st.queue
+        while q and q[0] is not self:
+            p = q[0]
+            if p.stage == 0:
+                if block:
+                    p._launch_blocking()
+                elif not p._launch_ready():
+                    return False
+            q.popleft()
+        return True
+
+    def _pop_self(self) -> None:
+        q = self.st.queue
+        if q and q[0] is self:
+            q.popleft()
+
     # -- public -------------------------------------------------------------------------------
     def poll(self) -> bool:
         """True when ``wait()`` will not block on the transfer any more."""
         if self.stage == 2:
             return True
         if self.stage == 0:
-            if not self.st.control.ready(self.tok):
+            if not self._drain_before(False) or not self._launch_ready():
                 return False
-            if not self._to_stage1():
-                try:  # a short verification round, then the transfer is in flight
-                    self._slow_launch()
-                except HorovodInternalError as exc:
-                    self.err = exc  # reported by wait()/synchronize(), as Horovod does
-                    return True
+            self._pop_self()
+            if self.stage == 2:
+                return True  # failed: synchronize() raises
         return all(w.is_completed() for w in self.works)
 
     def wait(self) -> Any:
         """Block until done; return the result or raise ``HorovodInternalError``."""
+        if self.stage == 0:
+            self._drain_before(True)
+            self._launch_blocking()
+            self._pop_self()
         if self.stage == 2:
             if self.err is not None:
                 raise self.err
             return self.result
         try:
-            if self.stage == 0:
-                if self.works is not None:
-                    # speculative transfer: let it finish first; once it completed, every rank's
-                    # control word is readable without waiting (they are posted before transfers)
-                    for w in self.works:
-                        w.wait()
-                if not self._to_stage1():
-                    self._slow_launch()
             for w in self.works:
                 w.wait()
-        except HorovodInternalError:
-            raise
         except Exception as exc:
             self._done()
             raise HorovodInternalError(f"{self.plan.desc.kind} {self.plan.name!r} failed: {exc}") from exc
@@ -409,10 +468,8 @@ class Pending:
             if hooks.active:
                 _emit_start(plan)
         except HorovodInternalError:
-            self._done()
             raise
         except Exception as exc:
-            self._done()
             raise HorovodInternalError(f"{plan.desc.kind} {plan.name!r} failed: {exc}") from exc
 
 
@@ -554,6 +611,7 @@ def submit(st: SetState, plan: Plan) -> Pending:
         # the control word goes out BEFORE any data transfer (the shared-memory control relies on
         # it: a completed transfer proves every participant's control word is readable)
         p.tok = st.control.post(code, kh)
+        st.queue.append(p)
         if spec:
             p.works = plan.launch(agr) if hit else _KINDS[desc.kind][1](agr, st)
             if hit and hooks.active:
@@ -568,6 +626,10 @@ def join(st: SetState) -> int:
     """This rank has no more data: serve the other ranks' collectives with zeros until every rank
     has joined.  Returns the global rank of the last rank to join."""
     name = "join"
+    while st.queue:  # our own earlier async ops go first, in order
+        p = st.queue.popleft()
+        if p.stage == 0:
+            p._launch_blocking()
     st.inflight[name] = time.monotonic()
     code = JOINED | JUST_JOINED
     try:

@@ -81,13 +81,30 @@ def _mismatches():
     hs = [hvd.allreduce_async(torch.full((4,), float(i)), name=f"async.{i}", op=hvd.Sum)
           for i in range(50)]
     out.append(("async reverse", [hvd.synchronize(h)[0].item() for h in reversed(hs)]))
+    # new names (verification rounds) and a broadcast, synchronized in a different order per rank
+    hs = [hvd.allreduce_async(torch.full((3,), float(i)), name=f"order.{i}", op=hvd.Sum)
+          for i in range(6)]
+    hb = hvd.broadcast_async(torch.full((2,), float(r)), root_rank=1, name="order.b")
+    order = list(range(6)) if r == 0 else list(reversed(range(6)))
+    vals = {i: hvd.synchronize(hs[i])[0].item() for i in order}
+    out.append(("different wait orders", [vals[i] for i in range(6)]))
+    out.append(("broadcast after them", hvd.synchronize(hb).tolist()))
+    # an async op whose shape differs: the error comes out of synchronize on every rank
+    h = hvd.allreduce_async(torch.ones(2 + r), name="async.bad")
+    try:
+        hvd.synchronize(h)
+        out.append(("async mismatch", None))
+    except hvd.HorovodInternalError as e:
+        out.append(("async mismatch", str(e)))
     hvd.shutdown()
     return out
 
 
-@pytest.mark.parametrize("control", ["shm", "gloo"])
+@pytest.mark.parametrize("control", ["shm", "shm-ring-8", "gloo"])
 def test_mismatches_fail_on_every_rank_and_job_keeps_working(control):
-    env = {"HOROVOD_COMPAT_SHM_CONTROL": "1" if control == "shm" else "0"}
+    env = {"HOROVOD_COMPAT_SHM_CONTROL": "0" if control == "gloo" else "1"}
+    if control == "shm-ring-8":  # a tiny ring: 50 async ops in flight lap it many times
+        env["HOROVOD_COMPAT_SHM_RING"] = "8"
     reports = run_function(_mismatches, num_processes=2, return_all=True, timeout=120, env=env)
     r0, r1 = (dict(rep) for rep in reports)
     want = {
@@ -121,9 +138,12 @@ def test_mismatches_fail_on_every_rank_and_job_keeps_working(control):
         assert rep["cached new shape value"] == [2.0] * 6
         assert [rep[f"alternating {i}"] for i in range(4)] == [[2.0] * 2, [2.0] * 3] * 2
         assert rep["verification rounds in steady state"] == 0
-        assert rep["control"] == {"shm": "_ShmControl", "gloo": "_GlooControl"}[control]
+        assert rep["control"] == ("_GlooControl" if control == "gloo" else "_ShmControl")
         assert rep["demoted"] is True
         assert rep["async reverse"] == [2.0 * i for i in reversed(range(50))]
+        assert rep["different wait orders"] == [2.0 * i for i in range(6)]
+        assert rep["broadcast after them"] == [1.0, 1.0]
+        assert rep["async mismatch"].startswith("Mismatched ALLREDUCE tensor shapes")
     assert r0["in-place tensor intact"] == [0.0, 1.0, 2.0, 3.0]
 
 
