@@ -39,11 +39,17 @@ Design (our own):
 * Ranks that called ``hvd.join()`` answer control messages with a "joined" bit and contribute
   zeros to the collectives of the others.
 
+Ordering: collectives must be *submitted* in the same order on every rank (torch.distributed's
+rule; Horovod's reordering of async submissions by name is not reproduced), but handles may be
+synchronized or polled in any order: before an op advances, every op submitted earlier on its set is
+brought to "transfer launched" first, so control rounds happen in submission order everywhere.
+
 Known limit: if two ranks submit *different names that are both cached* at the same position (a
 program bug that Horovod answers with a stall), both launch speculative transfers; when their
 sizes differ the data group may hang -- the stall inspector then names the ranks and tensors, as
-Horovod's does.  Collectives must be submitted in the same order on every rank (torch.distributed's
-rule); Horovod's reordering of async ops by name is not reproduced.
+Horovod's does.  With equal sizes the error is raised on every rank but in-place buffers may already
+hold the mixed result.  The shared-memory control relies on x86-64/ARM64 store ordering of aligned
+8-byte words written through ``memoryview`` (sequence word last).
 
 The stall inspector (``HOROVOD_STALL_CHECK_TIME_SECONDS``, default 60; ``..._SHUTDOWN_TIME_SECONDS``,
 default 0 = never; ``HOROVOD_STALL_CHECK_DISABLE=1``) is a daemon thread: every tick, a rank with a
