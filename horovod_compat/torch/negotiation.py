@@ -49,7 +49,8 @@ program bug that Horovod answers with a stall), both launch speculative transfer
 sizes differ the data group may hang -- the stall inspector then names the ranks and tensors, as
 Horovod's does.  With equal sizes the error is raised on every rank but in-place buffers may already
 hold the mixed result.  The shared-memory control relies on x86-64/ARM64 store ordering of aligned
-8-byte words written through ``memoryview`` (sequence word last).
+8-byte words written through ``memoryview`` (sequence word last): x86-64's total store order
+guarantees it, so other architectures use the gloo control.
 
 The stall inspector (``HOROVOD_STALL_CHECK_TIME_SECONDS``, default 60; ``..._SHUTDOWN_TIME_SECONDS``,
 default 0 = never; ``HOROVOD_STALL_CHECK_DISABLE=1``) is a daemon thread: every tick, a rank with a
@@ -300,7 +301,10 @@ def _make_control(st: "SetState") -> Any:
     import socket
     import uuid
 
-    if os.environ.get("HOROVOD_COMPAT_SHM_CONTROL", "1") == "0" or not os.path.isdir("/dev/shm"):
+    import platform
+
+    if (os.environ.get("HOROVOD_COMPAT_SHM_CONTROL", "1") == "0" or not os.path.isdir("/dev/shm")
+            or platform.machine().lower() not in ("x86_64", "amd64")):
         hosts_ok = False
     else:
         hosts_ok = True
