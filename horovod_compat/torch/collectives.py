@@ -133,6 +133,18 @@ class _Handle:
         return self.post(out) if self.post is not None else out
 
 
+class _Empty:
+    """A grouped op over an empty list: nothing to communicate, the result is ``[]``."""
+
+    agr = None
+
+    def poll(self) -> bool:
+        return True
+
+    def wait(self) -> list:
+        return []
+
+
 def _new_handle(h: Any) -> int:
     hid = next(_handle_ids)
     _handles[hid] = h
@@ -406,6 +418,8 @@ def _submit_allreduce(tensors: Sequence[torch.Tensor], outs: Optional[Sequence[t
                       name: Optional[str], op: int, prescale: float, postscale: float,
                       process_set: Optional[ProcessSet], kind: str) -> Any:
     st = _set_state(process_set)
+    if not tensors:
+        return _Empty()
     if op == Adasum and any(not (t.is_floating_point()) for t in tensors):
         raise ValueError("Adasum only supports floating-point tensors")
     inplace = outs is not None
@@ -683,6 +697,8 @@ def _validate_allgather(descs: Sequence[Optional[Desc]], st: SetState) -> Option
 def _submit_allgather(tensors: Sequence[torch.Tensor], name: Optional[str],
                       process_set: Optional[ProcessSet], kind: str) -> Any:
     st = _set_state(process_set)
+    if not tensors:
+        return _Empty()
     plan = _AllgatherPlan()
     plan.st = st
     plan.single = kind == "allgather"
@@ -986,6 +1002,8 @@ def _submit_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str], 
                           prescale: float, postscale: float, process_set: Optional[ProcessSet],
                           kind: str) -> Any:
     st = _set_state(process_set)
+    if not tensors:
+        return _Empty()
     if op not in (Average, Sum):
         raise ValueError(f"reducescatter only supports Average and Sum, not {_OP_NAMES.get(op, op)}")
     for t in tensors:

@@ -218,6 +218,17 @@ def _semantics():
     h = hvd.alltoall_async(torch.arange(2.0) + 2 * r)
     rep.close("alltoall default splits", hvd.synchronize(h),
               torch.tensor([0.0, 2.0]) if r == 0 else torch.tensor([1.0, 3.0]))
+    # edge cases: scalars, empty tensors, empty groups, non-contiguous in-place, bool
+    rep.close("scalar allreduce", hvd.allreduce(torch.tensor(float(r + 1))), torch.tensor(1.5))
+    rep.equal("empty allreduce", hvd.allreduce(torch.ones(0)), torch.ones(0))
+    rep.check("empty grouped lists", hvd.grouped_allreduce([]) == [] and hvd.grouped_allgather([]) == []
+              and hvd.synchronize(hvd.grouped_allreduce_async([])) == [])
+    rep.equal("allgather with an empty rank", hvd.allgather(torch.ones(r, 2)), torch.ones(1, 2))
+    nc = torch.arange(6.0).view(2, 3).t()
+    hvd.allreduce_(nc, op=hvd.Sum)
+    rep.equal("non-contiguous in place", nc, (torch.arange(6.0).view(2, 3).t() * 2))
+    rep.equal("bool Max", hvd.allreduce(torch.tensor([r == 0, False]), op=hvd.Max),
+              torch.tensor([True, False]))
     # alltoall argument errors (Horovod: ValueError)
     rep.raises("alltoall default split needs a multiple of size", ValueError,
                lambda: hvd.alltoall(torch.ones(3)))
@@ -280,4 +291,4 @@ def test_semantics_async_autograd_join_on_two_ranks():
     for rows in reports:
         failures = [r for r in rows if not r[1]]
         assert not failures, failures
-        assert len(rows) >= 45
+        assert len(rows) >= 51
