@@ -208,8 +208,8 @@ def _real_horovod_worker(kind: str, args) -> None:
 def main(argv: List[str] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mlp,transformer")
-    ap.add_argument("--steps", type=int, default=2, help="steps per timed round")
-    ap.add_argument("--rounds", type=int, default=15, help="timed rounds per variant (median reported)")
+    ap.add_argument("--steps", type=int, default=1, help="steps per timed round")
+    ap.add_argument("--rounds", type=int, default=25, help="timed rounds per variant (median reported)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--horovod-python", default=None, help="python of an env with real Horovod")
     ap.add_argument("--worker-horovod", default=None, help=argparse.SUPPRESS)

@@ -18,7 +18,10 @@ How (our design, modelled on DDP's reducer rather than on Horovod's background t
   order, so every rank issues the same collectives in the same order even when gradients arrive in a
   different order or not at all (no hang, no crossed data);
 - ``synchronize()`` fills whatever never arrived (zeros, as Horovod does), launches the rest, waits,
-  and writes the reduced values back into ``p.grad`` (one extra gradient copy at most, like DDP).
+  and hands the reduced values to ``p.grad``: copied back after the first iteration, afterwards
+  ``p.grad`` simply becomes a view of its bucket slot (DDP's ``gradient_as_bucket_view``), saving a
+  pass over all gradients.  ``HOROVOD_COMPAT_GRAD_AS_BUCKET_VIEW=0`` keeps copying instead.  Memory:
+  one flat copy of the gradients, like DDP.
 """
 from __future__ import annotations
 
@@ -133,6 +136,7 @@ class _GradReducer:
         self.next_bucket = 0
         self.sparse_pending: Dict[int, torch.Tensor] = {}
         self.arrival: Optional[List[int]] = []  # observed order during the first iteration
+        self.grad_views = False         # p.grad as views of the buckets (after the first iteration)
         self.buckets: List[_Bucket] = []
         self.slot: List[Tuple[_Bucket, int]] = []
         self._build(list(reversed(range(len(params)))))
@@ -428,6 +432,17 @@ class _GradReducer:
                     out = self.compression.decompress(c, ctx)
                     self.params[i].grad.copy_(out)
                     b.custom[s] = None
+            elif self.grad_views and b.buffer.dtype == self.params[b.members[0]].dtype:
+                # The reduced values stay where they are: p.grad becomes a view of the bucket
+                # (DDP's gradient_as_bucket_view), which saves a full copy of the gradients.
+                if post != 1.0:
+                    b.buffer.mul_(post)
+                params, views = self.params, b.views
+                for s, i in enumerate(b.members):
+                    if i not in self.sparse_pending:
+                        p = params[i]
+                        if p.grad is not views[s]:
+                            p.grad = views[s]
             else:
                 grads = []
                 views = []
@@ -479,7 +494,8 @@ class _GradReducer:
         seen = self.arrival or []
         self.arrival = None
         order = list(dict.fromkeys(seen))
-        order += [i for i in reversed(range(len(self.params))) if i not in set(order)]
+        known = set(order)
+        order += [i for i in reversed(range(len(self.params))) if i not in known]
         t = torch.tensor(order, dtype=torch.int64)
         dist.broadcast(t, src=self.root, group=_backend.torch_group(self.process_set))
         order = t.tolist()
@@ -488,6 +504,9 @@ class _GradReducer:
                 b.buffer = None
                 b.views = []
             self._build(order)
+        # From now on the layout is final: gradients may live in the buckets (see synchronize).
+        # Not before, so a rebuild never holds two copies of the buckets.
+        self.grad_views = os.environ.get("HOROVOD_COMPAT_GRAD_AS_BUCKET_VIEW", "1") != "0"
 
     def wait_pending(self) -> None:
         """Wait for in-flight collectives and forget everything pending (used by load_state_dict)."""

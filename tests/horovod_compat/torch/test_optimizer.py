@@ -106,6 +106,20 @@ def _scenarios():
     rep["sgd"] = diff(w, ref_sgd)
     rep["class"] = (type(opt).__name__, isinstance(opt, torch.optim.SGD), type(opt) is not torch.optim.SGD)
     rep["adam"] = diff(hvd_run(adam)[0], ref_adam)
+    # from the 2nd step on, p.grad is a view of the reduction bucket (no copy back); zeroing in
+    # place (set_to_none=False) then accumulates into the bucket -- results must not change
+    m = make()
+    opt = DistributedOptimizer(sgd(m.parameters(), 1.0), named_parameters=m.named_parameters())
+    for i in range(4):
+        opt.zero_grad(set_to_none=False)
+        x, y = local(i)
+        F.mse_loss(m(x), y).backward()
+        opt.step()
+    rep["grad_views"] = (diff(list(m.parameters()), ref_sgd), all(p.grad._base is not None for p in m.parameters()))
+    os.environ["HOROVOD_COMPAT_GRAD_AS_BUCKET_VIEW"] = "0"
+    w, opt = hvd_run(sgd)
+    rep["no_grad_views"] = (diff(w, ref_sgd), any(p.grad._base is not None for p in opt._hvd_reducer.params))
+    del os.environ["HOROVOD_COMPAT_GRAD_AS_BUCKET_VIEW"]
     os.environ["HOROVOD_FUSION_THRESHOLD"] = "0"
     w, opt = hvd_run(sgd)
     rep["no_fusion"] = (diff(w, ref_sgd), len(opt._hvd_reducer.buckets))
@@ -447,6 +461,14 @@ def test_is_dynamic_subclass_with_same_name(report):
 def test_weights_equal_ddp(report, key):
     for r in report:
         assert r[key] < TOL, (key, r[key])
+
+
+def test_gradients_as_bucket_views(report):
+    for r in report:
+        d, views = r["grad_views"]
+        assert d < TOL and views
+        d, views = r["no_grad_views"]
+        assert d < TOL and not views
 
 
 def test_fusion_threshold_env(report):
