@@ -708,14 +708,17 @@ class _StallInspector(threading.Thread):
         if not stalled:
             return
         missing: Dict[int, List[str]] = {}
-        worst = 0.0
+        worst = 0.0  # age of the oldest op that some rank has really not submitted
+        posted: Dict[int, List[str]] = {}
         for name, (age, st) in stalled.items():
-            worst = max(worst, age)
             for r in st.ranks:
                 if r == self.rank:
                     continue
-                if name not in self._posted_names(r):
+                if r not in posted:
+                    posted[r] = self._posted_names(r)
+                if name not in posted[r]:
                     missing.setdefault(r, []).append(name)
+                    worst = max(worst, age)
         new = [n for n in stalled if n not in self.warned]
         if new and missing:
             lines = "\n".join(f"{r}: [{', '.join(sorted(ns))}]" for r, ns in sorted(missing.items()))

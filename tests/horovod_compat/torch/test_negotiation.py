@@ -196,3 +196,28 @@ def test_stall_shutdown_ends_the_job():
         run_function(_never_joins, num_processes=2, timeout=50, env=env)
     assert info.value.rank == 0
     assert info.value.exit_code == 1
+
+
+def _slow_synchronize():
+    import io
+    import sys
+    import time
+    import torch
+    import horovod.torch as hvd
+    hvd.init()
+    buf = io.StringIO()
+    sys.stderr = buf
+    h = hvd.allreduce_async(torch.ones(2), name="submitted.everywhere", op=hvd.Sum)
+    time.sleep(3.5)  # every rank submitted: not a stall, however long before synchronize
+    out = hvd.synchronize(h).tolist()
+    sys.stderr = sys.__stderr__
+    hvd.shutdown()
+    return out, buf.getvalue()
+
+
+def test_a_long_wait_on_an_op_every_rank_submitted_is_not_a_stall():
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"}
+    for out, err in run_function(_slow_synchronize, num_processes=2, return_all=True, timeout=60,
+                                 env=env):
+        assert out == [2.0, 2.0]
+        assert "Missing ranks" not in err
