@@ -87,3 +87,10 @@ def test_a_placement_object_can_run_jobs_one_after_another(spark):
     placement = SparkPlacement(spark)
     assert run_function(lambda: int(os.environ["RANK"]) + 5, num_processes=2, placement=placement) == 5
     assert run_function(lambda: int(os.environ["WORLD_SIZE"]) * 7, num_processes=2, placement=placement) == 14
+
+
+def test_default_use_gpu_without_spark_gpus_says_to_pass_use_gpu_false(spark):
+    started = time.monotonic()
+    with pytest.raises(LaunchValidationError, match="spark.task.resource.gpu.amount is not set.*use_gpu=False"):
+        TorchDistributor(num_processes=2, local_mode=False).run(lambda: 1)  # PySpark's default use_gpu=True
+    assert time.monotonic() - started < 2
