@@ -339,6 +339,7 @@ class Pending:
         self.result: Any = None
         self.err: Optional[BaseException] = None
         self.works: Optional[List[Any]] = None
+        self.hit = False                         # True when ``works`` completed already
         self.tok: Any = None                     # control-exchange token
         self.g: Optional[List[Tuple[int, int]]] = None  # every rank's (status bits, key hash)
 
@@ -389,11 +390,13 @@ class Pending:
     def _launch_blocking(self) -> None:
         """Stage 0 -> stage 1 (real transfer launched), or stage 2 with ``err``; may wait for peers."""
         try:
-            if self.works is not None:  # speculative: once it completed, all words are readable
-                for w in self.works:
+            spec = self.works
+            if spec is not None:  # speculative: once it completed, all words are readable
+                for w in spec:
                     w.wait()
             if not self._to_stage1():
                 self._slow_launch()
+            self.hit = self.works is spec  # the transfer in flight is the one already waited for
         except HorovodInternalError as exc:
             self.err = exc
             if self.stage != 2:
@@ -454,8 +457,9 @@ class Pending:
                 raise self.err
             return self.result
         try:
-            for w in self.works:
-                w.wait()
+            if not self.hit:
+                for w in self.works:
+                    w.wait()
         except Exception as exc:
             self._done()
             raise HorovodInternalError(f"{self.plan.desc.kind} {self.plan.name!r} failed: {exc}") from exc
