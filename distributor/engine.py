@@ -7,15 +7,15 @@ every output line has been delivered.
 """
 from __future__ import annotations
 
+import collections
 import logging
+import pickle
 import queue
 import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-import collections
-import pickle
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from . import payload, protocol
@@ -24,7 +24,7 @@ from .hub import DriverHub
 from .launchers import Launcher, PythonLauncher
 from .placement import JobContext, LocalPlacement, Placement
 from .protocol import SEND_NOTHING, SEND_RESULT, Channel, Kind
-from .spec import CommandTarget, FunctionTarget, LaunchRequest, MessageHandler, OutputHandler, ScriptTarget
+from .spec import LaunchRequest, MessageHandler, OutputHandler
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,6 @@ class _RankState:
     exit_time: Optional[float] = None
     stopped_by_driver: bool = False
     finished_at: Optional[float] = None  # when the rank reported success
-    channel: Optional[Channel] = None
     disconnected: bool = False  # its hub connection has been read to the end
     exit_seen: Optional[float] = None
     disconnect_time: Optional[float] = None
@@ -135,7 +134,6 @@ class Job:
             with self._lock:
                 self._channels[channel] = rank
                 self._states[rank].connected = True
-                self._states[rank].channel = channel
             flag = SEND_RESULT if (rank == 0 or self.request.return_all) else SEND_NOTHING
             channel.send(Kind.PAYLOAD, flag + self._payload, raw=True)
             self._wake.put("connected")
@@ -172,15 +170,8 @@ class Job:
     # ---- the run --------------------------------------------------------------------------
     def run(self) -> Any:
         """Run the job to its end and return rank 0's value (or every rank's, in rank order)."""
-        target = self.request.target
         self.placement.validate(self.request)
-        if isinstance(target, FunctionTarget):
-            self._payload = payload.dumps_function(target.fn, tuple(target.args), dict(target.kwargs))
-        elif isinstance(target, ScriptTarget):
-            self._payload = payload.dumps_script(target.path, target.argv)
-        else:
-            assert isinstance(target, CommandTarget)
-            self._payload = payload.dumps_command(target.argv)
+        self._payload = payload.dumps_target(self.request.target)
         secret = protocol.new_secret()
         self.hub = DriverHub(secret, self._on_frame, self._on_close, bind_host=self.placement.hub_bind_host)
         try:
@@ -199,7 +190,6 @@ class Job:
 
     def _watch(self) -> Optional[BaseException]:
         """Wait until every rank has ended; return the error to raise, if any."""
-        request = self.request
         started = time.monotonic()
         first_failure_at: Optional[float] = None
         timeout_error: Optional[BaseException] = None

@@ -17,11 +17,22 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 import cloudpickle
 
 from .errors import PayloadPicklingError
+from .spec import CommandTarget, FunctionTarget, ScriptTarget, Target
 
 _ADVICE = (
     "Create such objects inside the training function instead (import modules and build models, "
     "data loaders, locks, sessions or open files there), so that each rank makes its own."
 )
+
+
+def dumps_target(target: Target) -> bytes:
+    """The PAYLOAD a rank receives for any kind of target."""
+    if isinstance(target, FunctionTarget):
+        return dumps_function(target.fn, tuple(target.args), dict(target.kwargs))
+    if isinstance(target, ScriptTarget):
+        return dumps_script(target.path, target.argv)
+    assert isinstance(target, CommandTarget)
+    return dumps_command(target.argv)
 
 
 def dumps_function(fn: Any, args: tuple, kwargs: dict) -> bytes:

@@ -18,7 +18,7 @@ HUB_ADDRESS_VAR = "DISTRIBUTOR_HUB_ADDRESS"
 SECRET_VAR = "DISTRIBUTOR_JOB_SECRET"
 RANK_VAR = "DISTRIBUTOR_RANK"
 PARENT_PID_VAR = "DISTRIBUTOR_PARENT_PID"
-GPU_IDS_VAR = "DISTRIBUTOR_GPU_IDS"  # under mpirun: the host's GPUs, one per local rank
+GPU_IDS_VAR = "DISTRIBUTOR_GPU_IDS"  # under mpirun: the host's GPUs, cuda:LOCAL_RANK is a rank's
 PRIVATE_VARS = (HUB_ADDRESS_VAR, SECRET_VAR, RANK_VAR, PARENT_PID_VAR, GPU_IDS_VAR)
 
 #: Per-rank variables of the torchrun contract; a launcher that starts several ranks from one
@@ -104,7 +104,7 @@ def from_mpi_environment(environ: Mapping[str, str]) -> Dict[str, str]:
         "NODE_RANK": str(node_rank), "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(size),
         "GROUP_WORLD_SIZE": str(max(size // max(local_size, 1), 1)),
     }
-    gpus = [g for g in environ.get(GPU_IDS_VAR, "").split(",") if g]
+    gpus = environ.get(GPU_IDS_VAR, "")
     if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = gpus[local_rank % len(gpus)]
+        env["CUDA_VISIBLE_DEVICES"] = gpus  # the host's GPUs; the rank uses cuda:LOCAL_RANK
     return env

@@ -1,10 +1,12 @@
 """`HorovodRunner`: Databricks' `sparkdl.HorovodRunner` API on this project's engine.
 
-`HorovodRunner(np).run(main, **kwargs)` runs `main(**kwargs)` on |np| ranks started by `mpirun`
-and returns rank 0's value. `np < 0` runs -np ranks on the driver only (no Spark job); `np > 0`
-runs np ranks as one Spark barrier stage. Inside every rank `import horovod.torch as hvd` resolves
-to this project, `hvd.init()` reads rank and size from MPI, and `HOROVOD_*` variables set on the
-driver (notably `HOROVOD_TIMELINE`) are forwarded.
+`HorovodRunner(np).run(main, **kwargs)` runs `main(**kwargs)` on |np| ranks and returns rank 0's
+value. `np < 0` runs -np ranks on the driver only (no Spark job), started by `mpirun`; `np > 0`
+runs np ranks as one Spark barrier stage on the active SparkSession, each rank started directly
+inside its Spark task (not through mpirun: see docs/architecture.md). Inside every rank
+`import horovod.torch as hvd` resolves to this project, `hvd.init()` finds rank and size (from
+MPI, or from the torchrun variables the engine sets), and `HOROVOD_*` variables set on the driver
+(notably `HOROVOD_TIMELINE`) are forwarded.
 
 `np == 0` was Databricks' deprecated "use every task slot" mode; here it is an error that says
 which value to pass instead, because silently grabbing the whole cluster surprises more users
@@ -15,10 +17,10 @@ from __future__ import annotations
 import inspect
 import os
 import warnings
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from distributor import FunctionTarget, LaunchRequest, launch, payload
-from distributor.launchers import MpirunLauncher
+from distributor.launchers import MpirunLauncher, PythonLauncher
 from distributor.worker import in_rank, send_to_driver
 
 #: Databricks' threshold for warning about a large pickled `main` + kwargs.
@@ -61,20 +63,22 @@ class HorovodRunner:
             env=horovod_environment(), start_timeout=_start_timeout(),
         )
         show_all = self.driver_log_verbosity == "all"
+        placement, launcher = self._placement_and_launcher()
         return launch(
             request,
-            placement=self._placement(),
-            launcher=MpirunLauncher(),
+            placement=placement,
+            launcher=launcher,
             output=None if show_all else _keep_quiet,
             on_message=_print_log_message,
         )
 
-    def _placement(self) -> Any:
+    def _placement_and_launcher(self) -> Tuple[Any, Any]:
+        """Driver only: mpirun on this host. Cluster: each rank started inside its Spark task."""
         if self.local_mode:
-            return None  # the engine's default: this host
-        from distributor.placement.spark import SparkPlacement  # noqa: F401 - imported on demand
+            return None, MpirunLauncher()  # None: the engine's default placement, this host
+        from distributor.placement import SparkPlacement
 
-        return SparkPlacement()
+        return SparkPlacement(required_modules=("torch", "horovod_compat")), PythonLauncher()
 
 
 def log_to_driver(message: Any) -> None:

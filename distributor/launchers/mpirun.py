@@ -90,7 +90,7 @@ class MpirunLauncher(Launcher):
         for name in PER_RANK_VARS:
             env.pop(name, None)
         env.pop(RANK_VAR, None)
-        gpus = [gpu for spec in ranks for gpu in spec.gpu_ids]
+        gpus = list(dict.fromkeys(gpu for spec in ranks for gpu in spec.gpu_ids))
         if gpus:
             env[GPU_IDS_VAR] = ",".join(gpus)
         return env

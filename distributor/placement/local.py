@@ -64,11 +64,12 @@ class LocalPlacement(Placement):
     def start(self, job: JobContext) -> None:
         request = job.request
         n = request.num_processes
+        # Every rank sees the job's GPUs and picks cuda:LOCAL_RANK, as under torchrun, so that
+        # unchanged code doing torch.cuda.set_device(local_rank) finds its own GPU.
+        gpus = tuple(self._gpus[:n]) if request.use_gpu else ()
         specs = [
-            RankSpec(
-                rank=r, world_size=n, local_rank=r, local_world_size=n, node_rank=0, num_nodes=1,
-                gpu_ids=(self._gpus[r],) if request.use_gpu else (),
-            )
+            RankSpec(rank=r, world_size=n, local_rank=r, local_world_size=n, node_rank=0,
+                     num_nodes=1, gpu_ids=gpus)
             for r in range(n)
         ]
         master_port = free_port()

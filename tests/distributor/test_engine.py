@@ -289,3 +289,17 @@ def test_validation_happens_before_any_process():
         run_function(lambda: 1, num_processes=1, env={"X": 1})
     with pytest.raises(LaunchValidationError, match="timeout"):
         run_function(lambda: 1, num_processes=1, timeout=-1)
+
+
+def _gpu_env():
+    return os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ["LOCAL_RANK"]
+
+
+def test_use_gpu_shows_every_rank_the_jobs_gpus_and_local_rank_picks(monkeypatch):
+    import distributor.placement.local as local
+
+    monkeypatch.setattr(local, "visible_gpus", lambda: ["3", "5", "6"])  # no GPU here: fake ids
+    values = run_function(_gpu_env, num_processes=2, use_gpu=True, return_all=True)
+    assert values == [("3,5", "0"), ("3,5", "1")]
+    with pytest.raises(LaunchValidationError, match="one GPU per rank"):
+        run_function(_gpu_env, num_processes=4, use_gpu=True)

@@ -76,6 +76,6 @@ def test_mpi_environment_mapping():
         "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "DISTRIBUTOR_GPU_IDS": "5,7",
     })
     assert env["RANK"] == "3" and env["LOCAL_RANK"] == "1" and env["GROUP_RANK"] == "1"
-    assert env["GROUP_WORLD_SIZE"] == "2" and env["CUDA_VISIBLE_DEVICES"] == "7"
+    assert env["GROUP_WORLD_SIZE"] == "2" and env["CUDA_VISIBLE_DEVICES"] == "5,7"
     assert from_mpi_environment({"PMI_RANK": "0", "PMI_SIZE": "1"})["WORLD_SIZE"] == "1"
     assert from_mpi_environment({}) == {}

@@ -1,0 +1,80 @@
+"""HorovodRunner(np > 0): ranks as a Spark barrier stage on a real local-cluster."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
+from spark_clusters import SPARK_TEST_ENV, EnvPatch, mirror_spark_home, start_session, stop_session  # noqa: E402
+
+from distributor import RankFailedError  # noqa: E402
+from horovod_compat.runner import HorovodRunner  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hvd-local-cluster")
+    env = EnvPatch({**SPARK_TEST_ENV, "SPARK_HOME": str(mirror_spark_home(root))})
+    session = start_session("local-cluster[2,1,1024]", "test_runner_spark", executors=2)
+    try:
+        yield session
+    finally:
+        stop_session(session)
+        env.restore()
+
+
+def train_hvd(learning_rate):
+    import os
+
+    import torch
+
+    import horovod.torch as hvd
+    from sparkdl.horovod import log_to_driver
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=learning_rate),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    x = torch.full((8, 4), float(hvd.rank() + 1))
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+    log_to_driver(f"rank {hvd.rank()} of {hvd.size()} trained")
+    weights = hvd.allgather(model.weight.detach())
+    return {"size": hvd.size(), "replicas_equal": bool((weights[0] == weights[1]).all()),
+            "timeline": os.environ.get("HOROVOD_TIMELINE")}
+
+
+def test_np_positive_trains_on_the_cluster(spark, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("HOROVOD_TIMELINE", str(tmp_path / "tl.json"))
+    result = HorovodRunner(np=2).run(train_hvd, learning_rate=0.1)
+    assert result["size"] == 2 and result["replicas_equal"]
+    assert result["timeline"] == str(tmp_path / "tl.json")
+    out = capsys.readouterr().out
+    assert "rank 0 of 2 trained" in out and "rank 1 of 2 trained" in out
+
+
+def fail_on_rank1():
+    import horovod.torch as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise ValueError("bad batch on rank 1")
+    hvd.barrier()
+
+
+def test_np_positive_failure_is_the_rank_error_not_a_spark_dump(spark):
+    with pytest.raises(RankFailedError) as info:
+        HorovodRunner(np=2).run(fail_on_rank1)
+    assert info.value.rank == 1 and info.value.exc_type == "ValueError"
+    assert "Py4JJavaError" not in str(info.value)
+    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+
+
+def test_np_above_the_slots_fails_at_once(spark):
+    with pytest.raises(Exception, match="slot"):
+        HorovodRunner(np=5).run(fail_on_rank1)
