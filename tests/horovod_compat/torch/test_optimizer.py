@@ -126,6 +126,15 @@ def _scenarios():
     os.environ["HOROVOD_FUSION_THRESHOLD"] = "600"  # a few tensors per bucket
     w, opt = hvd_run(adam)
     rep["small_fusion"] = (diff(w, ref_adam), len(opt._hvd_reducer.buckets))
+    # the reductions start inside backward (from the gradient hooks), not in step()
+    m = make()
+    opt = DistributedOptimizer(adam(m.parameters(), 1.0), named_parameters=m.named_parameters())
+    x, y = local(0)
+    F.mse_loss(m(x), y).backward()
+    reducer = opt._hvd_reducer
+    rep["launched_in_backward"] = (reducer.next_bucket, len(reducer.buckets),
+                                   all(b.work is not None for b in reducer.buckets))
+    opt.step()
     del os.environ["HOROVOD_FUSION_THRESHOLD"]
     rep["predivide"] = diff(hvd_run(sgd, gradient_predivide_factor=2.0)[0], ref_sgd)
     # large gradients are copied by their own hook (small ones batched per bucket): force that path
@@ -473,6 +482,8 @@ def test_gradients_as_bucket_views(report):
 
 def test_fusion_threshold_env(report):
     for r in report:
+        launched, n, all_in_flight = r["launched_in_backward"]
+        assert n > 1 and launched == n and all_in_flight
         d, n = r["no_fusion"]
         assert d < TOL and n == 6  # HOROVOD_FUSION_THRESHOLD=0: one tensor per reduction
         d, n = r["small_fusion"]
