@@ -255,7 +255,7 @@ def _allreduce_dummy(agr: Agreement, st: SetState) -> List[Any]:
     if d.op == Adasum:
         return [_gather(torch.zeros(st.n * _numel(s), dtype=_DTYPES_BY_NAME[dt], device=_dev(d)),
                         torch.zeros(_numel(s), dtype=_DTYPES_BY_NAME[dt], device=_dev(d)),
-                        group=st.ctl_data(),
+                        group=st.pg,
                         async_op=True) for s, dt in zip(d.shapes, dtypes)]
     top = _TORCH_OPS[d.op]
     works = []
@@ -582,7 +582,7 @@ def _adasum_launch(plan: _AllreducePlan, agr: Agreement) -> List[Any]:
     for b in plan.bufs:
         g = torch.empty(st.n * b.numel(), dtype=b.dtype, device=b.device)
         plan._gathered.append(g)  # type: ignore[attr-defined]
-        works.append(_gather(g, b.reshape(-1), group=st.ctl_data(), async_op=True))
+        works.append(_gather(g, b.reshape(-1), group=st.pg, async_op=True))
     return works
 
 
@@ -610,13 +610,6 @@ def _adasum_finish(plan: _AllreducePlan) -> None:
         b.copy_(vecs[0].view_as(b))
     # Adasum results are not averaged again
     plan.op = Sum
-
-
-def _ctl_data(self: SetState) -> Any:
-    return self.pg
-
-
-SetState.ctl_data = _ctl_data  # type: ignore[attr-defined]
 
 
 # ----------------------------------------------------------------------------- allgather
