@@ -429,16 +429,20 @@ def _submit_allreduce(tensors: Sequence[torch.Tensor], outs: Optional[Sequence[t
     plan.postscale = float(postscale)
     plan.single = kind == "allreduce"
     plan.bufs = [_prep_reduce(t, inplace, float(prescale)) for t in tensors]
-    plan.outs = list(outs) if inplace else plan.bufs
     if inplace:
-        # in-place with a converted buffer: write back in finish()
-        plan.outs = list(outs)
+        plan.outs = list(outs)  # a converted buffer (int16, non-contiguous) is written back in finish()
     elif any(b.dtype != t.dtype for b, t in zip(plan.bufs, tensors)):
         plan.outs = [torch.empty_like(t) for t in tensors]
-    dt = ",".join(_dtype_name(t.dtype) for t in tensors)
+    else:
+        plan.outs = plan.bufs
     extra = (float(prescale), float(postscale)) if (prescale != 1.0 or postscale != 1.0) else ()
-    plan.desc = Desc(kind, name or "", op, dt, tuple(_desc_shape(t) for t in tensors), extra,
-                     tensors[0].device.type)
+    if len(tensors) == 1:  # the hot case: no generators
+        t0 = tensors[0]
+        plan.desc = Desc(kind, name or "", op, _dtype_name(t0.dtype), (tuple(t0.shape),), extra,
+                         t0.device.type)
+    else:
+        plan.desc = Desc(kind, name or "", op, ",".join(_dtype_name(t.dtype) for t in tensors),
+                         tuple(_desc_shape(t) for t in tensors), extra, tensors[0].device.type)
     plan.name = name or _auto_name(kind)
     return _neg.submit(st, plan)
 
