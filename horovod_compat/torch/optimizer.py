@@ -181,14 +181,16 @@ class _GradReducer:
             p = self.params[i]
             key = (p.dtype, p.device)
             nbytes = p.numel() * p.element_size()
+            # DDP's rule: a bucket takes tensors until its size reaches its limit (the tensor that
+            # crosses the limit is the bucket's last one)
             entry = open_by_key.get(key)
-            if entry is not None and entry[1] + nbytes <= entry[2]:
-                entry[0].append(i)
-                entry[1] += nbytes
-                continue
-            members = [i]
-            layouts.append(members)
-            open_by_key[key] = [members, nbytes, first_cap if len(layouts) == 1 else cap]
+            if entry is None:
+                entry = open_by_key[key] = [[], 0, first_cap if not layouts else cap]
+                layouts.append(entry[0])
+            entry[0].append(i)
+            entry[1] += nbytes
+            if entry[1] >= entry[2]:
+                del open_by_key[key]
         # Which gradients are copied in their own hook (large, or custom compression) and which are
         # batched per bucket (small).
         self.direct = [self.comp_kind == "custom" or p.numel() >= _DIRECT_COPY_NUMEL for p in self.params]
