@@ -20,7 +20,7 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from . import payload, protocol
 from .errors import JobTimeoutError, LaunchTimeoutError, RankFailedError, describe_exit
-from .hub import DriverHub
+from .hub import DriverHub, SpawnRouter
 from .launchers import Launcher, PythonLauncher
 from .placement import JobContext, LocalPlacement, Placement
 from .protocol import SEND_NOTHING, SEND_RESULT, Channel, Kind
@@ -107,6 +107,7 @@ class Job:
         self.hub: Optional[DriverHub] = None
         self._stopping = False
         self._launcher_tail: Deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
+        self._spawns = SpawnRouter()
 
     # ---- events, called from hub and supervisor threads -------------------------------------
     def on_output(self, rank: Optional[int], stream: str, line: str) -> None:
@@ -146,6 +147,15 @@ class Job:
             return
         if kind == Kind.MESSAGE:
             self.on_message(*body)
+            return
+        if kind == Kind.AGENT:
+            self._spawns.task_announced(body[0], channel)
+            return
+        if kind == Kind.SPAWN:
+            self._spawns.spawn_requested(channel, *body)
+            return
+        if kind == Kind.SPAWN_EXIT:
+            self._spawns.spawn_exited(*body)
             return
         rank = self._channels.get(channel)
         if rank is None:

@@ -6,10 +6,11 @@ data being interpreted; the job goes on.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
 import threading
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import protocol
 from .protocol import AuthenticationError, Channel, Kind
@@ -108,3 +109,46 @@ def routable_address(hint: Optional[str] = None) -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+class SpawnRouter:
+    """Routes remote-shell requests between hub peers: a command for barrier task N goes to the
+    supervisor that announced itself as task N (queued until it has), and the command's exit
+    status goes back to the requester. Used by mpirun across Spark tasks (no ssh)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tasks: Dict[int, Channel] = {}
+        self._queued: Dict[int, List[Tuple[int, str]]] = {}
+        self._requesters: Dict[int, Channel] = {}
+        self._ids = itertools.count()
+
+    def task_announced(self, index: int, channel: Channel) -> None:
+        with self._lock:
+            self._tasks[index] = channel
+            queued = self._queued.pop(index, [])
+        for spawn_id, command in queued:
+            _send_quietly(channel, Kind.SPAWN, (spawn_id, command))
+
+    def spawn_requested(self, requester: Channel, index: int, command: str) -> None:
+        with self._lock:
+            spawn_id = next(self._ids)
+            self._requesters[spawn_id] = requester
+            task = self._tasks.get(index)
+            if task is None:
+                self._queued.setdefault(index, []).append((spawn_id, command))
+        if task is not None:
+            _send_quietly(task, Kind.SPAWN, (spawn_id, command))
+
+    def spawn_exited(self, spawn_id: int, status: int) -> None:
+        with self._lock:
+            requester = self._requesters.pop(spawn_id, None)
+        if requester is not None:
+            _send_quietly(requester, Kind.SPAWN_EXIT, status)
+
+
+def _send_quietly(channel: Channel, kind: Kind, body: Any) -> None:
+    try:
+        channel.send(kind, body)
+    except OSError:
+        pass  # that peer is gone; its own connection loss is handled elsewhere

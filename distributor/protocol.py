@@ -38,8 +38,10 @@ class Kind(enum.IntEnum):
     HEARTBEAT = 6  # ()
     EXITED = 7  # (rank, returncode) from a supervisor
     STOP = 8  # driver → supervisor/rank: stop now
-    AGENT = 9  # (node_rank, [ranks]) a supervisor announces the ranks it runs
+    AGENT = 9  # (task index, [ranks]) a supervisor in a Spark task announces the ranks it runs
     MESSAGE = 10  # (rank, object) sent by user code with distributor.worker.send_to_driver
+    SPAWN = 11  # remote shell → driver: (task index, command); driver → task: (spawn id, command)
+    SPAWN_EXIT = 12  # task → driver: (spawn id, exit status); driver → remote shell: exit status
 
 
 #: First byte of a PAYLOAD frame: whether the rank must send its return value back.

@@ -20,7 +20,7 @@ import warnings
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from distributor import FunctionTarget, LaunchRequest, launch, payload
-from distributor.launchers import MpirunLauncher, PythonLauncher
+from distributor.launchers import MpirunLauncher
 from distributor.worker import in_rank, send_to_driver
 
 #: Databricks' threshold for warning about a large pickled `main` + kwargs.
@@ -73,12 +73,12 @@ class HorovodRunner:
         )
 
     def _placement_and_launcher(self) -> Tuple[Any, Any]:
-        """Driver only: mpirun on this host. Cluster: each rank started inside its Spark task."""
+        """Driver only: mpirun on this host. Cluster: one mpirun across the Spark tasks."""
         if self.local_mode:
             return None, MpirunLauncher()  # None: the engine's default placement, this host
         from distributor.placement import SparkPlacement
 
-        return SparkPlacement(required_modules=("torch", "horovod_compat")), PythonLauncher()
+        return SparkPlacement(required_modules=("torch", "horovod_compat")), MpirunLauncher()
 
 
 def log_to_driver(message: Any) -> None:

@@ -14,6 +14,14 @@ EnvFactory = Callable[[RankSpec], Dict[str, str]]
 class Launcher(abc.ABC):
     """Starts the ranks of one host. Implementations differ only in the processes they create."""
 
+    #: True if one start, in the first Spark task, runs the ranks of every task (mpirun).
+    spans_tasks = False
+
+    def on_executor(self, python: str) -> None:
+        """Adapt to the Spark executor this launcher was shipped to (its Python, its tools)."""
+        if hasattr(self, "python"):
+            self.python = python
+
     @abc.abstractmethod
     def start(self, ranks: Sequence[RankSpec], env_for: EnvFactory, supervisor: Supervisor) -> None:
         """Start every rank of `ranks` under `supervisor`; return without waiting for them."""

@@ -18,6 +18,7 @@ from ..rank_env import GPU_IDS_VAR, PER_RANK_VARS, RANK_VAR
 from ..spec import RankSpec
 from ..supervisor import Supervisor
 from .base import EnvFactory, Launcher
+from .remote_shell import task_host
 
 _TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$", re.DOTALL)
 
@@ -68,7 +69,16 @@ def mpirun_command(
 
 
 class MpirunLauncher(Launcher):
-    """All ranks of this host under one `mpirun` (local placement)."""
+    """Ranks under one `mpirun`.
+
+    Local placement: every rank of this host. Spark placement (`spans_tasks`): barrier task 0
+    runs one mpirun for the whole job, naming the tasks as hosts (`task0:2,task1:2`); Open MPI
+    starts its daemon in each task through `remote_shell`, routed over the driver hub, so every
+    rank still runs inside its own Spark task and no ssh is involved.
+    """
+
+    #: The Spark placement starts this launcher once, in task 0, with every task's ranks.
+    spans_tasks = True
 
     def __init__(self, python: str = sys.executable, extra_args: Sequence[str] = ()) -> None:
         self.python = python
@@ -80,6 +90,26 @@ class MpirunLauncher(Launcher):
         argv = mpirun_command(
             len(ranks), [self.python, "-m", "distributor.rank_entry"],
             extra_args=self.extra_args, mpirun=self.mpirun,
+        )
+        supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged)
+
+    def on_executor(self, python: str) -> None:
+        super().on_executor(python)
+        self.mpirun = find_mpirun()
+
+    def start_across_tasks(
+        self, task_ranks: Sequence[Sequence[RankSpec]], env_for: EnvFactory, supervisor: Supervisor
+    ) -> None:
+        """From barrier task 0: one mpirun over every task (see the class docstring)."""
+        ranks = [spec for specs in task_ranks for spec in specs]
+        env = dict(self.shared_env(ranks, env_for))
+        env.pop(GPU_IDS_VAR, None)  # each task's daemon passes on that task's own GPUs
+        exports = sorted(name for name, value in env.items() if os.environ.get(name) != value)
+        hosts = [(task_host(index), len(specs)) for index, specs in enumerate(task_ranks)]
+        agent = f"{self.python} -m distributor.launchers.remote_shell"
+        argv = mpirun_command(
+            len(ranks), [self.python, "-m", "distributor.rank_entry"], hosts=hosts, export=exports,
+            extra_args=["--prtemca", "plm_ssh_agent", agent, *self.extra_args], mpirun=self.mpirun,
         )
         supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged)
 

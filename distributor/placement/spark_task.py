@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
 from typing import Any, Dict, Iterable, Iterator, List, Mapping
@@ -19,7 +21,7 @@ import cloudpickle
 
 from .. import protocol
 from ..protocol import Channel, Kind
-from ..rank_env import HUB_ADDRESS_VAR, RANK_VAR, SECRET_VAR, free_port, rank_environment
+from ..rank_env import GPU_IDS_VAR, HUB_ADDRESS_VAR, RANK_VAR, SECRET_VAR, free_port, rank_environment
 from ..spec import RankSpec
 from ..supervisor import Supervisor
 from .spark_plan import GPU_RESOURCE, TaskSlot, plan_ranks
@@ -83,18 +85,86 @@ def _free_port_on(host: str) -> int:
 
 
 def _watch_hub(channel: Channel, supervisor: Supervisor, done: threading.Event,
-               stopped: threading.Event) -> None:
-    """Stop the ranks on a STOP frame or when the hub connection drops."""
+               stopped: threading.Event, remote: "_RemoteCommands") -> None:
+    """Run remote-shell commands the hub sends; stop the ranks on STOP or when the connection drops."""
     try:
         while True:
-            kind, _ = channel.recv()
+            kind, body = channel.recv()
             if kind == Kind.STOP:
                 break
+            if kind == Kind.SPAWN:
+                remote.run(*body)
     except (ConnectionError, OSError):
         pass
     stopped.set()
+    remote.stop()
     if not done.is_set():
         supervisor.stop(grace=2.0)
+
+
+class _RemoteCommands:
+    """Commands run in this task for another task's mpirun (its per-host daemon, `prted`).
+
+    Their output goes to the driver as launcher lines; their exit status goes back to the
+    remote shell that asked, through the hub.
+    """
+
+    def __init__(self, channel: Channel, extra_env: Mapping[str, str]) -> None:
+        self._channel = channel
+        self._env = {**os.environ, **extra_env}
+        self._procs: List[subprocess.Popen] = []
+        self._lock = threading.Lock()
+        self._running = 0
+        self.started = threading.Event()
+        self.idle = threading.Event()
+
+    def run(self, spawn_id: int, command: str) -> None:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command], env=self._env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )
+        with self._lock:
+            self._procs.append(proc)
+            self._running += 1
+            self.idle.clear()
+        self.started.set()
+        pumps = [threading.Thread(target=self._pump, args=(stream, pipe), daemon=True)
+                 for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr))]
+        for pump in pumps:
+            pump.start()
+        threading.Thread(target=self._wait, args=(spawn_id, proc, pumps), daemon=True).start()
+
+    def _pump(self, stream: str, pipe: Any) -> None:
+        with pipe:
+            for raw in iter(pipe.readline, b""):
+                line = raw.decode("utf-8", errors="replace").rstrip("\n")
+                try:
+                    self._channel.send(Kind.OUTPUT, (None, stream, line))
+                except OSError:
+                    pass
+
+    def _wait(self, spawn_id: int, proc: subprocess.Popen, pumps: List[threading.Thread]) -> None:
+        status = proc.wait()
+        for pump in pumps:
+            pump.join(timeout=5.0)
+        try:
+            self._channel.send(Kind.SPAWN_EXIT, (spawn_id, status if status >= 0 else 128 - status))
+        except OSError:
+            pass
+        with self._lock:
+            self._running -= 1
+            if self._running == 0:
+                self.idle.set()
+
+    def stop(self) -> None:
+        with self._lock:
+            procs = list(self._procs)
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
 
 def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
@@ -110,7 +180,8 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     mine = TaskSlot(host, _free_port_on(host), tuple(_task_gpus(context)) if use_gpu else ())
     gathered = context.allGather(json.dumps({"host": mine.host, "port": mine.port, "gpus": mine.gpus}))
     slots = [TaskSlot(d["host"], int(d["port"]), tuple(d["gpus"])) for d in map(json.loads, gathered)]
-    specs: List[RankSpec] = plan_ranks(slots, per_task, use_gpu, config["node_per"])[partition]
+    plan = plan_ranks(slots, per_task, use_gpu, config["node_per"])
+    specs: List[RankSpec] = plan[partition]
     master_addr, master_port = slots[0].host, slots[0].port
 
     secret = bytes.fromhex(config["secret"])
@@ -125,18 +196,23 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
             f"at {hub[0]}:{hub[1]} ({exc}). Set spark.driver.host (and spark.driver.bindAddress) "
             "to an address of the driver that the executors can reach."
         ) from None
-    channel.send(Kind.AGENT, (specs[0].node_rank, [s.rank for s in specs]))
-    forwarder = _HubForwarder(channel, [s.rank for s in specs])
-    supervisor = Supervisor(forwarder)
-    stopped = threading.Event()
-    threading.Thread(
-        target=_watch_hub, args=(channel, supervisor, forwarder.all_exited, stopped),
-        name="distributor-hub-watch", daemon=True,
-    ).start()
-
     launcher = cloudpickle.loads(config["launcher"])
     if getattr(launcher, "python", None) == config["driver_python"]:
-        launcher.python = sys.executable  # the executor's interpreter, not the driver's path
+        launcher.on_executor(sys.executable)  # the executor's interpreter, not the driver's path
+    # A launcher that spans tasks (mpirun) is started by task 0 alone, which then reports every
+    # rank; the other tasks only host what it asks them to run.
+    spans = launcher.spans_tasks
+    reported = [s.rank for task in plan for s in task] if partition == 0 else []
+    channel.send(Kind.AGENT, (partition, [s.rank for s in specs]))
+    reported = reported if spans else [s.rank for s in specs]
+    forwarder = _HubForwarder(channel, reported)
+    supervisor = Supervisor(forwarder)
+    remote = _RemoteCommands(channel, {GPU_IDS_VAR: ",".join(mine.gpus)} if use_gpu else {})
+    stopped = threading.Event()
+    threading.Thread(
+        target=_watch_hub, args=(channel, supervisor, forwarder.all_exited, stopped, remote),
+        name="distributor-hub-watch", daemon=True,
+    ).start()
     hub_text = f"{hub[0]}:{hub[1]}"
 
     def env_for(spec: RankSpec) -> Dict[str, str]:
@@ -149,17 +225,23 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     try:
         if stopped.is_set():  # the job ended before this task got going: start nothing
             raise RuntimeError("the driver stopped the job before these ranks started")
-        launcher.start(specs, env_for, supervisor)
+        if not spans:
+            launcher.start(specs, env_for, supervisor)
+        elif partition == 0:
+            launcher.start_across_tasks(plan, env_for, supervisor)
         if stopped.is_set():
             supervisor.stop(grace=1.0)  # a STOP that raced with the start
     except Exception as exc:  # noqa: BLE001 - reported to the driver as this task's ranks' failure
         started = supervisor.pids()
         supervisor.stop(grace=1.0)
-        for spec in specs:
-            if spec.rank not in started:
-                forwarder.on_output(spec.rank, "stderr",
-                                    f"could not start rank {spec.rank} on {host}: {exc!r}")
-                forwarder.on_exit(spec.rank, NOT_STARTED)
+        for rank in reported:
+            if rank not in started:
+                forwarder.on_output(rank, "stderr", f"could not start rank {rank} on {host}: {exc!r}")
+                forwarder.on_exit(rank, NOT_STARTED)
     forwarder.all_exited.wait()
+    if spans:  # the daemons mpirun started here end with its job (or with a STOP)
+        while not stopped.is_set() and not (remote.started.is_set() and remote.idle.is_set()):
+            stopped.wait(0.2)
+        remote.stop()
     channel.close()
     yield json.dumps({"partition": partition, "host": host, "ranks": [s.rank for s in specs]})

@@ -45,14 +45,35 @@ def train_hvd(learning_rate):
     opt.step()
     log_to_driver(f"rank {hvd.rank()} of {hvd.size()} trained")
     weights = hvd.allgather(model.weight.detach())
-    return {"size": hvd.size(), "replicas_equal": bool((weights[0] == weights[1]).all()),
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
+        parent = cmdline.read().split(b"\0")[0].decode()
+    chain = hvd.allgather_object((os.environ.get("OMPI_COMM_WORLD_RANK"), os.path.basename(parent), _in_spark_worker()))
+    return {"chain": chain, "size": hvd.size(), "replicas_equal": bool((weights[0] == weights[1]).all()),
             "timeline": os.environ.get("HOROVOD_TIMELINE")}
+
+
+def _in_spark_worker():
+    """True if an ancestor of this process is a PySpark Python worker (the rank is in a task)."""
+    import os
+
+    pid = os.getpid()
+    while pid > 1:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        if b"pyspark.daemon" in cmdline or b"pyspark.worker" in cmdline:
+            return True
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    return False
 
 
 def test_np_positive_trains_on_the_cluster(spark, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("HOROVOD_TIMELINE", str(tmp_path / "tl.json"))
     result = HorovodRunner(np=2).run(train_hvd, learning_rate=0.1)
     assert result["size"] == 2 and result["replicas_equal"]
+    # Started by one mpirun across the tasks: MPI ranks, each under an Open MPI daemon that its
+    # own Spark task runs.
+    assert result["chain"] == [("0", "prted", True), ("1", "prted", True)]
     assert result["timeline"] == str(tmp_path / "tl.json")
     out = capsys.readouterr().out
     assert "rank 0 of 2 trained" in out and "rank 1 of 2 trained" in out
