@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from spark_clusters import SPARK_TEST_ENV, EnvPatch, mirror_spark_home, start_se
 
 from distributor import RankFailedError  # noqa: E402
 from horovod_compat.runner import HorovodRunner  # noqa: E402
+from test_runner import _processes_with_marker  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -88,12 +91,18 @@ def fail_on_rank1():
     hvd.barrier()
 
 
-def test_np_positive_failure_is_the_rank_error_not_a_spark_dump(spark):
+def test_np_positive_failure_is_the_rank_error_not_a_spark_dump(spark, monkeypatch):
+    marker = f"HOROVOD_TEST_MARKER_{uuid.uuid4().hex}"
+    monkeypatch.setenv("HOROVOD_TEST_MARKER", marker)  # forwarded to every rank like HOROVOD_*
     with pytest.raises(RankFailedError) as info:
         HorovodRunner(np=2).run(fail_on_rank1)
     assert info.value.rank == 1 and info.value.exc_type == "ValueError"
     assert "Py4JJavaError" not in str(info.value)
     assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    deadline = time.monotonic() + 15
+    while _processes_with_marker(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_with_marker(marker) == [], "mpirun, prted or a rank outlived the job"
 
 
 def test_np_above_the_slots_fails_at_once(spark):
