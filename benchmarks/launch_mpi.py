@@ -15,7 +15,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+from launch import timed  # benchmarks/launch.py, beside this script
 
 TRIVIAL_SCRIPT = """
 import torch
@@ -32,15 +33,6 @@ def trivial():
 
     hvd.init()
     return hvd.allreduce(torch.ones(1), op=hvd.Sum).item()
-
-
-def timed(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def main() -> None:
