@@ -142,7 +142,7 @@ class _Track:
     """Per tensor name: its pid and which spans are open."""
 
     __slots__ = ("pid", "label", "kind", "busy", "neg_open", "neg_ts", "op_ts", "op_open", "backend",
-                 "backend_open", "dtype", "shape", "activities", "recorded")
+                 "backend_open", "dtype", "shape", "activities", "recorded", "idle_ts")
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -159,6 +159,7 @@ class _Track:
         self.shape: Any = None
         self.activities = 0
         self.recorded = False   # the current op's spans are being written (bounds may skip ops)
+        self.idle_ts = 0        # when the previous op on this track ended (its closing E)
 
 
 class TimelineRecorder:
@@ -403,8 +404,11 @@ class TimelineRecorder:
                 if t_us is not None and int(r) != self.rank:
                     ticks.append((int(t_us) - self._anchor_wall_us, int(r)))
             ticks.sort()
-            # a rank ready before this file's time origin (it finished init first) starts at 0
-            start = max(0, min(ticks[0][0], tr.neg_ts))
+            # a rank ready before this file's time origin (it finished init first) starts at 0; a
+            # rank that submitted the next op under this name before this rank finished the
+            # previous one is drawn at the previous op's end (spans of one tensor never overlap,
+            # and per tensor the file stays in time order)
+            start = max(0, tr.idle_ts, min(ticks[0][0], tr.neg_ts))
             if tr.op_ts is None:
                 end = ts        # this rank learned that all are ready (descriptors checked)
             else:               # launched speculatively: the transfer waits for the last rank
@@ -470,6 +474,7 @@ class TimelineRecorder:
             else:
                 out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, pid))
         tr.neg_open = tr.op_open = tr.backend_open = False
+        tr.idle_ts = ts
         tr.op_ts = None
         tr.backend = None
         tr.activities = 0

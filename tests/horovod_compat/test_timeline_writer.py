@@ -123,6 +123,35 @@ def test_ready_ticks_from_negotiation_show_every_rank(tmp_path):
     assert "rank 2 made the others wait most" in format_summary(s)
 
 
+def test_a_rank_ready_for_the_next_op_before_this_rank_finished_the_previous_one(tmp_path) -> None:
+    """Rank 1 finished op 1 of tensor "w" first and submitted op 2 while rank 0 was still in op 1:
+    its tick is drawn at op 1's end, so the spans of "w" do not overlap and stay in time order."""
+    path = str(tmp_path / "tl.json")
+    rec = TimelineRecorder(path, rank=0, size=2, flush_ms=10_000)
+    op = {"kind": "allreduce", "dtype": "float32", "shape": (1,)}
+    rec.listener("NEGOTIATE_START", "w", {"kind": "allreduce"})
+    rec.listener("ALL_READY", "w", {})
+    rec.listener("OP_START", "w", op)
+    time.sleep(0.005)
+    early = time.time_ns() // 1000          # rank 1 submits op 2 here
+    time.sleep(0.005)
+    rec.listener("OP_END", "w", {})
+    time.sleep(0.002)
+    rec.listener("NEGOTIATE_START", "w", {"kind": "allreduce"})
+    rec.listener("ALL_READY", "w", {"ready_us": [time.time_ns() // 1000, early], "ranks": [0, 1]})
+    rec.listener("OP_START", "w", op)
+    rec.listener("OP_END", "w", {})
+    rec.close()
+    ev = [e for e in json.load(open(path)) if e.get("pid") == 1 and e["ph"] != "M"]
+    assert [e["ts"] for e in ev] == sorted(e["ts"] for e in ev)
+    i = next(i for i, e in enumerate(ev) if e["ph"] == "E" and "args" in e)   # op 1's closing E
+    first_end, second = ev[i]["ts"], ev[i + 1:]
+    assert [(e["ph"], e.get("name")) for e in second[:3]] == [
+        ("B", "NEGOTIATE_ALLREDUCE"), ("X", "1"), ("X", "0")]
+    assert second[0]["ts"] == second[1]["ts"] == first_end
+    assert balanced_per_pid(ev) == ({}, [])
+
+
 def test_ranks_ready_before_the_writer_open_the_span_and_speculative_ops_nest(tmp_path):
     """Rank 1 was ready 3 ms before rank 0 submitted (a cache hit: rank 0 launched at once)."""
     path = str(tmp_path / "tl.json")
