@@ -13,9 +13,11 @@ Design (our own):
 * Each process set keeps a cache ``key -> Agreement`` (the descriptors of all ranks that were last
   verified for that key).  The cache is updated only in *verification rounds*, which every rank runs
   together with identical inputs, so all ranks always hold identical caches.
-* Every collective posts ONE control word (status bits + 63-bit key hash) BEFORE any data moves.
-  When all ranks of the set share a host (the usual local case) the words live in a shared-memory
-  ring (``_ShmControl``): posting is three memory stores and reading them costs no message;
+* Every collective posts ONE control word (status bits, 63-bit key hash, and the rank's submission
+  time in wall-clock µs, which the timeline shows as that rank's readiness tick) BEFORE any data
+  moves.  When all ranks of the set share a host (the usual local case) the words live in a
+  shared-memory ring (``_ShmControl``): posting is four memory stores and reading them costs no
+  message;
   otherwise they travel with an async gloo ``all_gather`` on the set's control group
   (``_GlooControl``; ``HOROVOD_COMPAT_SHM_CONTROL=0`` forces it).  A rank whose descriptor equals
   its cached one is a *hit*.  For the hot kinds (allreduce, allgather, reducescatter, alltoall) a
@@ -83,6 +85,9 @@ DUPLICATE_NAME_MESSAGE = (
     "processed.  If you want to request another tensor, use a different tensor name. (name: {name})")
 
 HIT, LAUNCHED, JOINED, JUST_JOINED = 1, 2, 4, 8
+
+#: One rank's control word as read back: (status bits, key hash, submission time in wall-clock µs).
+Word = Tuple[int, int, int]
 
 
 class Desc(NamedTuple):
@@ -185,17 +190,19 @@ class _GlooControl:
         self.n = st.n
 
     def post(self, code: int, kh: int) -> Any:
-        send = torch.tensor([code, kh], dtype=torch.int64)
-        recv = torch.empty(2 * self.n, dtype=torch.int64)
+        """Start exchanging this rank's word ``(code, kh, now in wall-clock µs)``; returns a token."""
+        send = torch.tensor([code, kh, time.time_ns() // 1000], dtype=torch.int64)
+        recv = torch.empty(3 * self.n, dtype=torch.int64)
         return (_gather(recv, send, group=self.group, async_op=True), recv)
 
     def ready(self, tok: Any) -> bool:
         return tok[0].is_completed()
 
-    def result(self, tok: Any) -> List[Tuple[int, int]]:
+    def result(self, tok: Any) -> List[Word]:
+        """Every rank's word, in set order (waits for the exchange)."""
         tok[0].wait()
         g = tok[1].tolist()
-        return [(g[i], g[i + 1]) for i in range(0, len(g), 2)]
+        return list(zip(g[0::3], g[1::3], g[2::3]))
 
     def close(self) -> None:
         pass
@@ -204,34 +211,38 @@ class _GlooControl:
 class _ShmControl:
     """Control words in a shared-memory ring, for sets whose ranks all run on one host.
 
-    Rank j's word for its s-th collective lives in slot ``s % RING`` of its row: ``[s, code, kh]``,
-    written data-first, sequence-last (x86-64 keeps stores in order).  A reader waits until every
-    row shows sequence s.  Because the word is posted before any data transfer starts, a rank whose
-    speculative transfer completed can read everybody's word without waiting: the steady state costs
-    no message at all.  A row's ``ack`` (lowest sequence whose words it has not read yet) stops a
-    writer from lapping a slow reader.
+    Rank j's word for its s-th collective lives in slot ``s % RING`` of its row (``SLOT`` = 4 int64
+    words, written as the literal 4 on the hot path): ``[s, code, kh, t_us]`` (``t_us``: submission
+    time, wall-clock µs), written data-first, sequence-last (x86-64 keeps stores in order).  A reader
+    waits until every row shows sequence s.  Because the word is posted before any data transfer
+    starts, a rank whose speculative transfer completed can read everybody's word without waiting:
+    the steady state costs no message at all.  A row's ``ack`` (lowest sequence whose words it has
+    not read yet) stops a writer from lapping a slow reader.
     """
 
     RING = max(4, int(os.environ.get("HOROVOD_COMPAT_SHM_RING", "4096")))
+    SLOT = 4  # int64 words per slot: sequence, code, key hash, submission time
 
     def __init__(self, mm: Any, n: int, me: int) -> None:
         self.mm = mm
         self.mv = memoryview(mm).cast("q")
         self.n, self.me = n, me
         self.seq = 0
-        self.row = 1 + self.RING * 3  # ack word + ring
+        self.row = 1 + self.RING * self.SLOT  # ack word + ring
         self.unread: Dict[int, bool] = {}  # sequences posted here whose words are not read yet
-        self.snap: Dict[int, List[Tuple[int, int]]] = {}  # words read early (see _backpressure)
+        self.snap: Dict[int, List[Word]] = {}  # words read early (see _backpressure)
 
     def post(self, code: int, kh: int) -> int:
+        """Publish this rank's word ``(code, kh, now in wall-clock µs)``; returns its sequence."""
         self.seq += 1
         s = self.seq
         if s > self.RING:
             self._backpressure(s - self.RING)
         mv = self.mv
-        base = self.me * self.row + 1 + (s % self.RING) * 3
+        base = self.me * self.row + 1 + (s % self.RING) * 4
         mv[base + 1] = code
         mv[base + 2] = kh
+        mv[base + 3] = time.time_ns() // 1000
         mv[base] = s
         self.unread[s] = True
         return s
@@ -253,20 +264,23 @@ class _ShmControl:
             self.snap[s_old] = self._read(s_old)
 
     def ready(self, s: int) -> bool:
-        mv, off = self.mv, 1 + (s % self.RING) * 3
+        mv, off = self.mv, 1 + (s % self.RING) * 4
         for j in range(self.n):
             if mv[j * self.row + off] != s:
                 return False
         return True
 
-    def _read(self, s: int) -> List[Tuple[int, int]]:
-        mv, off = self.mv, 1 + (s % self.RING) * 3
-        out = [(mv[j * self.row + off + 1], mv[j * self.row + off + 2]) for j in range(self.n)]
+    def _read(self, s: int) -> List[Word]:
+        mv, row = self.mv, self.row
+        out: List[Word] = []
+        for o in range(1 + (s % self.RING) * 4, self.n * row, row):
+            out.append((mv[o + 1], mv[o + 2], mv[o + 3]))
         self.unread.pop(s, None)
         mv[self.me * self.row] = min(self.unread) if self.unread else self.seq + 1
         return out
 
-    def result(self, s: int) -> List[Tuple[int, int]]:
+    def result(self, s: int) -> List[Word]:
+        """Every rank's word of sequence ``s``, in set order (waits until all are posted)."""
         got = self.snap.pop(s, None)
         if got is not None:
             return got
@@ -314,7 +328,7 @@ def _make_control(st: "SetState") -> Any:
     if not all(i[1] for i in info) or len({i[0] for i in info}) != 1:
         return _GlooControl(st)
     path = info[0][2]
-    size = st.n * (1 + _ShmControl.RING * 3) * 8
+    size = st.n * (1 + _ShmControl.RING * _ShmControl.SLOT) * 8
     if st.me == 0:
         with open(path, "wb") as f:
             f.truncate(size)
@@ -341,7 +355,7 @@ class Pending:
         self.works: Optional[List[Any]] = None
         self.hit = False                         # True when ``works`` completed already
         self.tok: Any = None                     # control-exchange token
-        self.g: Optional[List[Tuple[int, int]]] = None  # every rank's (status bits, key hash)
+        self.g: Optional[List[Word]] = None     # every rank's (status bits, key hash, ready µs)
 
     # -- internal ---------------------------------------------------------------------------
     def _fast_ok(self) -> bool:
@@ -349,7 +363,7 @@ class Pending:
         if self.g is None:
             self.g = self.st.control.result(self.tok)
         kh = self.kh
-        for code, h in self.g:
+        for code, h, _t in self.g:
             if not (code & HIT) or h != kh:
                 return False
         return True
@@ -360,7 +374,7 @@ class Pending:
             if self.st.poly:
                 _note_streak(self.st, self.plan.desc.key, self.agr)
             if hooks.active:
-                hooks.emit(hooks.ALL_READY, self.plan.name)
+                _emit_ready(self.st, self.plan.name, self.g)
             if self.works is None:
                 self.works = self.plan.launch(self.agr)
                 if hooks.active:
@@ -472,7 +486,7 @@ class Pending:
             _settle_speculation(st, self.g, self.works)
             descs = _exchange_descs(st, plan.desc)
             if hooks.active:
-                hooks.emit(hooks.ALL_READY, plan.name)
+                _emit_ready(st, plan.name, self.g)
             err = _validate(st, descs)
             if err is not None:
                 raise HorovodInternalError(err)
@@ -487,6 +501,13 @@ class Pending:
             raise HorovodInternalError(f"{plan.desc.kind} {plan.name!r} failed: {exc}") from exc
 
 
+def _emit_ready(st: SetState, name: str, g: Sequence[Word]) -> None:
+    """``ALL_READY`` with every rank's submission time from the control words (None for ranks that
+    joined: they did not submit this op)."""
+    hooks.emit(hooks.ALL_READY, name, ranks=st.ranks,
+               ready_us=[None if code & JOINED else t for code, _kh, t in g])
+
+
 def _emit_start(plan: Plan) -> None:
     d = plan.desc
     info = dict(kind=d.kind, dtype=d.dtype, shape=d.shapes[0] if len(d.shapes) == 1 else d.shapes,
@@ -497,11 +518,11 @@ def _emit_start(plan: Plan) -> None:
     hooks.emit(hooks.OP_START, plan.name, **info)
 
 
-def _settle_speculation(st: SetState, g: List[List[int]], my_works: Optional[List[Any]]) -> None:
+def _settle_speculation(st: SetState, g: Sequence[Word], my_works: Optional[List[Any]]) -> None:
     """Make sure every speculative transfer launched by any rank has a partner, then drain it."""
     works = my_works
     if works is None:
-        for code, kh in g:
+        for code, kh, _t in g:
             if code & LAUNCHED:
                 agr = st.by_hash.get(kh)
                 if agr is not None:
@@ -650,8 +671,8 @@ def join(st: SetState) -> int:
         while True:
             g = st.control.result(st.control.post(code, 0))
             code = JOINED
-            if all(c & JOINED for c, _ in g):
-                last = max(i for i, (c, _) in enumerate(g) if c & JUST_JOINED)
+            if all(c & JOINED for c, _kh, _t in g):
+                last = max(i for i, (c, _kh, _t) in enumerate(g) if c & JUST_JOINED)
                 return st.ranks[last]
             _settle_speculation(st, g, None)
             descs = _exchange_descs(st, None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
+from typing import Any
 
 import pytest
 
@@ -239,3 +240,60 @@ def test_horovod_timeline_env_starts_at_init_and_records_the_optimizer(tmp_path)
     assert last == max(ts)       # one time axis across shutdown -> init
     cycles = sum(1 for e in ev if e.get("name") == "CYCLE_START")
     assert 7 <= cycles <= 8    # 4 allreduces + 3 optimizer steps (+ the bucket-order rebuild)
+
+
+def _late_rank_job(delay: float) -> str:
+    """Rank 1 submits the named allreduce ``delay`` s after rank 0: first as a cache miss (checked
+    in a verification round), then as a cache hit (speculative fast path)."""
+    import time
+    import torch
+    import horovod_compat.torch as hvd
+    from horovod_compat.torch import process_sets
+
+    hvd.init()
+    control = type(process_sets._sets[0].negotiation.control).__name__
+    for _ in range(2):
+        hvd.barrier()
+        if hvd.rank() == 1:
+            time.sleep(delay)
+        hvd.allreduce(torch.ones(16), name="late")
+    if hvd.rank() == 0:      # rank 1 has joined: it has no readiness tick for this one
+        hvd.allreduce(torch.ones(16), name="while_joined")
+    hvd.join()
+    hvd.shutdown()
+    return control
+
+
+@pytest.mark.parametrize("shm, control", [("1", "_ShmControl"), ("0", "_GlooControl")])
+def test_negotiation_shows_each_ranks_readiness(tmp_path: Any, shm: str, control: str) -> None:
+    """Rank 0's file (the only one written) holds one tick per rank in every NEGOTIATE span of the
+    late tensor, rank 1's as late as rank 1 really was, over either control transport."""
+    path = str(tmp_path / "late.json")
+    delay = 0.3
+    used = run_function(_late_rank_job, delay, num_processes=2, return_all=True, timeout=120,
+                        env={"HOROVOD_TIMELINE": path, "HOROVOD_COMPAT_SHM_CONTROL": shm,
+                             "HOROVOD_STALL_CHECK_DISABLE": "1"})
+    assert used == [control, control]
+    ev = json.load(open(path))
+    assert _balance(ev) == {}
+    pid = next(e["pid"] for e in ev if e.get("name") == "process_name"
+               and e["args"].get("name") == "allreduce.late")
+    seq = [e for e in ev if e.get("pid") == pid and e["ph"] != "M"]
+    spans = [i for i, e in enumerate(seq) if e["ph"] == "B" and e["name"] == "NEGOTIATE_ALLREDUCE"]
+    assert len(spans) == 2
+    for i in spans:
+        begin, ticks = seq[i], {}
+        j = i + 1
+        while seq[j]["ph"] == "X":
+            ticks[seq[j]["name"]] = seq[j]["ts"]
+            j += 1
+        end = seq[j]
+        assert end["ph"] == "E"
+        assert set(ticks) == {"0", "1"}, seq[i:j + 1]
+        late_us = ticks["1"] - ticks["0"]
+        assert 0.8 * delay * 1e6 < late_us < delay * 1e6 + 150_000, (ticks, seq[i:j + 1])
+        # the span runs from the first rank's readiness to (at least) the last one's
+        assert begin["ts"] == ticks["0"] and end["ts"] >= ticks["1"]
+    pid = next(e["pid"] for e in ev if e.get("name") == "process_name"
+               and e["args"].get("name") == "allreduce.while_joined")
+    assert [e["name"] for e in ev if e.get("pid") == pid and e["ph"] == "X"] == ["0"]
