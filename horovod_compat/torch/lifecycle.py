@@ -21,6 +21,7 @@ GPU job keeps working for CPU tensors too.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import socket
@@ -277,10 +278,20 @@ def init(comm: Any = None, process_sets: Union[None, str, Sequence["_ps.ProcessS
         state.dynamic_process_sets = dynamic
         state.store = store
         state.initialized = True
+        global _atexit_registered
+        if not _atexit_registered:
+            # As Horovod does: leave the job before the interpreter finalizes. A gloo worker
+            # thread that still holds a tensor when Python is torn down aborts the process
+            # ("terminate called without an active exception") after the script succeeded.
+            atexit.register(shutdown)
+            _atexit_registered = True
         from . import negotiation
 
         negotiation.start_stall_inspector()
         _notify("on_init")
+
+
+_atexit_registered = False
 
 
 def shutdown() -> None:

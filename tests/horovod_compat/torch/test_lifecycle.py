@@ -83,6 +83,24 @@ def test_no_environment_is_a_size_one_job(tmp_path):
     assert (r["rank"], r["size"], r["local_rank"], r["local_size"], r["sum"], r["sum2"]) == (0, 1, 0, 1, 3.0, 1.0)
 
 
+def test_interpreter_exit_leaves_the_job_first(tmp_path):
+    """hvd.init() registers hvd.shutdown at exit (as Horovod does): without it a gloo worker thread
+    could still hold a tensor while Python finalizes, and the process aborted after succeeding."""
+    script = tmp_path / "exit.py"
+    script.write_text(textwrap.dedent("""
+        import atexit
+        import torch.distributed as dist
+        import horovod.torch as hvd
+        # Registered before hvd.init(), so it runs after everything init registered (LIFO).
+        atexit.register(lambda: print("at exit: initialized", hvd.is_initialized(), dist.is_initialized()))
+        hvd.init()
+        hvd.allreduce(__import__("torch").ones(4), name="x")
+    """))
+    p = subprocess.run([PY, str(script)], env=_clean_env(), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "at exit: initialized False False" in p.stdout
+
+
 def test_torchrun(tmp_path):
     script = tmp_path / "s.py"
     script.write_text(SCRIPT)
