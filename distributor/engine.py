@@ -20,7 +20,7 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from . import payload, protocol
 from .errors import JobTimeoutError, LaunchTimeoutError, RankFailedError, describe_exit
-from .hub import DriverHub, SpawnRouter
+from .hub import DriverHub, SpawnRouter, TaskRendezvous
 from .launchers import Launcher, PythonLauncher
 from .placement import JobContext, LocalPlacement, Placement
 from .protocol import SEND_NOTHING, SEND_RESULT, Channel, Kind
@@ -108,6 +108,7 @@ class Job:
         self._stopping = False
         self._launcher_tail: Deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self._spawns = SpawnRouter()
+        self._slots = TaskRendezvous()
 
     # ---- events, called from hub and supervisor threads -------------------------------------
     def on_output(self, rank: Optional[int], stream: str, line: str) -> None:
@@ -156,6 +157,9 @@ class Job:
             return
         if kind == Kind.SPAWN_EXIT:
             self._spawns.spawn_exited(*body)
+            return
+        if kind == Kind.SLOT:
+            self._slots.slot_offered(channel, *body)
             return
         rank = self._channels.get(channel)
         if rank is None:

@@ -147,6 +147,29 @@ class SpawnRouter:
             _send_quietly(requester, Kind.SPAWN_EXIT, status)
 
 
+class TaskRendezvous:
+    """Gathers every Spark barrier task's slot (host, port, GPUs) and sends the full list back to
+    each task once all have arrived: what `BarrierTaskContext.allGather` does, without its cost
+    (Spark's allGather polls for completion in 1 s steps, which was most of a small job's launch
+    time). Rounds are keyed by (stage, task attempt), so a retried stage gathers afresh."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rounds: Dict[Any, Dict[int, Tuple[Channel, Any]]] = {}
+
+    def slot_offered(self, channel: Channel, attempt: Any, partition: int, tasks: int, slot: Any) -> None:
+        with self._lock:
+            offers = self._rounds.setdefault(attempt, {})
+            offers[partition] = (channel, slot)
+            if len(offers) < tasks:
+                return
+            del self._rounds[attempt]
+        ordered = [offers[p] for p in range(tasks)]
+        slots = [slot for _, slot in ordered]
+        for task_channel, _ in ordered:
+            _send_quietly(task_channel, Kind.SLOTS, slots)
+
+
 def _send_quietly(channel: Channel, kind: Kind, body: Any) -> None:
     try:
         channel.send(kind, body)

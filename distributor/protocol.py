@@ -42,6 +42,8 @@ class Kind(enum.IntEnum):
     MESSAGE = 10  # (rank, object) sent by user code with distributor.worker.send_to_driver
     SPAWN = 11  # remote shell → driver: (task index, command); driver → task: (spawn id, command)
     SPAWN_EXIT = 12  # task → driver: (spawn id, exit status); driver → remote shell: exit status
+    SLOT = 13  # Spark task → driver: ((stage, attempt), partition, task count, slot)
+    SLOTS = 14  # driver → every Spark task: [slot of each partition] once all have arrived
 
 
 #: First byte of a PAYLOAD frame: whether the rank must send its return value back.

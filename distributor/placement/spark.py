@@ -226,7 +226,9 @@ class SparkPlacement(Placement):
         local = master == "local" or master.startswith("local[")
         started = getattr(self._sc, "startTime", None)
         registration_ends = 0.0  # a local master's slots are its threads: nothing to wait for
-        if started and not local:
+        expected = _expected_executors(master, conf)
+        executors = self._executor_count()
+        if started and not local and not (expected and executors is not None and executors >= expected):
             registration_ends = started / 1000.0 + EXECUTOR_REGISTRATION_SECONDS
         while slots < self._tasks and time.time() < registration_ends:
             time.sleep(0.25)  # a young application: executors may still be registering
@@ -336,6 +338,18 @@ class SparkPlacement(Placement):
         if self._thread.is_alive():
             log.warning("Spark job group %s did not end %ss after its cancellation",
                         self._group, CANCEL_WAIT_SECONDS)
+
+
+def _expected_executors(master: str, conf: Any) -> Optional[int]:
+    """How many executors the application asked for, when it says: local-cluster[N,...] or
+    spark.executor.instances. Once that many have registered there is nothing to wait for."""
+    if master.startswith("local-cluster["):
+        try:
+            return int(master[len("local-cluster["):].split(",", 1)[0])
+        except ValueError:
+            return None
+    instances = conf.get("spark.executor.instances")
+    return int(instances) if instances and instances.isdigit() else None
 
 
 def _spark_thread(target: Callable[..., None], *args: Any) -> threading.Thread:

@@ -1,8 +1,8 @@
 """What runs inside each Spark barrier task: a supervisor for this task's ranks.
 
-The task finds its host and a free port, exchanges them with the other tasks (`allGather`),
-works out its ranks (`spark_plan.plan_ranks`), connects to the driver hub with the job secret,
-starts its ranks with the job's launcher under a `Supervisor`, and forwards every output line and
+The task connects to the driver hub with the job secret, finds its host and a free port and
+exchanges them with the other tasks through the hub (a gather like `BarrierTaskContext.allGather`,
+without its 1 s polling steps), works out its ranks (`spark_plan.plan_ranks`), starts its ranks with the job's launcher under a `Supervisor`, and forwards every output line and
 exit to the hub. A STOP from the driver, or the loss of the hub connection (driver killed),
 stops the ranks at once; and the ranks die with this Python worker if Spark kills the task.
 """
@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import Any, Dict, Iterable, Iterator, List, Mapping
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional
 
 import cloudpickle
 
@@ -167,6 +167,20 @@ class _RemoteCommands:
                     pass
 
 
+def _gather_slots(channel: Channel, context: Any, partition: int, mine: TaskSlot) -> Optional[List[TaskSlot]]:
+    """Every task's slot in partition order, exchanged through the driver hub (see
+    `hub.TaskRendezvous`); None if the driver stops the job first."""
+    tasks = len(context.getTaskInfos())
+    offer = {"host": mine.host, "port": mine.port, "gpus": list(mine.gpus)}
+    channel.send(Kind.SLOT, ((context.stageId(), context.attemptNumber()), partition, tasks, offer))
+    while True:
+        kind, body = channel.recv()
+        if kind == Kind.SLOTS:
+            return [TaskSlot(d["host"], int(d["port"]), tuple(d["gpus"])) for d in body]
+        if kind == Kind.STOP:
+            return None
+
+
 def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     """Body of one barrier task: runs its ranks to their end, then yields one JSON line naming
     its partition, host and ranks (their outcomes went to the driver through the hub)."""
@@ -178,11 +192,6 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     per_task = int(config["ranks_per_task"])
     host = _own_host(context)
     mine = TaskSlot(host, _free_port_on(host), tuple(_task_gpus(context)) if use_gpu else ())
-    gathered = context.allGather(json.dumps({"host": mine.host, "port": mine.port, "gpus": mine.gpus}))
-    slots = [TaskSlot(d["host"], int(d["port"]), tuple(d["gpus"])) for d in map(json.loads, gathered)]
-    plan = plan_ranks(slots, per_task, use_gpu, config["node_per"])
-    specs: List[RankSpec] = plan[partition]
-    master_addr, master_port = slots[0].host, slots[0].port
 
     secret = bytes.fromhex(config["secret"])
     hub = tuple(config["hub_address"])
@@ -196,6 +205,15 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
             f"at {hub[0]}:{hub[1]} ({exc}). Set spark.driver.host (and spark.driver.bindAddress) "
             "to an address of the driver that the executors can reach."
         ) from None
+    slots = _gather_slots(channel, context, partition, mine)
+    if slots is None:  # the driver stopped the job while the tasks were gathering
+        channel.close()
+        yield json.dumps({"partition": partition, "host": host, "ranks": []})
+        return
+    plan = plan_ranks(slots, per_task, use_gpu, config["node_per"])
+    specs: List[RankSpec] = plan[partition]
+    master_addr, master_port = slots[0].host, slots[0].port
+
     launcher = cloudpickle.loads(config["launcher"])
     if getattr(launcher, "python", None) == config["driver_python"]:
         launcher.on_executor(sys.executable)  # the executor's interpreter, not the driver's path
