@@ -1,7 +1,8 @@
 """Spark placement: the ranks run inside one Spark barrier stage on the cluster.
 
 One barrier stage of N tasks (`rdd.barrier().mapPartitions`, no pandas or pyarrow needed). Each
-task exchanges its host and a free port with the others (`BarrierTaskContext.allGather`), takes
+task exchanges its host and a free port with the others through the driver hub (an allGather
+without the 1 s polling steps of `BarrierTaskContext.allGather`), takes
 its ranks in partition order (`spark_plan.plan_ranks`), and starts them with the job's launcher
 under a `Supervisor`, exactly as the local placement does on the driver (`spark_task.run`). The
 task's supervisor connects to the driver hub with the job secret and forwards every output line
