@@ -142,7 +142,7 @@ class _Track:
     """Per tensor name: its pid and which spans are open."""
 
     __slots__ = ("pid", "label", "kind", "busy", "neg_open", "neg_ts", "op_ts", "op_open", "backend",
-                 "backend_open", "dtype", "shape", "activities", "recorded", "idle_ts")
+                 "backend_open", "dtype", "shape", "activities", "recorded", "idle_ts", "fuse_in")
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -160,6 +160,7 @@ class _Track:
         self.activities = 0
         self.recorded = False   # the current op's spans are being written (bounds may skip ops)
         self.idle_ts = 0        # when the previous op on this track ended (its closing E)
+        self.fuse_in = False    # a fusion-buffer copy comes first: the backend span opens after it
 
 
 class TimelineRecorder:
@@ -350,6 +351,7 @@ class TimelineRecorder:
             if not tr.busy:
                 self._begin_op(out, tr, name, ts)   # an op without negotiation
             tr.dtype, tr.shape = info.get("dtype"), info.get("shape")
+            tr.fuse_in = bool(info.get("fused"))
             dev = str(info.get("device") or "")
             be = info.get("backend") or ("NCCL" if dev.startswith("cuda") else self.backend)
             tr.backend = backend_activity(tr.label, str(be).upper())
@@ -383,6 +385,12 @@ class TimelineRecorder:
                 return
             tr.activities -= 1
             out.append('{"ph": "E", "ts": %d, "pid": %d}' % (ts, tr.pid))
+            if tr.fuse_in and tr.activities == 0:
+                # the copy into the fusion buffer is done: the transfer follows, as in Horovod's
+                # ALLREDUCE > MEMCPY_IN_FUSION_BUFFER, GLOO_ALLREDUCE, MEMCPY_OUT_FUSION_BUFFER
+                tr.fuse_in = False
+                if tr.backend and tr.op_open:
+                    self._open_backend(out, tr, ts)
 
     def _end_negotiation(self, out: List[str], tr: _Track, ts: int, info: Dict[str, Any],
                          extra: Optional[Dict[str, Any]] = None) -> None:
@@ -434,9 +442,12 @@ class TimelineRecorder:
             return
         pid = tr.pid
         out.append('{"ph": "B", "name": "%s", "ts": %d, "pid": %d}' % (tr.label, ts, pid))
-        if tr.backend:
-            out.append('{"ph": "B", "name": "%s", "ts": %d, "pid": %d}' % (tr.backend, ts, pid))
-            tr.backend_open = True
+        if tr.backend and not tr.fuse_in:
+            self._open_backend(out, tr, ts)
+
+    def _open_backend(self, out: List[str], tr: _Track, ts: int) -> None:
+        out.append('{"ph": "B", "name": "%s", "ts": %d, "pid": %d}' % (tr.backend, ts, tr.pid))
+        tr.backend_open = True
 
     def _close_all(self, out: List[str], tr: _Track, ts: int, error: Any = None,
                    incomplete: bool = False) -> None:

@@ -26,10 +26,11 @@ How (our design, modelled on DDP's reducer rather than on Horovod's background t
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import warnings
 import weakref
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -86,7 +87,8 @@ def _fusion_thresholds() -> Tuple[int, int]:
 class _Bucket:
     """A flat buffer holding the gradients of some parameters, reduced with one collective."""
 
-    __slots__ = ("index", "members", "buffer", "views", "pending", "work", "custom", "deferred")
+    __slots__ = ("index", "members", "buffer", "views", "pending", "work", "custom", "deferred",
+                 "announced")
 
     def __init__(self, index: int, members: List[int]):
         self.index = index
@@ -97,6 +99,16 @@ class _Bucket:
         self.work: Any = None
         self.custom: Optional[list] = None  # custom compression: [(compressed, ctx)] per member
         self.deferred: List[int] = []       # slots of small gradients arrived, copied when full
+        self.announced = False              # its timeline op span is open (only with a listener)
+
+
+def _copy_out(grads: List[torch.Tensor], views: List[torch.Tensor], post: float) -> None:
+    """Copy reduced bucket slots back into the gradients (scaled by `post`)."""
+    if post != 1.0:
+        for g, v in zip(grads, views):
+            torch.mul(v, post, out=g)
+    elif grads:
+        torch._foreach_copy_(grads, views)
 
 
 class _GradReducer:
@@ -307,9 +319,30 @@ class _GradReducer:
         b.pending -= 1
         if b.pending == 0:
             if b.deferred:
-                self._flush(b)
+                self._flush_traced(b)
             if b.index == self.next_bucket:
                 self._launch_ready()
+
+    def _flush_traced(self, b: _Bucket) -> None:
+        """`_flush`, shown in the timeline as Horovod shows fusion: the op span opens, then a
+        MEMCPY_IN_FUSION_BUFFER activity per tensor for the measured copy (listener only)."""
+        if _hooks is None or not _hooks.active or len(b.members) < 2:
+            self._flush(b)
+            return
+        self._emit(b, ("NEGOTIATE_START", "ALL_READY", "OP_START"), fused=True)
+        b.announced = True
+        self._activity(b, "MEMCPY_IN_FUSION_BUFFER", lambda: self._flush(b))
+
+    def _activity(self, b: _Bucket, activity: str, work: Callable[[], None]) -> None:
+        """Run `work` inside an activity span of every tensor of bucket `b`."""
+        names = [self.names[i] or f"allreduce.noname.{i}" for i in b.members]
+        for name in names:
+            _hooks.emit(_hooks.ACTIVITY_START, name, activity=activity)
+        try:
+            work()
+        finally:
+            for name in names:
+                _hooks.emit(_hooks.ACTIVITY_END, name)
 
     def _flush(self, b: _Bucket) -> None:
         """Copy the deferred small gradients of bucket ``b`` (scaled) into its buffer."""
@@ -369,8 +402,9 @@ class _GradReducer:
             self._launch(buckets[self.next_bucket])
             self.next_bucket += 1
 
-    def _emit(self, b: _Bucket, events: Tuple[str, ...]) -> None:
-        """Timeline events for the tensors of a bucket (only when a listener is subscribed)."""
+    def _emit(self, b: _Bucket, events: Tuple[str, ...], fused: bool = False) -> None:
+        """Timeline events for the tensors of a bucket (only when a listener is subscribed).
+        `fused`: a fusion-buffer copy follows OP_START before the transfer."""
         for i in b.members:
             p = self.params[i]
             name = self.names[i] or f"allreduce.noname.{i}"
@@ -378,13 +412,14 @@ class _GradReducer:
                 if ev == "OP_START":
                     _hooks.emit(_hooks.OP_START, name, kind="allreduce",
                                 dtype=str(p.dtype).replace("torch.", ""), shape=tuple(p.shape),
-                                op=self.op_name)
+                                op=self.op_name, fused=fused)
                 else:
                     _hooks.emit(getattr(_hooks, ev), name)
 
     def _launch(self, b: _Bucket) -> None:
-        if _hooks is not None and _hooks.active:
+        if _hooks is not None and _hooks.active and not b.announced:
             self._emit(b, ("NEGOTIATE_START", "ALL_READY", "OP_START"))
+        b.announced = False
         # Resolved at every launch: after hvd.shutdown()/init() (elastic reset) the set has a new group.
         group = self.group = _backend.torch_group(self.process_set)
         if b.custom is None:
@@ -407,7 +442,7 @@ class _GradReducer:
                         self._fill(b, s, i)
                 b.pending = 0
                 if b.deferred:
-                    self._flush(b)
+                    self._flush_traced(b)
         self._launch_ready()
         post = self.postscale
         for b in self.buckets:
@@ -422,8 +457,6 @@ class _GradReducer:
                 raise _backend.horovod_internal_error()(
                     f"DistributedOptimizer: gradient allreduce failed: {exc}") from exc
             b.work = None
-            if _hooks is not None and _hooks.active:
-                self._emit(b, ("OP_END",))
             if b.custom is not None:
                 for s, i in enumerate(b.members):
                     c, ctx = b.custom[s]
@@ -453,11 +486,14 @@ class _GradReducer:
                         continue
                     grads.append(self.params[i].grad)
                     views.append(b.views[s])
-                if post != 1.0:
-                    for g, v in zip(grads, views):
-                        torch.mul(v, post, out=g)
-                elif grads:
-                    torch._foreach_copy_(grads, views)
+                traced = _hooks is not None and _hooks.active and len(b.members) > 1
+                copy_out = functools.partial(_copy_out, grads, views, post)
+                if traced:
+                    self._activity(b, "MEMCPY_OUT_FUSION_BUFFER", copy_out)
+                else:
+                    copy_out()
+            if _hooks is not None and _hooks.active:
+                self._emit(b, ("OP_END",))  # after the copy out, which is part of the op
             b.pending = len(b.members)
         if self.sparse_pending:
             for i in sorted(self.sparse_pending):

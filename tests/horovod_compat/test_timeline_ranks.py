@@ -234,6 +234,16 @@ def test_horovod_timeline_env_starts_at_init_and_records_the_optimizer(tmp_path)
     # DistributedOptimizer: one row per parameter, Horovod's naming, one allreduce per step
     for pname, shape in (("0.weight", "[3, 4]"), ("0.bias", "[3]"), ("2.weight", "[1, 3]"), ("2.bias", "[1]")):
         assert by_name[f"allreduce.{pname}"] == [{"dtype": "float32", "shape": shape}] * 3, pname
+    # The optimizer's fused bucket reads as Horovod's fusion: inside each ALLREDUCE span the copy
+    # into the fusion buffer, then the transfer; the first step also copies out (later steps
+    # leave p.grad as a view of the bucket: no copy, no span).
+    for pname in ("0.weight", "2.bias"):
+        pid = next(p for p, n in names.items() if n == f"allreduce.{pname}")
+        spans = [e["name"] for e in ev if e.get("pid") == pid and e["ph"] == "B"]
+        ops = [spans[i:i + 5] for i, n in enumerate(spans) if n == "NEGOTIATE_ALLREDUCE"]
+        assert len(ops) == 3
+        assert all(op[1:4] == ["ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "GLOO_ALLREDUCE"] for op in ops), ops
+        assert ops[0][4] == "MEMCPY_OUT_FUSION_BUFFER"
     assert by_name["allreduce.after_reinit"] == [{"dtype": "float32", "shape": "[2]"}]
     ts = [e["ts"] for e in ev if "ts" in e]
     last = max(e["ts"] for e in ev if e.get("args", {}).get("shape") == "[2]")
