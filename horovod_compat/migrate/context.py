@@ -20,6 +20,7 @@ RUNNER = "runner"
 
 #: The import statement that binds each name a rewrite may need.
 IMPORT_FOR_NAME: Dict[str, str] = {
+    "atexit": "import atexit",
     "os": "import os",
     "torch": "import torch",
     "dist": "import torch.distributed as dist",

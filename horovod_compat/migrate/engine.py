@@ -105,6 +105,7 @@ def _module_level_families(module: cst.Module, shared: SharedState) -> Set[str]:
 #: What each name the rewrite may introduce may be bound to, if the input binds it already (the
 #: first is what the rewrite imports). Either TorchDistributor will do: they have one API.
 _CANONICAL: Dict[str, Tuple[str, ...]] = {
+    "atexit": ("atexit",),
     "os": ("os",),
     "torch": ("torch",),
     "dist": ("torch.distributed",),

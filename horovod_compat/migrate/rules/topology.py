@@ -36,9 +36,12 @@ _EXPRESSIONS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
     "ccl_built": ("False", ()),
 }
 
+# hvd.init() also left the job at interpreter exit; without it a gloo/NCCL thread can abort the
+# process during Python's finalization after the script succeeded.
 _INIT = """\
 if not dist.is_initialized():
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    atexit.register(dist.destroy_process_group)
 """
 _SET_DEVICE = """\
 if torch.cuda.is_available():
@@ -77,9 +80,9 @@ def rewrite_init(call: cst.Call, ctx: RewriteContext, pin_device: bool = True) -
             "use dist.new_group(ranks) after dist.init_process_group()"
         )
     if not pin_device:  # the script pins its device itself, right after hvd.init()
-        ctx.need(HVD, "dist", "torch")
+        ctx.need(HVD, "dist", "torch", "atexit")
         return Rewritten(_statements(_INIT), "-> dist.init_process_group(nccl on CUDA else gloo)")
-    ctx.need(HVD, "dist", "torch", "os")
+    ctx.need(HVD, "dist", "torch", "os", "atexit")
     return Rewritten(
         _statements(_INIT, _SET_DEVICE),
         "-> dist.init_process_group(nccl on CUDA else gloo) + torch.cuda.set_device(LOCAL_RANK)",

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
+import atexit
 import os
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -81,6 +82,7 @@ def make_data():
 def main():
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(dist.destroy_process_group)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 

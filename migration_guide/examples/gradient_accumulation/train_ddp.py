@@ -8,6 +8,7 @@ rewriter's output.  Run either with:
 import torch
 import torch.nn.functional as F
 
+import atexit
 import os
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -19,6 +20,7 @@ PASSES = 3
 def main():
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(dist.destroy_process_group)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     torch.manual_seed(3)

@@ -1,22 +1,22 @@
 """End to end: the worked examples in migration_guide/examples, rewritten and run natively.
 
 For every example: the rewriter's output equals the committed train_ddp.py and imports no Horovod;
-the rewritten script, run under torchrun on 2 ranks, prints the golden per-step trace
+the rewritten script, run on 2 ranks under the torchrun contract, prints the golden per-step trace
 (expected_output.txt); the golden trace itself equals a single-process simulation of Horovod's
 semantics (so it is not just "whatever DDP printed"); and, once the hvd shim is importable, the
-unchanged Horovod script under torchrun prints the same trace.
+unchanged Horovod script run the same way prints the same trace.
 """
 import ast
 import importlib.util
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from distributor import run_script
 from horovod_compat.migrate import Kind, migrate_source
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -36,21 +36,20 @@ SHIM = _shim_importable()
 needs_shim = pytest.mark.skipif(not SHIM, reason="hvd shim not landed yet: issue 3 (import horovod.torch fails)")
 
 
-def torchrun(script: Path, cwd: Path, timeout: float = 120, env=None) -> str:
-    """Run `script` on 2 local ranks with torchrun; return stdout; never leave processes behind."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-    proc = subprocess.Popen(cmd, cwd=cwd, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its ranks share one session
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    assert proc.returncode == 0, f"{script} failed ({proc.returncode}):\n{out}\n{err[-4000:]}"
-    return out
+def run_torchrun_script(script: Path, timeout: float = 120, env=None) -> str:
+    """Run `script`, written for torchrun, on 2 local ranks under the torchrun contract (our engine,
+    as TorchDistributor runs scripts); return rank 0's stdout. A failing rank raises with its
+    traceback. Unlike plain torchrun, ranks leave without the interpreter's teardown, where gloo's
+    threads sometimes abort (SIGABRT) after a script has already succeeded."""
+    lines = []
+
+    def keep_rank0_stdout(rank, stream, line):
+        if rank == 0 and stream == "stdout":
+            lines.append(line)
+
+    run_script(str(script), num_processes=2, env={"OMP_NUM_THREADS": "1", **(env or {})},
+               timeout=timeout, output=keep_rank0_stdout)
+    return "\n".join(lines) + "\n"
 
 
 def _trace(stdout: str):
@@ -102,7 +101,7 @@ def test_rewrite_equals_committed_ddp_and_imports_no_horovod(name, rewritten):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_rewritten_example_runs_natively_with_the_golden_trace(name, rewritten):
-    stdout = torchrun(rewritten / f"{name}.py", cwd=rewritten)
+    stdout = run_torchrun_script(rewritten / f"{name}.py")
     expected = (EXAMPLES / name / "expected_output.txt").read_text().splitlines()
     assert_same_trace(_trace(stdout), expected)
 
@@ -119,7 +118,7 @@ def test_golden_trace_matches_a_single_process_simulation_of_horovod(name):
 @needs_shim
 @pytest.mark.parametrize("name", NAMES)
 def test_unchanged_horovod_example_on_the_shim_prints_the_same_trace(name):
-    stdout = torchrun(EXAMPLES / name / "train_horovod.py", cwd=EXAMPLES / name)
+    stdout = run_torchrun_script(EXAMPLES / name / "train_horovod.py")
     expected = (EXAMPLES / name / "expected_output.txt").read_text().splitlines()
     assert_same_trace(_trace(stdout), expected)
 
@@ -130,19 +129,19 @@ def test_rewritten_helpers_keep_horovod_semantics(tmp_path):
     _no_horovod(result.source)
     script = tmp_path / "helpers_native.py"
     script.write_text(result.source)
-    stdout = torchrun(script, cwd=tmp_path)
+    stdout = run_torchrun_script(script)
     assert "rank 0: helpers ok" in stdout
 
 
 @needs_shim
 def test_helper_expectations_hold_on_the_shim(tmp_path):
-    stdout = torchrun(HELPERS_SCRIPT, cwd=tmp_path)
+    stdout = run_torchrun_script(HELPERS_SCRIPT)
     assert "rank 0: helpers ok" in stdout
 
 
 def test_guide_recipes_behave_as_documented(tmp_path):
     """migration_guide/recipes.py: unequal-size allgather, no_sync accumulation, profiler trace."""
     env = {"RECIPES_DIR": str(ROOT / "migration_guide"), "TRACE_DIR": str(tmp_path)}
-    stdout = torchrun(Path(__file__).parent / "e2e" / "recipes_check.py", cwd=tmp_path, env=env)
+    stdout = run_torchrun_script(Path(__file__).parent / "e2e" / "recipes_check.py", env=env)
     assert "rank 0: recipes ok" in stdout
     assert (tmp_path / "trace_rank0.json").is_file()

@@ -1,4 +1,5 @@
 import torch
+import atexit
 import os
 import torch.distributed as dist
 
@@ -82,6 +83,7 @@ def _native_broadcast(tensor, root_rank, inplace=False):
 
 if not dist.is_initialized():
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    atexit.register(dist.destroy_process_group)
 if torch.cuda.is_available():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 model = torch.nn.Linear(2, 2)

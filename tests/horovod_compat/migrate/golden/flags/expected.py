@@ -2,12 +2,14 @@ import os
 
 import torch
 import horovod.torch as hvd
+import atexit
 import torch.distributed as dist
 
 # TODO(horovod-compat): HOROVOD_TIMELINE: has no effect without Horovod; record with torch.profiler instead (see the guide)
 os.environ["HOROVOD_TIMELINE"] = "/dbfs/ml/timeline.json"
 if not dist.is_initialized():
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    atexit.register(dist.destroy_process_group)
 if torch.cuda.is_available():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 # TODO(horovod-compat): hvd.start_timeline: the Horovod timeline has no native form; use torch.profiler (see the guide)

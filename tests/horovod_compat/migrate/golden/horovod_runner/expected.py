@@ -8,10 +8,12 @@ np_workers = 4
 
 
 def train(lr=0.01, epochs=1):
+    import atexit
     import os
     import torch.distributed as dist
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(dist.destroy_process_group)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     return dist.get_rank()

@@ -1,10 +1,12 @@
 import horovod.torch as hvd
+import atexit
 import os
 import torch
 import torch.distributed as dist
 
 if not dist.is_initialized():
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    atexit.register(dist.destroy_process_group)
 if torch.cuda.is_available():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 rank = dist.get_rank()

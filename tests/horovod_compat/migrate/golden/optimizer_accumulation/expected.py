@@ -1,5 +1,6 @@
 import torch
 import horovod.torch as hvd
+import atexit
 import os
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -9,6 +10,7 @@ import contextlib
 def train(loader, model):
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(dist.destroy_process_group)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

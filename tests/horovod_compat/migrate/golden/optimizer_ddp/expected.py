@@ -1,11 +1,13 @@
 import torch
 import torch.nn.functional as F
+import atexit
 import os
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 if not dist.is_initialized():
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    atexit.register(dist.destroy_process_group)
 if torch.cuda.is_available():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 model = torch.nn.Linear(10, 2)

@@ -1,5 +1,6 @@
 import torch
 import horovod.torch as hvd
+import atexit
 import os
 import torch.distributed as dist
 
@@ -7,6 +8,7 @@ import torch.distributed as dist
 def accumulate():
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(dist.destroy_process_group)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     model = torch.nn.Linear(4, 1)

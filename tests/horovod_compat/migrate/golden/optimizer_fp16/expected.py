@@ -1,4 +1,5 @@
 import torch
+import atexit
 import os
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -8,6 +9,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 def main():
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(dist.destroy_process_group)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))

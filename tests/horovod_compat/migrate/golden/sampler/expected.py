@@ -1,4 +1,5 @@
 import torch
+import atexit
 import os
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
@@ -6,6 +7,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 if not dist.is_initialized():
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    atexit.register(dist.destroy_process_group)
 if torch.cuda.is_available():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 dataset = TensorDataset(torch.arange(100.0))
