@@ -18,13 +18,19 @@ from __future__ import annotations
 import contextlib
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
 
 from . import _backend
-from .optimizer import _STEP_AFTER_SYNC, _TOO_MANY_BACKWARDS, _ZERO_GRAD_PENDING, _explicit_groups
+from .optimizer import (
+    _STEP_AFTER_SYNC,
+    _TOO_MANY_BACKWARDS,
+    _ZERO_GRAD_PENDING,
+    _explicit_groups,
+    _synchronize_skipped,
+)
 
 
 def adasum_pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -130,14 +136,9 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self._touched = False
         self._synchronized = True
 
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
+    def skip_synchronize(self) -> "contextlib.AbstractContextManager[None]":
         """Inside this context ``step()`` does not synchronize."""
-        self._should_synchronize = False
-        try:
-            yield
-        finally:
-            self._should_synchronize = True
+        return _synchronize_skipped(self)
 
     def step(self, closure: Any = None) -> Any:
         """The local steps happened during backward; ``step()`` only combines and applies deltas."""

@@ -567,6 +567,16 @@ class _GradReducer:
         self.touched = False
 
 
+@contextlib.contextmanager
+def _synchronize_skipped(optimizer: Any) -> Iterator[None]:
+    """The body of ``skip_synchronize()``, shared by the plain and the Adasum optimizer."""
+    optimizer._should_synchronize = False
+    try:
+        yield
+    finally:
+        optimizer._should_synchronize = True
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Methods copied into the dynamic subclass of the user's optimizer class.
 
@@ -643,14 +653,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._hvd_reducer.synchronize()
         self._synchronized = True
 
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
+    def skip_synchronize(self) -> "contextlib.AbstractContextManager[None]":
         """Inside this context ``step()`` does not synchronize (use after an explicit synchronize())."""
-        self._should_synchronize = False
-        try:
-            yield
-        finally:
-            self._should_synchronize = True
+        return _synchronize_skipped(self)
 
     def step(self, closure: Any = None) -> Any:
         """Synchronize (unless inside ``skip_synchronize()``), then take the wrapped optimizer's step."""
