@@ -86,8 +86,8 @@ class LocalPlacement(Placement):
             env[HUB_ADDRESS_VAR] = f"{job.hub_address[0]}:{job.hub_address[1]}"
             env[SECRET_VAR] = job.secret.hex()
             env[RANK_VAR] = str(spec.rank)
-            if pythonpath:
-                env["PYTHONPATH"] = pythonpath
+            if pythonpath:  # the caller's own PYTHONPATH (request env) keeps precedence
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [request.env.get("PYTHONPATH"), pythonpath]))
             return env
 
         self._supervisor = Supervisor(job.sink)

@@ -303,3 +303,9 @@ def test_use_gpu_shows_every_rank_the_jobs_gpus_and_local_rank_picks(monkeypatch
     assert values == [("3,5", "0"), ("3,5", "1")]
     with pytest.raises(LaunchValidationError, match="one GPU per rank"):
         run_function(_gpu_env, num_processes=4, use_gpu=True)
+
+
+def test_request_pythonpath_is_kept_ahead_of_the_drivers_paths(tmp_path):
+    value = run_function(lambda: os.environ["PYTHONPATH"].split(os.pathsep)[0], num_processes=1,
+                         env={"PYTHONPATH": str(tmp_path)})
+    assert value == str(tmp_path)
