@@ -74,7 +74,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import torch
 import torch.distributed as dist
 
-from . import hooks
+from . import _shm, hooks
 from .exceptions import HorovodInternalError
 
 __all__ = ["Desc", "Agreement", "SetState", "Plan", "Pending", "register_kind", "submit", "join",
@@ -179,6 +179,15 @@ class SetState:
         self.verify_rounds = 0  # verification rounds run so far (tests check the loop is cheap)
         self.lock = threading.Lock()
         self.control: Any = _make_control(self)
+        # data of eligible allreduces moves through shared memory when the control words do
+        self.shm: Optional[_shm.Transport] = (
+            _shm.create(self) if isinstance(self.control, _ShmControl) else None)
+
+    def close(self) -> None:
+        """Release this rank's shared-memory mappings (the set is being torn down)."""
+        self.control.close()
+        if self.shm is not None:
+            self.shm.close()
 
 
 class _GlooControl:
@@ -223,10 +232,12 @@ class _ShmControl:
     RING = max(4, int(os.environ.get("HOROVOD_COMPAT_SHM_RING", "4096")))
     SLOT = 4  # int64 words per slot: sequence, code, key hash, submission time
 
-    def __init__(self, mm: Any, n: int, me: int) -> None:
+    def __init__(self, mm: Any, n: int, me: int, pids: List[int]) -> None:
         self.mm = mm
         self.mv = memoryview(mm).cast("q")
         self.n, self.me = n, me
+        self.pids = pids  # the ranks' process ids (the data transport watches them too)
+        self.watch = _shm.PeerWatch(pids, me)
         self.seq = 0
         self.row = 1 + self.RING * self.SLOT  # ack word + ring
         self.unread: Dict[int, bool] = {}  # sequences posted here whose words are not read yet
@@ -250,14 +261,14 @@ class _ShmControl:
     def _backpressure(self, s_old: int) -> None:
         """Wait until every peer has read the words of sequence ``s_old`` (whose slot we reuse).
         Meanwhile read our own pending words into ``snap``, so peers waiting on us progress too."""
-        delay = 0.0
-        while any(self.mv[j * self.row] <= s_old for j in range(self.n) if j != self.me):
+        def caught_up() -> bool:
             for s in sorted(self.unread):
                 if not self.ready(s):
                     break
                 self.snap[s] = self._read(s)
-            time.sleep(delay)
-            delay = min(0.001, delay + 0.00005)
+            return all(self.mv[j * self.row] > s_old for j in range(self.n) if j != self.me)
+
+        self.watch.wait(caught_up, "its peers to read the control words of earlier collectives")
         # every peer read sequence s_old, so all its words are posted: keep our own copy before
         # the slot is reused
         if s_old in self.unread:
@@ -284,14 +295,8 @@ class _ShmControl:
         got = self.snap.pop(s, None)
         if got is not None:
             return got
-        spins = 0
-        while not self.ready(s):
-            spins += 1
-            if spins > 20:  # the peers need the CPU more than we do (2 ranks may share 2 cores)
-                if spins < 300:
-                    os.sched_yield()
-                else:
-                    time.sleep(0.00005 if spins < 3000 else 0.0005)
+        if not self.ready(s):
+            self.watch.wait(lambda: self.ready(s), "the control words of a collective")
         return self._read(s)
 
     def close(self) -> None:
@@ -311,34 +316,21 @@ def _make_control(st: "SetState") -> Any:
     Collective over the set: the ranks compare hostnames, the set's first rank creates the segment
     and shares its path; it is unlinked as soon as everybody mapped it, so nothing leaks.
     """
-    import mmap
-    import socket
-    import uuid
-
     import platform
+    import socket
 
-    if (os.environ.get("HOROVOD_COMPAT_SHM_CONTROL", "1") == "0" or not os.path.isdir("/dev/shm")
-            or platform.machine().lower() not in ("x86_64", "amd64")):
-        hosts_ok = False
-    else:
-        hosts_ok = True
-    path = f"/dev/shm/horovod_compat-{uuid.uuid4().hex}" if st.me == 0 else None
+    hosts_ok = (os.environ.get("HOROVOD_COMPAT_SHM_CONTROL", "1") != "0"
+                and os.path.isdir("/dev/shm")
+                and platform.machine().lower() in ("x86_64", "amd64"))
     info = [None] * st.n
-    dist.all_gather_object(info, (socket.gethostname(), hosts_ok, path), group=st.ctl)
+    dist.all_gather_object(info, (socket.gethostname(), hosts_ok, os.getpid()), group=st.ctl)
     if not all(i[1] for i in info) or len({i[0] for i in info}) != 1:
         return _GlooControl(st)
-    path = info[0][2]
-    size = st.n * (1 + _ShmControl.RING * _ShmControl.SLOT) * 8
-    if st.me == 0:
-        with open(path, "wb") as f:
-            f.truncate(size)
-    dist.barrier(group=st.ctl)
-    with open(path, "r+b") as f:
-        mm = mmap.mmap(f.fileno(), size)
-    dist.barrier(group=st.ctl)
-    if st.me == 0:
-        os.unlink(path)
-    return _ShmControl(mm, st.n, st.me)
+    try:
+        mm = _shm.map_segment(st, st.n * (1 + _ShmControl.RING * _ShmControl.SLOT) * 8)
+    except OSError:
+        return _GlooControl(st)
+    return _ShmControl(mm, st.n, st.me, [i[2] for i in info])
 
 
 class Pending:

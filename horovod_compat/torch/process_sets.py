@@ -55,7 +55,7 @@ class ProcessSet:
     # -- Horovod's public methods -------------------------------------------------------------
     def _invalidate(self) -> None:
         if self.negotiation is not None:
-            self.negotiation.control.close()
+            self.negotiation.close()
         self.process_set_id = None
         self._pg = self._ctl = None
         self._my_index = -1

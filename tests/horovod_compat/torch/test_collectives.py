@@ -3,8 +3,12 @@
 Each launch runs many checks inside the ranks (every dtype x op, every variant) and returns a report
 of (check name, ok, detail); the outer test asserts that the report is complete and has no failure.
 Inputs are deterministic per rank, so each rank computes the exact expected value independently.
+Both data transports run every check: shared memory (the default when the ranks share a host) and
+gloo (``HOROVOD_COMPAT_SHM_DATA=0``, what ranks on several hosts use).
 """
 from __future__ import annotations
+
+import pytest
 
 from distributor import run_function
 
@@ -111,8 +115,13 @@ def _dtype_op_matrix():
     return rep.rows
 
 
-def test_every_dtype_and_op_on_two_ranks():
-    reports = run_function(_dtype_op_matrix, num_processes=2, return_all=True, timeout=180)
+TRANSPORTS = pytest.mark.parametrize("shm_data", ["1", "0"], ids=["shm", "gloo"])
+
+
+@TRANSPORTS
+def test_every_dtype_and_op_on_two_ranks(shm_data):
+    reports = run_function(_dtype_op_matrix, num_processes=2, return_all=True, timeout=180,
+                           env={"HOROVOD_COMPAT_SHM_DATA": shm_data})
     for rows in reports:
         failures = [r for r in rows if not r[1]]
         assert not failures, failures[:10]
@@ -286,8 +295,10 @@ def _semantics():
     return rep.rows
 
 
-def test_semantics_async_autograd_join_on_two_ranks():
-    reports = run_function(_semantics, num_processes=2, return_all=True, timeout=180)
+@TRANSPORTS
+def test_semantics_async_autograd_join_on_two_ranks(shm_data):
+    reports = run_function(_semantics, num_processes=2, return_all=True, timeout=180,
+                           env={"HOROVOD_COMPAT_SHM_DATA": shm_data})
     for rows in reports:
         failures = [r for r in rows if not r[1]]
         assert not failures, failures

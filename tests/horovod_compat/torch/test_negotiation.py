@@ -100,9 +100,11 @@ def _mismatches():
     return out
 
 
-@pytest.mark.parametrize("control", ["shm", "shm-ring-8", "gloo"])
+@pytest.mark.parametrize("control", ["shm", "shm-ring-8", "shm-control-gloo-data", "gloo"])
 def test_mismatches_fail_on_every_rank_and_job_keeps_working(control):
     env = {"HOROVOD_COMPAT_SHM_CONTROL": "0" if control == "gloo" else "1"}
+    if control == "shm-control-gloo-data":
+        env["HOROVOD_COMPAT_SHM_DATA"] = "0"
     if control == "shm-ring-8":  # a tiny ring: 50 async ops in flight lap it many times
         env["HOROVOD_COMPAT_SHM_RING"] = "8"
     reports = run_function(_mismatches, num_processes=2, return_all=True, timeout=120, env=env)
