@@ -1,10 +1,10 @@
-"""hvd.allreduce (horovod_compat) against torch.distributed's all_reduce, 2 ranks, gloo, CPU.
+"""hvd.allreduce (horovod_compat) against torch.distributed's all_reduce, 2 ranks on one host, CPU.
 
     python benchmarks/collectives.py [--iters 30] [--sizes 4K,1M,64M] [--horovod-python PATH]
 
 For every size (float32) it prints, side by side, the median time of
 
-* ``dist.all_reduce(x)``                   the baseline (in place, no checks);
+* ``dist.all_reduce(x)``                   the baseline: gloo, in place, no checks;
 * ``hvd.allreduce(x)``                     Horovod's out-of-place op (new output tensor) + ratio;
 * ``hvd.allreduce_(x)``                    the in-place op + ratio;
 * ``dist.all_reduce(x.clone())``           what an out-of-place op costs on raw torch.distributed;
@@ -12,8 +12,11 @@ For every size (float32) it prints, side by side, the median time of
                                             interpreter with a real Horovod; its ``horovod.runner``
                                             launches 2 ranks of this script in worker mode.
 
-All methods run interleaved in the same rounds (each timed after a barrier) so machine noise hits
-them alike.  Ranks are started with the project's engine (``distributor.run_function``).
+Two jobs run: the default one, where hvd's data moves through shared memory (the ranks share a
+host), and one with ``HOROVOD_COMPAT_SHM_DATA=0``, where it moves through gloo like
+``dist.all_reduce`` does (what ranks on several hosts get).  Within a job all methods run
+interleaved in the same rounds (each timed after a barrier) so machine noise hits them alike.
+Ranks are started with the project's engine (``distributor.run_function``).
 """
 from __future__ import annotations
 
@@ -125,30 +128,34 @@ def main(argv: List[str] = None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from distributor import run_function
 
-    results = run_function(_measure_compat, sizes, args.iters, num_processes=2, return_all=True,
-                           timeout=1800, env={"OMP_NUM_THREADS": "1"})
+    jobs = {}
+    for transport, shm_data in (("shared memory (default on one host)", "1"),
+                                ("gloo (HOROVOD_COMPAT_SHM_DATA=0, as across hosts)", "0")):
+        jobs[transport] = run_function(_measure_compat, sizes, args.iters, num_processes=2,
+                                       return_all=True, timeout=1800,
+                                       env={"OMP_NUM_THREADS": "1",
+                                            "HOROVOD_COMPAT_SHM_DATA": shm_data})
     real = None
     if args.horovod_python:
         real = _run_real_horovod(args.horovod_python, args.sizes, args.iters)
     else:
         print("(real Horovod not measured: it is not installed here; pass --horovod-python PATH "
               "to an interpreter that has it)")
-    # a rank's time includes waiting for the slower one; report the max of the two ranks' medians
-    merged = {label: {k: max(r[label][k] for r in results) for k in results[0][label]}
-              for label in sizes}
     head = (f"{'size':>6} | {'dist.all_reduce':>15} | {'hvd.allreduce':>13} {'ratio':>6} | "
             f"{'hvd.allreduce_':>14} {'ratio':>6} | {'dist(clone)':>11} {'ratio':>6}")
     if real:
         head += f" | {'real hvd':>9} {'ratio':>6}"
-    print("2 ranks, gloo, float32, median ms (ratio = / dist.all_reduce)")
-    print(head)
-    print("-" * len(head))
-    for stat in ("median", "min"):
-        if stat == "min":
-            print("\nsame runs, minimum ms (less sensitive to other load on the machine)")
+    for transport, results in jobs.items():
+        # a rank's time includes waiting for the slower one: the max of the two ranks' figures
+        merged = {label: {k: max(r[label][k] for r in results) for k in results[0][label]}
+                  for label in sizes}
+        print(f"\n=== hvd data through {transport}")
+        for stat in ("median", "min"):
+            print(f"2 ranks, float32, {stat} ms (ratio = / dist.all_reduce on gloo)"
+                  + ("" if stat == "median" else "; same runs, less sensitive to other load"))
             print(head)
             print("-" * len(head))
-        _rows(sizes, merged, real, "" if stat == "median" else "min ")
+            _rows(sizes, merged, real, "" if stat == "median" else "min ")
     return 0
 
 

@@ -40,7 +40,7 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -152,6 +152,7 @@ class SharedMemoryAllreduce:
         head = _header_bytes(n)
         self.slots = [[base[head + (b * n + j) * slot_bytes:head + (b * n + j + 1) * slot_bytes]
                        for j in range(n)] for b in range(2)]
+        self.typed: Dict[tuple, List[torch.Tensor]] = {}
         self.epoch = 0
         self.rounds = 0
         self.broken: Optional[str] = None
@@ -169,9 +170,8 @@ class SharedMemoryAllreduce:
         for off in range(0, total, cap):
             length = min(cap, total - off)
             bound = [off + (length * j // n) // _ALIGN * _ALIGN for j in range(n)] + [off + length]
-            bank = self.slots[self.rounds & 1]
+            views = self._views(self.rounds & 1, src.dtype)
             self.rounds += 1
-            views = [s.view(src.dtype) for s in bank]
             mine = views[me]
             lo, hi = bound[me], bound[me + 1]
             # 1. the parts the others own go into my slot
@@ -199,6 +199,14 @@ class SharedMemoryAllreduce:
                 if j != me and bound[j + 1] > bound[j]:
                     df[bound[j]:bound[j + 1]].copy_(views[j][bound[j] - off:bound[j + 1] - off])
 
+    def _views(self, bank: int, dtype: torch.dtype) -> List[torch.Tensor]:
+        """The slots of ``bank`` seen as ``dtype`` tensors (cached: built once per dtype)."""
+        key = (bank, dtype)
+        v = self.typed.get(key)
+        if v is None:
+            v = self.typed[key] = [s.view(dtype) for s in self.slots[bank]]
+        return v
+
     def _barrier(self) -> None:
         """Wait until every rank reached this point (counters in the header)."""
         self.epoch += 1
@@ -217,6 +225,7 @@ class SharedMemoryAllreduce:
 
     def close(self) -> None:
         self.slots = []
+        self.typed = {}
         try:
             self.counters.release()
             self.mm.close()

@@ -11,7 +11,10 @@ process set.  Every op goes through ``negotiation.submit`` (cross-rank checks, s
 Gloo gaps are closed here: int16 is reduced as int32 and moved as bytes; Average is a Sum followed
 by a (truncating, for integers) division; unequal ``all_gather`` pads to the largest first
 dimension.  The per-call path is kept thin: one small control message that overlaps the transfer,
-no extra copies for in-place ops, one output allocation for out-of-place ones.
+no extra copies for in-place ops, one output allocation for out-of-place ones.  When the ranks of a
+set share a host, allreduce data moves through shared memory (``_shm``), which reduces straight
+from the inputs into the outputs; which transport an op uses depends only on its agreed descriptor,
+so every rank (and a rank joining with a dummy) picks the same.
 """
 from __future__ import annotations
 
