@@ -234,6 +234,9 @@ class _AllreducePlan(Plan):
         pg = self.st.pg
         return [pg.allreduce([b], opts) for b in self.bufs]
 
+    def transport(self) -> Optional[str]:
+        return "SHM" if self.op != Adasum and _via_shm(self.st, self.desc) else None
+
     def finish(self, agr: Agreement) -> Any:
         n = self.st.n
         if self.op == Adasum:

@@ -135,6 +135,10 @@ class Plan:
     def finish(self, agr: Agreement) -> Any:
         raise NotImplementedError
 
+    def transport(self) -> Optional[str]:
+        """The timeline's name for what moves this op's data, when not the set's backend."""
+        return None
+
 
 # kind -> (validate(descs, set_state) -> error message or None, dummy(agr, set_state) -> works)
 _KINDS: Dict[str, Tuple[Callable, Callable]] = {}
@@ -504,6 +508,9 @@ def _emit_start(plan: Plan) -> None:
     d = plan.desc
     info = dict(kind=d.kind, dtype=d.dtype, shape=d.shapes[0] if len(d.shapes) == 1 else d.shapes,
                 op=d.op)
+    be = plan.transport()
+    if be is not None:
+        info["backend"] = be
     if d.kind.startswith("grouped_"):
         k = len(d.shapes)
         info["tensor_names"] = [f"{plan.name}_{i}of{k}" for i in range(k)]

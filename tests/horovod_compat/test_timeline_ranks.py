@@ -106,8 +106,10 @@ def test_structure_matches_horovod_reference(dynamic_run):
     assert {e["ph"] for e in ev} == {e["ph"] for e in ref} == {"M", "B", "E", "X", "i"}
     ours = {e["name"] for e in ev if e["ph"] in ("B", "i")}
     theirs = {e["name"] for e in ref if e["ph"] in ("B", "i")}
-    assert ours - theirs <= {"GLOO_ALLTOALL", "BARRIER"}   # Horovod: MPI_ALLTOALL; an E without B
-    for n in ("NEGOTIATE_ALLREDUCE", "ALLREDUCE", "GLOO_ALLREDUCE", "NEGOTIATE_ALLGATHER", "ALLGATHER",
+    # Horovod: MPI_ALLTOALL; an E without B; SHM_ALLREDUCE: hvd.allreduce data through our
+    # shared-memory transport (the optimizer's fused buckets stay GLOO_ALLREDUCE)
+    assert ours - theirs <= {"GLOO_ALLTOALL", "BARRIER", "SHM_ALLREDUCE"}
+    for n in ("NEGOTIATE_ALLREDUCE", "ALLREDUCE", "SHM_ALLREDUCE", "NEGOTIATE_ALLGATHER", "ALLGATHER",
               "GLOO_ALLGATHER", "NEGOTIATE_BROADCAST", "BROADCAST", "GLOO_BCAST",
               "NEGOTIATE_REDUCESCATTER", "REDUCESCATTER", "GLOO_REDUCESCATTER", "NEGOTIATE_ALLTOALL",
               "ALLTOALL", "NEGOTIATE_BARRIER", "CYCLE_START"):
@@ -291,6 +293,10 @@ def test_negotiation_shows_each_ranks_readiness(tmp_path: Any, shm: str, control
     seq = [e for e in ev if e.get("pid") == pid and e["ph"] != "M"]
     spans = [i for i, e in enumerate(seq) if e["ph"] == "B" and e["name"] == "NEGOTIATE_ALLREDUCE"]
     assert len(spans) == 2
+    # the data moved through shared memory with the shared-memory control, else through gloo
+    activity = "SHM_ALLREDUCE" if shm == "1" else "GLOO_ALLREDUCE"
+    assert [e["name"] for e in seq if e["ph"] == "B" and e["name"].endswith("_ALLREDUCE")
+            and not e["name"].startswith("NEGOTIATE")] == [activity] * 2
     for i in spans:
         begin, ticks = seq[i], {}
         j = i + 1
