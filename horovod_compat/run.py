@@ -8,6 +8,9 @@ The common subset of Horovod's CLI. Ranks run on this host (`-H localhost:N`); `
 them with `mpirun`, `--gloo` (the default) starts each rank directly. Either way `hvd.init()`
 finds its rank and size. The exit status is 0 when every rank succeeded, else the first failing
 rank's status (1 for an exception, 128+N for a signal N).
+In gloo mode every rank also gets Horovod's slot variables (HOROVOD_RANK, HOROVOD_SIZE,
+HOROVOD_LOCAL_RANK/SIZE, HOROVOD_CROSS_RANK/SIZE, HOROVOD_HOSTNAME), set by
+`horovod_compat.run_rank`; `--mpi` runs do not get them, as with Horovod's MPI launcher.
 """
 from __future__ import annotations
 
@@ -88,6 +91,9 @@ def plan(argv: Optional[Sequence[str]] = None) -> Tuple[LaunchRequest, bool, boo
         env["HOROVOD_TIMELINE"] = os.path.abspath(args.timeline_filename)
     if args.timeline_mark_cycles:
         env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
+    if not args.mpi:
+        # As Horovod's gloo launcher: every rank also gets HOROVOD_RANK/SIZE/LOCAL_*/CROSS_*/HOSTNAME.
+        command = [sys.executable, "-m", "horovod_compat.run_rank", *command]
     request = LaunchRequest(CommandTarget(tuple(command)), args.np, env=env, start_timeout=args.start_timeout)
     return request, args.mpi, args.verbose
 
