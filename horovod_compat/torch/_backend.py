@@ -103,6 +103,16 @@ def torch_group(process_set: Any = None) -> Optional[dist.ProcessGroup]:
     return fn(process_set if process_set is not None else global_process_set())
 
 
+def shm_transport(process_set: Any = None) -> Optional[Any]:
+    """The process set's shared-memory allreduce transport (``_shm.Transport``), or None when its
+    data moves through the torch group (ranks on several hosts, transport disabled, no core)."""
+    if not core_initialized():
+        return None
+    ps = process_set if process_set is not None else global_process_set()
+    st = getattr(ps, "negotiation", None)
+    return getattr(st, "shm", None)
+
+
 def group_size(process_set: Any = None) -> int:
     """Number of ranks in the process set."""
     if core_initialized() and process_set is not None:

@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import torch
 import torch.distributed as dist
 
-from . import _backend
+from . import _backend, _shm
 
 try:  # the core's instrumentation point (timeline); optional
     from . import hooks as _hooks
@@ -134,6 +134,8 @@ class _GradReducer:
         self.sparse_as_dense = sparse_as_dense
         self.explicit_groups = explicit_groups
         self.wire_op = _backend.reduce_op_for(op_name)
+        # the same reduction as a Horovod op code, for the shared-memory transport
+        self.wire_code = _backend.op("Sum" if op_name == "Average" else op_name)
         if op_name == "Average":
             if predivide == 1.0:
                 # Like DDP: divide while copying into the bucket (one pass), nothing afterwards.
@@ -422,8 +424,12 @@ class _GradReducer:
         b.announced = False
         # Resolved at every launch: after hvd.shutdown()/init() (elastic reset) the set has a new group.
         group = self.group = _backend.torch_group(self.process_set)
+        shm = _backend.shm_transport(self.process_set)
         if b.custom is None:
-            b.work = dist.all_reduce(b.buffer, op=self.wire_op, group=group, async_op=True)
+            if shm is not None and _shm.eligible(b.buffer.dtype, self.wire_code):
+                b.work = shm.allreduce([(b.buffer, b.buffer)], self.wire_code, inline=False)
+            else:
+                b.work = dist.all_reduce(b.buffer, op=self.wire_op, group=group, async_op=True)
             return
         works = []
         for c, _ctx in b.custom:

@@ -188,3 +188,35 @@ def test_gloo_carries_the_data_when_shared_memory_is_off():
         for got, shm_used in run_function(probe, num_processes=2, return_all=True, timeout=60,
                                           env=env):
             assert got == [3.0] * 3 and shm_used is used, env
+
+
+def _optimizer_step():
+    import torch
+    import horovod.torch as hvd
+    from horovod_compat.torch.process_sets import global_process_set
+
+    torch.set_num_threads(1)
+    hvd.init()
+    r = hvd.rank()
+    model = torch.nn.Linear(300, 200)
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+        model.bias.fill_(0.0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                   named_parameters=model.named_parameters())
+    reducer = global_process_set.negotiation.shm.reducer
+    before = reducer.rounds
+    x = torch.full((4, 300), float(r + 1))
+    model(x).sum().backward()  # grad of weight: 4 * (r + 1) everywhere; of bias: 4
+    opt.step()
+    used = reducer.rounds - before
+    weight = model.weight.detach().clone()
+    hvd.shutdown()
+    return used, weight.min().item(), weight.max().item()
+
+
+def test_distributed_optimizer_buckets_go_through_shared_memory():
+    for used, lo, hi in run_function(_optimizer_step, num_processes=2, return_all=True,
+                                     timeout=120):
+        assert used > 0
+        assert lo == hi == -6.0  # minus the averaged gradient (4 * 1 + 4 * 2) / 2
