@@ -407,6 +407,7 @@ class _GradReducer:
     def _emit(self, b: _Bucket, events: Tuple[str, ...], fused: bool = False) -> None:
         """Timeline events for the tensors of a bucket (only when a listener is subscribed).
         `fused`: a fusion-buffer copy follows OP_START before the transfer."""
+        backend = "SHM" if "OP_START" in events and self._shm_for(b) is not None else None
         for i in b.members:
             p = self.params[i]
             name = self.names[i] or f"allreduce.noname.{i}"
@@ -414,9 +415,16 @@ class _GradReducer:
                 if ev == "OP_START":
                     _hooks.emit(_hooks.OP_START, name, kind="allreduce",
                                 dtype=str(p.dtype).replace("torch.", ""), shape=tuple(p.shape),
-                                op=self.op_name, fused=fused)
+                                op=self.op_name, fused=fused, backend=backend)
                 else:
                     _hooks.emit(getattr(_hooks, ev), name)
+
+    def _shm_for(self, b: _Bucket) -> Optional[Any]:
+        """The shared-memory transport when bucket ``b``'s data moves through it, else None."""
+        if b.custom is not None:
+            return None
+        shm = _backend.shm_transport(self.process_set)
+        return shm if shm is not None and _shm.eligible(b.buffer.dtype, self.wire_code) else None
 
     def _launch(self, b: _Bucket) -> None:
         if _hooks is not None and _hooks.active and not b.announced:
@@ -424,9 +432,9 @@ class _GradReducer:
         b.announced = False
         # Resolved at every launch: after hvd.shutdown()/init() (elastic reset) the set has a new group.
         group = self.group = _backend.torch_group(self.process_set)
-        shm = _backend.shm_transport(self.process_set)
         if b.custom is None:
-            if shm is not None and _shm.eligible(b.buffer.dtype, self.wire_code):
+            shm = self._shm_for(b)
+            if shm is not None:
                 b.work = shm.allreduce([(b.buffer, b.buffer)], self.wire_code, inline=False)
             else:
                 b.work = dist.all_reduce(b.buffer, op=self.wire_op, group=group, async_op=True)
