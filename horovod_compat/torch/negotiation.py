@@ -33,6 +33,11 @@ Design (our own):
   filled with the op's identity element (0 for sums, +max for Min, ...); the good ranks' buffers
   come out unchanged.  A rank with an unknown key learns from the control message which cached key
   the others launched and joins with the matching dummy.
+* A rank's cache entry for a key is only trusted while no earlier op of that key, submitted here as
+  a miss, is still waiting to be verified (async bursts of unnamed ops, whose shapes change):
+  that verification may change the entry, and a rank that already ran it would speculate on the
+  new agreement while this one used the old -- two transfers of different sizes, which gloo
+  answers by aborting the process.  Such an op claims no hit and launches nothing.
 * When the control message shows anything but "all hit the same key", every rank discards the
   speculative result and runs a verification round (``all_gather_object`` of full descriptors):
   either they all agree (the new agreement is cached and the op runs for real) or the per-kind
@@ -181,6 +186,9 @@ class SetState:
         self.inflight: Dict[str, float] = {}
         self.queue: "collections.deque[Pending]" = collections.deque()  # stage-0 ops, in order
         self.verify_rounds = 0  # verification rounds run so far (tests check the loop is cheap)
+        # key -> number of this rank's queued ops of that key submitted as misses and not processed
+        # yet (see ``submit``)
+        self.unsettled: Dict[tuple, int] = {}
         self.lock = threading.Lock()
         self.control: Any = _make_control(self)
         # data of eligible allreduces moves through shared memory when the control words do
@@ -340,7 +348,8 @@ def _make_control(st: "SetState") -> Any:
 class Pending:
     """A submitted collective: ``poll()`` without blocking, ``wait()`` for its result."""
 
-    __slots__ = ("st", "plan", "agr", "works", "tok", "g", "stage", "result", "kh", "hit", "err")
+    __slots__ = ("st", "plan", "agr", "works", "tok", "g", "stage", "result", "kh", "hit", "err",
+                 "miss_key")
 
     def __init__(self, st: SetState, plan: Plan) -> None:
         self.st = st
@@ -352,6 +361,7 @@ class Pending:
         self.hit = False                         # True when ``works`` completed already
         self.tok: Any = None                     # control-exchange token
         self.g: Optional[List[Word]] = None     # every rank's (status bits, key hash, ready µs)
+        self.miss_key: Optional[tuple] = None    # set while this op, submitted as a miss, is unsettled
 
     # -- internal ---------------------------------------------------------------------------
     def _fast_ok(self) -> bool:
@@ -399,6 +409,13 @@ class Pending:
 
     def _launch_blocking(self) -> None:
         """Stage 0 -> stage 1 (real transfer launched), or stage 2 with ``err``; may wait for peers."""
+        if self.miss_key is not None:
+            # processed from here on (whatever the outcome): the key's cache entry is final again
+            unsettled = self.st.unsettled
+            unsettled[self.miss_key] -= 1
+            if not unsettled[self.miss_key]:
+                del unsettled[self.miss_key]
+            self.miss_key = None
         try:
             spec = self.works
             if spec is not None:  # speculative: once it completed, all words are readable
@@ -629,6 +646,12 @@ def submit(st: SetState, plan: Plan) -> Pending:
         agr = alts.get(desc)
         hit = agr is not None and all(d is not None for d in agr.descs)
         speculative = False
+    if st.unsettled.get(key):
+        # An earlier op of this key, submitted here as a miss, is not processed yet: its verification
+        # may change the key's agreement, so this rank's cache entry is not yet the one the other
+        # ranks use for this op.  Claim nothing and launch nothing: the op is verified, and if
+        # another rank launched speculatively, this rank joins with a dummy once it has caught up.
+        hit = speculative = False
     p.agr = agr
     try:
         if st.n == 1:
@@ -646,6 +669,9 @@ def submit(st: SetState, plan: Plan) -> Pending:
         # it: a completed transfer proves every participant's control word is readable)
         p.tok = st.control.post(code, kh)
         st.queue.append(p)
+        if not hit:
+            st.unsettled[key] = st.unsettled.get(key, 0) + 1
+            p.miss_key = key
         if spec:
             p.works = plan.launch(agr) if hit else _KINDS[desc.kind][1](agr, st)
             if hit and hooks.active:

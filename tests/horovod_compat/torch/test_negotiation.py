@@ -223,3 +223,48 @@ def test_a_long_wait_on_an_op_every_rank_submitted_is_not_a_stall():
                                  env=env):
         assert out == [2.0, 2.0]
         assert "Missing ranks" not in err
+
+
+def _async_bursts(reps: int):
+    import random
+    import time
+    import torch
+    import horovod.torch as hvd
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    jitter = random.Random(r)  # ranks drift apart differently at every op: varied interleavings
+    dtypes = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+              torch.float32, torch.float64]
+    bad = []
+    for rep in range(reps):
+        # unnamed async allgathers whose dtype and rank change from op to op, polled once each
+        handles = []
+        for dt in dtypes:
+            for dim in (1, 2, 3):
+                h = hvd.allgather_async((torch.ones([17] * dim) * r).to(dt))
+                time.sleep(jitter.random() * 0.0005)
+                hvd.poll(h)
+                handles.append((h, dim))
+        for h, dim in handles:
+            g = hvd.synchronize(h).double()
+            for i in range(n):
+                part = g[i * 17:(i + 1) * 17]
+                if list(part.shape) != [17] * dim or part.min() != i or part.max() != i:
+                    bad.append(("allgather", rep, dim, i))
+        # unnamed async allreduces whose shape changes on every rank in the middle of the burst
+        hs = [hvd.allreduce_async(torch.ones(3 if i < 4 else 5) * (r + 1), op=hvd.Sum)
+              for i in range(8)]
+        got = [hvd.synchronize(h).tolist() for h in hs]
+        want = [[float(n * (n + 1) // 2)] * (3 if i < 4 else 5) for i in range(8)]
+        if got != want:
+            bad.append(("allreduce", rep, got))
+    hvd.shutdown()
+    return bad
+
+
+def test_async_bursts_of_unnamed_ops_with_changing_shapes():
+    """Regression: a rank that had already verified an earlier op of the same (unnamed) key used to
+    speculate on the new agreement while its peer used the old one; gloo then aborted a rank on
+    the size mismatch (most runs of 5 repetitions; 12 are run)."""
+    for bad in run_function(_async_bursts, 12, num_processes=2, return_all=True, timeout=60):
+        assert bad == []
