@@ -927,7 +927,9 @@ def _validate_alltoall(descs: Sequence[Optional[Desc]], st: SetState) -> Optiona
 
 
 def _submit_alltoall(tensor: torch.Tensor, splits: Any, name: Optional[str],
-                     process_set: Optional[ProcessSet]) -> Any:
+                     process_set: Optional[ProcessSet], with_recv: bool = False) -> Any:
+    """Submit an alltoall; its result is ``(output, received_splits)`` when ``splits`` is given or
+    ``with_recv`` is set, else ``output``."""
     st = _set_state(process_set)
     if tensor.dim() == 0:
         raise ValueError("alltoall: the tensor must have at least one dimension")
@@ -950,7 +952,7 @@ def _submit_alltoall(tensor: torch.Tensor, splits: Any, name: Optional[str],
             raise ValueError(f"alltoall: splits {list(sp)} must be non-negative and sum to the "
                              f"first dimension ({d0})")
     plan = _AlltoallPlan()
-    plan.st, plan.tensor, plan.with_splits = st, tensor, splits is not None
+    plan.st, plan.tensor, plan.with_splits = st, tensor, splits is not None or with_recv
     plan.desc = Desc("alltoall", name or "", -1, _dtype_name(tensor.dtype), (_desc_shape(tensor),),
                      (sp,), tensor.device.type)
     plan.name = name or _auto_name("alltoall")
@@ -966,21 +968,17 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
 class _AlltoallFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):  # type: ignore[override]
-        res = _submit_alltoall(tensor, splits, name, process_set).wait()
-        out, recv = (res, None) if splits is None else res
+        # the received splits are kept even for an even split: ranks' first dimensions may differ,
+        # so the gradient must travel back along the rows each rank really received
+        out, recv = _submit_alltoall(tensor, splits, name, process_set, with_recv=True).wait()
         ctx.process_set = process_set
-        ctx.recv = None if recv is None else recv.tolist()
-        if recv is None:
-            recv = torch.empty(0, dtype=torch.int32)
+        ctx.recv = recv.tolist()
         ctx.mark_non_differentiable(recv)
         return out, recv
 
     @staticmethod
     def backward(ctx, grad, _):  # type: ignore[override]
-        if ctx.recv is None:
-            g = _submit_alltoall(grad.contiguous(), None, None, ctx.process_set).wait()
-        else:
-            g, _r = _submit_alltoall(grad.contiguous(), ctx.recv, None, ctx.process_set).wait()
+        g, _r = _submit_alltoall(grad.contiguous(), ctx.recv, None, ctx.process_set).wait()
         return g, None, None, None
 
 

@@ -197,6 +197,14 @@ def _semantics():
     t = torch.ones(4, requires_grad=True)
     (hvd.reducescatter(t, op=hvd.Sum) * 1.0).sum().backward()
     rep.close("reducescatter grad", t.grad, torch.ones(4))
+    # alltoall without splits, ranks with different first dimensions (2 and 4 rows): the gradient
+    # goes back along the rows each rank received
+    t = (torch.arange(2.0 * (r + 1)) + 10 * r).requires_grad_()
+    out = hvd.alltoall(t)
+    (out * out).sum().backward()
+    rep.close("alltoall even-split grad", t.grad, 2 * t.detach())
+    rep.check("alltoall even-split grad returns a tensor, not a tuple", isinstance(out, torch.Tensor),
+              type(out))
     # reducescatter restrictions
     rep.raises("reducescatter scalar -> ValueError", ValueError,
                lambda: hvd.reducescatter(torch.tensor(1.0)))
@@ -302,4 +310,4 @@ def test_semantics_async_autograd_join_on_two_ranks(shm_data):
     for rows in reports:
         failures = [r for r in rows if not r[1]]
         assert not failures, failures
-        assert len(rows) >= 51
+        assert len(rows) >= 53
