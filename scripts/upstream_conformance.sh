@@ -23,15 +23,16 @@
 # backport, horovod.runner.util.threads.in_thread) and inspect.getargspec (removed in Python 3.11,
 # used by older test files) are provided by a small pytest plugin this script writes to OUT_DIR.
 #
-# Result when this script was added: upstream test/parallel/test_torch.py as stored at
-# horovod/horovod commit 1f5c36776b5b (an early-2021 file, 67 tests, older than Horovod 0.28.1),
-# torch 2.13 CPU, Python 3.11, `ISOLATE=1 scripts/upstream_conformance.sh test_torch.py`:
-#   45 passed, 11 failed, 11 skipped (8 need a GPU, 1 disabled upstream, reinit/is_initialized are
-#   gloo-only: they run and pass with LAUNCHER=horovodrun).  Of the failures, 9 are the old file
-#   expecting pre-0.23 Horovod or pre-2.0 torch semantics (summed allgather/broadcast gradients,
-#   alltoall with splits returning one tensor, zero_grad keeping zeros, truncating floor_divide,
-#   torch.optim.Muon rejecting 1-D parameters); 2 are shim bugs in collectives.py/negotiation.py
-#   (alltoall backward without splits; an intermittent SIGABRT in a fused async allgather).
+# Result: upstream test/parallel/test_torch.py as stored at horovod/horovod commit 1f5c36776b5b
+# (an early-2021 file, 67 tests, older than Horovod 0.28.1), torch 2.13 CPU, Python 3.11,
+# `ISOLATE=1 scripts/upstream_conformance.sh test_torch.py`:
+#   47 passed, 9 failed, 11 skipped (8 need a GPU, 1 disabled upstream, reinit/is_initialized are
+#   gloo-only: they run and pass with LAUNCHER=horovodrun).  All 9 failures are the old file
+#   expecting pre-0.23 Horovod or pre-2.0 torch semantics: summed allgather/broadcast gradients,
+#   alltoall with splits returning one tensor, zero_grad keeping zeros, floor_divide truncating,
+#   and loops over every torch.optim optimizer meeting torch 2.13's Muon (rejects 1-D parameters).
+#   The two shim bugs the first run found (alltoall backward without splits; a SIGABRT in bursts of
+#   unnamed async allgathers) are fixed.
 #   Without ISOLATE the first one-rank-only failure desynchronises the rest of the file.
 set -uo pipefail
 
