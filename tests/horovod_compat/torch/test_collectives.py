@@ -129,6 +129,13 @@ def test_every_dtype_and_op_on_two_ranks(shm_data):
         assert len(rows) >= len(DTYPES) * (5 * 5 + 2 + 7)
 
 
+def _n(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def _semantics():
     import warnings
     import torch
@@ -197,6 +204,23 @@ def _semantics():
     t = torch.ones(4, requires_grad=True)
     (hvd.reducescatter(t, op=hvd.Sum) * 1.0).sum().backward()
     rep.close("reducescatter grad", t.grad, torch.ones(4))
+    # grouped allreduce mixing dtypes and sizes: the small tensors of each dtype travel fused, the
+    # 2 MB one alone; results land in the right tensors, in and out of place
+    shapes = [(3,), (5, 2), (0,), (1 << 19,), (7,), (4,)]
+    dts = [torch.float32, torch.float32, torch.float32, torch.float32, torch.int16, torch.float64]
+    mk = [lambda k, s=s, dt=dt: (torch.arange(_n(s)).reshape(s) % 7 + k).to(dt)
+          for s, dt in zip(shapes, dts)]
+    for op, on in ((hvd.Sum, "Sum"), (hvd.Average, "Average")):
+        want = [f(0) + f(1) if on == "Sum" else
+                ((f(0) + f(1)) / 2 if f(0).is_floating_point() else (f(0) + f(1)) // 2)
+                for f in mk]
+        got = hvd.grouped_allreduce([f(r) for f in mk], op=op, name=f"mixed.{on}")
+        rep.check(f"grouped mixed {on}", all(g.dtype == w.dtype and torch.equal(g, w)
+                                             for g, w in zip(got, want)), got)
+        mine = [f(r) for f in mk]
+        hvd.grouped_allreduce_(mine, op=op, name=f"mixed.{on}.inplace")
+        rep.check(f"grouped mixed {on} in place", all(torch.equal(g, w) for g, w in zip(mine, want)),
+                  mine)
     # alltoall without splits, ranks with different first dimensions (2 and 4 rows): the gradient
     # goes back along the rows each rank received
     t = (torch.arange(2.0 * (r + 1)) + 10 * r).requires_grad_()
@@ -310,4 +334,4 @@ def test_semantics_async_autograd_join_on_two_ranks(shm_data):
     for rows in reports:
         failures = [r for r in rows if not r[1]]
         assert not failures, failures
-        assert len(rows) >= 53
+        assert len(rows) >= 57

@@ -47,6 +47,16 @@ def _mismatches():
     attempt("changed on one rank", lambda: hvd.allreduce_(kept if r == 0 else torch.ones(5),
                                                            name="cached", op=hvd.Sum))
     out.append(("in-place tensor intact", kept.tolist()))
+    # the same with a cached grouped op whose small tensors travel fused: the changed rank joins
+    # the fused transfer with a dummy of the cached layout
+    for _ in range(3):
+        hvd.grouped_allreduce_([torch.ones(4), torch.ones(2), torch.ones(3, dtype=torch.float64)],
+                               name="cached.group")
+    kept_group = [torch.arange(4.0), torch.ones(2), torch.ones(3, dtype=torch.float64)]
+    attempt("grouped changed on one rank", lambda: hvd.grouped_allreduce_(
+        kept_group if r == 0 else [torch.ones(4), torch.ones(5), torch.ones(3, dtype=torch.float64)],
+        name="cached.group", op=hvd.Sum))
+    out.append(("grouped in-place tensors intact", kept_group[0].tolist()))
     # unnamed ops share a cache slot; a one-rank change is caught too
     for _ in range(3):
         hvd.allreduce(torch.ones(3))
@@ -127,6 +137,8 @@ def test_mismatches_fail_on_every_rank_and_job_keeps_working(control):
                  "'name1'.",
         "changed on one rank": "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape "
                                "[4], but another rank sent a tensor of shape [5].",
+        "grouped changed on one rank": "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor "
+                                       "of shape [2], but another rank sent a tensor of shape [5].",
         "poly changed": "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [2], "
                         "but another rank sent a tensor of shape [3].",
         "unnamed changed": "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [3], "
@@ -147,6 +159,7 @@ def test_mismatches_fail_on_every_rank_and_job_keeps_working(control):
         assert rep["broadcast after them"] == [1.0, 1.0]
         assert rep["async mismatch"].startswith("Mismatched ALLREDUCE tensor shapes")
     assert r0["in-place tensor intact"] == [0.0, 1.0, 2.0, 3.0]
+    assert r0["grouped in-place tensors intact"] == [0.0, 1.0, 2.0, 3.0]
 
 
 def _stall(capture: bool):
