@@ -186,6 +186,7 @@ class Job:
         """Run the job to its end and return rank 0's value (or every rank's, in rank order)."""
         self.placement.validate(self.request)
         self._payload = payload.dumps_target(self.request.target)
+        payload.warn_if_large(self.request.target, self._payload)
         secret = protocol.new_secret()
         self.hub = DriverHub(secret, self._on_frame, self._on_close, bind_host=self.placement.hub_bind_host)
         try:

@@ -12,6 +12,7 @@ import os
 import sys
 import sysconfig
 import types
+import warnings
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import cloudpickle
@@ -33,6 +34,27 @@ def dumps_target(target: Target) -> bytes:
         return dumps_script(target.path, target.argv)
     assert isinstance(target, CommandTarget)
     return dumps_command(target.argv)
+
+
+#: Above this many bytes a function payload draws a warning (HorovodRunner's threshold): every
+#: rank receives its own copy.
+LARGE_PAYLOAD_BYTES = 10 * 1024 * 1024
+
+
+def warn_if_large(target: Target, data: bytes) -> None:
+    """Warn, naming the largest pieces, when a function target pickles to more than
+    ``LARGE_PAYLOAD_BYTES`` (a captured dataset or model travels to every rank)."""
+    if not isinstance(target, FunctionTarget) or len(data) <= LARGE_PAYLOAD_BYTES:
+        return
+    largest = ", ".join(f"{name} ({n / 2**20:.1f} MB)" for name, n in
+                        pickled_size_report(target.fn, tuple(target.args), dict(target.kwargs)))
+    warnings.warn(
+        f"The pickled training function {target.description!r} and its arguments take "
+        f"{len(data) / 2**20:.1f} MB (largest: {largest}). Every rank receives a copy; load large "
+        "data inside the function (e.g. from a file path you pass) instead of capturing it.",
+        UserWarning,
+        stacklevel=2,
+    )
 
 
 def dumps_function(fn: Any, args: tuple, kwargs: dict) -> bytes:

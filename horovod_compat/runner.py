@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import inspect
 import os
-import warnings
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from distributor import FunctionTarget, LaunchRequest, launch, payload
+from distributor import FunctionTarget, LaunchRequest, launch
 from distributor.launchers import MpirunLauncher
 from distributor.worker import in_rank, send_to_driver
 
-#: Databricks' threshold for warning about a large pickled `main` + kwargs.
-LARGE_PAYLOAD_BYTES = 10 * 1024 * 1024
 _VERBOSITIES = ("all", "log_callback_only")
 
 
@@ -57,7 +54,6 @@ class HorovodRunner:
         if not callable(main):
             raise TypeError(f"HorovodRunner.run: main must be a function, got {type(main).__name__}.")
         _check_kwargs(main, kwargs)
-        _warn_if_large(main, kwargs)
         request = LaunchRequest(
             FunctionTarget(main, (), dict(kwargs)), abs(self.num_processor),
             env=horovod_environment(), start_timeout=_start_timeout(),
@@ -119,20 +115,6 @@ def _check_kwargs(main: Callable[..., Any], kwargs: Dict[str, Any]) -> None:
             f"{getattr(main, '__name__', 'main')}{signature}: {exc}. Pass exactly the parameters "
             "the training function takes, by name."
         ) from None
-
-
-def _warn_if_large(main: Callable[..., Any], kwargs: Dict[str, Any]) -> None:
-    size = len(payload.dumps_function(main, (), kwargs))
-    if size <= LARGE_PAYLOAD_BYTES:
-        return
-    largest = ", ".join(f"{name} ({n / 2**20:.1f} MB)" for name, n in payload.pickled_size_report(main, (), kwargs))
-    warnings.warn(
-        f"HorovodRunner: the pickled training function and its arguments take {size / 2**20:.1f} MB "
-        f"(largest: {largest}). Every rank receives a copy; load large data inside the function "
-        "(e.g. from a file path you pass) instead of capturing it.",
-        UserWarning,
-        stacklevel=3,
-    )
 
 
 __all__ = ["HorovodRunner", "log_to_driver"]

@@ -96,6 +96,18 @@ def test_unpicklable_argument_is_named_before_anything_starts():
     assert "inside the training function" in message
 
 
+def test_a_large_payload_warns_and_names_its_largest_piece():
+    big = bytes(12 * 1024 * 1024)
+    small = list(range(10))
+
+    def uses_both():
+        return len(big) + len(small)
+
+    with pytest.warns(UserWarning, match=r"take 12\.0 MB \(largest: global 'big' \(12\.0 MB\)") as rec:
+        assert run_function(uses_both, num_processes=1) == len(big) + 10
+    assert len(rec) == 1 and "Every rank receives a copy" in str(rec[0].message)
+
+
 def test_unpicklable_global_is_named():
     holder = {}
     sock = socket.socket()
