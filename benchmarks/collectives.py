@@ -10,7 +10,8 @@ For every size (float32) it prints, side by side, the median time of
 * ``dist.all_reduce(x.clone())``           what an out-of-place op costs on raw torch.distributed;
 * real Horovod's ``hvd.allreduce(x)``      only with ``--horovod-python PATH``: PATH is an
                                             interpreter with a real Horovod; its ``horovod.runner``
-                                            launches 2 ranks of this script in worker mode.
+                                            launches 2 ranks of this script in worker mode (a
+                                            separate job, after ours: not interleaved).
 
 Two jobs run: the default one, where hvd's data moves through shared memory (the ranks share a
 host), and one with ``HOROVOD_COMPAT_SHM_DATA=0``, where it moves through gloo like
@@ -26,6 +27,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Dict, List
 
@@ -98,6 +100,7 @@ def _worker_real_horovod(sizes: Dict[str, int], iters: int) -> None:
             if i >= 2:
                 ts.append(time.perf_counter() - t0)
         res[label] = statistics.median(ts) * 1e3
+        res["min " + label] = min(ts) * 1e3
     if hvd.rank() == 0:
         print("REAL-HOROVOD " + json.dumps(res), flush=True)
 
@@ -105,7 +108,9 @@ def _worker_real_horovod(sizes: Dict[str, int], iters: int) -> None:
 def _run_real_horovod(python: str, sizes_arg: str, iters: int) -> Dict[str, float]:
     cmd = [python, "-m", "horovod.runner.launch", "-np", "2", "-H", "localhost:2", python,
            os.path.abspath(__file__), "--worker-real", "--sizes", sizes_arg, "--iters", str(iters)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    # run outside the repository: its top-level `horovod/` alias package would shadow the real one
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=tempfile.gettempdir(),
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     for line in p.stdout.splitlines():
         if "REAL-HOROVOD " in line:
             return json.loads(line.split("REAL-HOROVOD ", 1)[1])
@@ -168,7 +173,8 @@ def _rows(sizes: Dict[str, int], merged: Dict[str, Dict[str, float]], real, pre:
                f"{m['hvd.allreduce_']:14.3f} {m['hvd.allreduce_'] / base:6.2f} | "
                f"{m['dist(clone)']:11.3f} {m['dist(clone)'] / base:6.2f}")
         if real:
-            row += f" | {real[label]:9.3f} {real[label] / base:6.2f}"
+            r = real[pre + label]
+            row += f" | {r:9.3f} {r / base:6.2f}"
         print(row)
 
 

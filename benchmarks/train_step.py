@@ -26,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Dict, List
 
@@ -167,7 +168,9 @@ def run_real_horovod(kind: str, args) -> Dict[str, Any]:
     cmd = [args.horovod_python, "-m", "horovod.runner.launch", "-np", "2", "-H", "localhost:2",
            args.horovod_python, os.path.abspath(__file__), "--worker-horovod", kind,
            "--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup", str(args.warmup)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    # run outside the repository: its top-level `horovod/` alias package would shadow the real one
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tempfile.gettempdir(),
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     for line in out.stdout.splitlines():
         if "HVDBENCH " in line:
             return json.loads(line.split("HVDBENCH ", 1)[1])
