@@ -15,7 +15,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${1:-/tmp/real-horovod}
 python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
-"${pip[@]}" install -c "$root/constraints.txt" torch "cmake<4" wheel packaging cloudpickle psutil pyyaml
+"${pip[@]}" install -c "$root/constraints.txt" torch numpy "cmake<4" wheel packaging cloudpickle psutil pyyaml
 src="$venv/src"
 rm -rf "$src" && mkdir -p "$src"
 "${pip[@]}" download --no-deps --no-binary :all: -d "$src" horovod==0.28.1
