@@ -1163,10 +1163,18 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
 
 # ----------------------------------------------------------------------------- sparse
 
+class SparseAllreduceHandle(int):
+    """What ``sparse_allreduce_async`` returns: Horovod code calls it (``handle()``) to wait for the
+    result; it is also a handle that ``poll`` and ``synchronize`` accept."""
+
+    def __call__(self) -> torch.Tensor:
+        return synchronize(self)
+
+
 def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
-                           process_set: ProcessSet = global_process_set) -> int:
-    """Reduce a sparse COO tensor by allgathering its indices and values; returns a handle whose
-    ``synchronize`` gives the (uncoalesced) sparse sum, divided by size for Average."""
+                           process_set: ProcessSet = global_process_set) -> SparseAllreduceHandle:
+    """Reduce a sparse COO tensor by allgathering its indices and values; the handle's result is
+    the (uncoalesced) sparse sum, divided by the set's size for Average."""
     if op not in (Average, Sum):
         raise ValueError("sparse_allreduce_async supports only Average and Sum")
     t = tensor.coalesce()
@@ -1186,7 +1194,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
                 vals = vals / st.n if vals.is_floating_point() else vals.div(st.n, rounding_mode="trunc")
             return torch.sparse_coo_tensor(idx.t(), vals, t.shape)
 
-    return _new_handle(_Both())
+    return SparseAllreduceHandle(_new_handle(_Both()))
 
 
 # ----------------------------------------------------------------------------- barrier / join

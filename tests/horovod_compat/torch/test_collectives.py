@@ -288,6 +288,9 @@ def _semantics():
     sp = torch.sparse_coo_tensor(torch.tensor([[r]]), torch.tensor([1.0 + r]), (3,))
     h = hvd.sparse_allreduce_async(sp, name="sp", op=hvd.Sum)
     rep.close("sparse_allreduce_async", hvd.synchronize(h).to_dense(), torch.tensor([1.0, 2.0, 0.0]))
+    # Horovod's own contract: the handle is a function that waits for the result
+    h = hvd.sparse_allreduce_async(sp, name="sp", op=hvd.Average)
+    rep.close("sparse_allreduce_async handle()", h().to_dense(), torch.tensor([0.5, 1.0, 0.0]))
     # Adasum: orthogonal gradients add up; identical ones stay as they are
     a = torch.tensor([1.0, 0.0]) if r == 0 else torch.tensor([0.0, 1.0])
     rep.close("Adasum orthogonal", hvd.allreduce(a, op=hvd.Adasum), torch.tensor([1.0, 1.0]))
