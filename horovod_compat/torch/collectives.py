@@ -467,6 +467,7 @@ def _prep_reduce(t: torch.Tensor, inplace: bool, prescale: float) -> torch.Tenso
     wire = _REDUCE_WIRE.get(t.dtype, t.dtype)
     if inplace and wire is t.dtype and prescale == 1.0 and t.is_contiguous():
         return t
+    t = t.detach()  # gradients, where wanted, come from the autograd functions below
     if wire is t.dtype:
         buf = _fresh_copy(t)
     else:
@@ -783,7 +784,7 @@ def _submit_allgather(tensors: Sequence[torch.Tensor], name: Optional[str],
     plan = _AllgatherPlan()
     plan.st = st
     plan.single = kind == "allgather"
-    plan.tensors = [t if t.dim() > 0 else t.reshape(1) for t in tensors]
+    plan.tensors = [(t if t.dim() > 0 else t.reshape(1)).detach() for t in tensors]
     plan.desc = Desc(kind, name or "", -1, ",".join(_dtype_name(t.dtype) for t in plan.tensors),
                      tuple(_desc_shape(t) for t in plan.tensors), (), plan.tensors[0].device.type)
     plan.name = name or _auto_name(kind)
@@ -834,9 +835,32 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
     return _new_handle(_submit_allgather(list(tensors), name, process_set, "grouped_allgather"))
 
 
+class _GroupedAllgatherFn(torch.autograd.Function):
+    """Differentiable grouped allgather: each gradient is averaged, then this rank's rows kept."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):  # type: ignore[override]
+        p = _submit_allgather(list(tensors), name, process_set, "grouped_allgather")
+        outs = p.wait()
+        ctx.dims = [[d.shapes[i][0] if d is not None else 0 for d in p.agr.descs]
+                    for i in range(len(tensors))]
+        ctx.process_set = process_set
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        me = _set_state(ctx.process_set).me
+        reduced = _submit_allreduce([g.contiguous() for g in grads], None, None, Average, 1.0, 1.0,
+                                    ctx.process_set, "grouped_allreduce", sync=True).wait()
+        rows = [r[sum(dims[:me]): sum(dims[:me + 1])] for r, dims in zip(reduced, ctx.dims)]
+        return (None, None, *rows)
+
+
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
-    """Allgather a list of tensors as one op."""
+    """Allgather a list of tensors as one op (differentiable)."""
+    if any(t.requires_grad for t in tensors) and torch.is_grad_enabled():
+        return list(_GroupedAllgatherFn.apply(name, process_set, *tensors))
     return _submit_allgather(list(tensors), name, process_set, "grouped_allgather").wait()
 
 
@@ -1054,13 +1078,13 @@ class _ReducescatterPlan(Plan):
             base, extra = divmod(b.shape[0], n)
             start = me * base + min(me, extra)
             part = b[start: start + base + (1 if me < extra else 0)].clone()
-            if self.op == Average:
-                if part.is_floating_point():
-                    part.mul_(self.postscale / n)
-                else:
+            if self.op == Average and part.is_floating_point():
+                _scale_(part, self.postscale / n)
+            else:
+                if self.op == Average:
                     part.div_(n, rounding_mode="trunc")
-            elif self.postscale != 1.0:
-                part.mul_(self.postscale)
+                if self.postscale != 1.0:
+                    _scale_(part, self.postscale)
             dtype = _DTYPES_BY_NAME[dtn]
             outs.append(part if part.dtype == dtype else part.to(dtype))
         return outs[0] if self.single else outs
@@ -1084,7 +1108,10 @@ def _submit_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str], 
     if not tensors:
         return _Empty()
     if op not in (Average, Sum):
-        raise ValueError(f"reducescatter only supports Average and Sum, not {_OP_NAMES.get(op, op)}")
+        # Horovod's core rejects the op when enqueueing it, which its Python layer re-raises as
+        # HorovodInternalError (a RuntimeError)
+        raise HorovodInternalError(f"Reducescatter only supports Average and Sum; use op=hvd.Sum or "
+                                   f"op=hvd.Average (got {_OP_NAMES.get(op, op)}).")
     for t in tensors:
         if t.dim() == 0:
             raise ValueError("reducescatter does not support scalar tensors: the tensor must have "
@@ -1100,22 +1127,39 @@ def _submit_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str], 
     return _neg.submit(st, plan)
 
 
+def _reducescatter_grads(grads: Sequence[torch.Tensor], op: int, prescale: float, postscale: float,
+                         process_set: Optional[ProcessSet]) -> List[torch.Tensor]:
+    """Horovod's reducescatter gradient: each rank's output gradient, times the set's size for
+    Sum and times both scale factors, allgathered back to the input's shape."""
+    factor = prescale * postscale * (_set_state(process_set).n if op == Sum else 1)
+    scaled = [(g * factor if factor != 1.0 else g).contiguous() for g in grads]
+    return _submit_allgather(scaled, None, process_set, "grouped_allgather").wait()
+
+
 class _ReducescatterFn(torch.autograd.Function):
-    """Differentiable reducescatter: backward allgathers the gradient (divided by size for Average)."""
+    """Differentiable reducescatter (gradient: see ``_reducescatter_grads``)."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, prescale, postscale, process_set):  # type: ignore[override]
-        ctx.args = (op, process_set)
+        ctx.args = (op, prescale, postscale, process_set)
         return _submit_reducescatter([tensor], name, op, prescale, postscale, process_set,
                                      "reducescatter").wait()
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        op, process_set = ctx.args
-        g = _submit_allgather([grad.contiguous()], None, process_set, "allgather").wait()
-        if op == Average:
-            g = g / _set_state(process_set).n
-        return g, None, None, None, None, None
+        return (_reducescatter_grads([grad], *ctx.args)[0], None, None, None, None, None)
+
+
+class _GroupedReducescatterFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale, postscale, process_set, *tensors):  # type: ignore[override]
+        ctx.args = (op, prescale, postscale, process_set)
+        return tuple(_submit_reducescatter(list(tensors), name, op, prescale, postscale,
+                                           process_set, "grouped_reducescatter").wait())
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        return (None, None, None, None, None, *_reducescatter_grads(grads, *ctx.args))
 
 
 def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
@@ -1145,10 +1189,15 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] =
                           process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[torch.Tensor]:
-    """Reducescatter a list of tensors as one op."""
+    """Reducescatter a list of tensors as one op (differentiable)."""
     pairs = [compression.compress(t) for t in tensors]
-    outs = _submit_reducescatter([p[0] for p in pairs], name, op, prescale_factor, postscale_factor,
-                                 process_set, "grouped_reducescatter").wait()
+    ts = [p[0] for p in pairs]
+    if any(t.requires_grad for t in ts) and torch.is_grad_enabled():
+        outs = list(_GroupedReducescatterFn.apply(name, op, prescale_factor, postscale_factor,
+                                                  process_set, *ts))
+    else:
+        outs = _submit_reducescatter(ts, name, op, prescale_factor, postscale_factor,
+                                     process_set, "grouped_reducescatter").wait()
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 

@@ -201,9 +201,24 @@ def _semantics():
     (hvd.broadcast(t, root_rank=1) * (r + 1)).sum().backward()
     rep.close("broadcast grad: averaged on root, zero elsewhere", t.grad,
               torch.full((2,), 1.5) if r == 1 else torch.zeros(2))
+    # Horovod's reducescatter gradient: allgather of the output gradients, times size for Sum and
+    # times the scale factors
     t = torch.ones(4, requires_grad=True)
     (hvd.reducescatter(t, op=hvd.Sum) * 1.0).sum().backward()
-    rep.close("reducescatter grad", t.grad, torch.ones(4))
+    rep.close("reducescatter grad (Sum)", t.grad, torch.full((4,), 2.0))
+    t = torch.ones(4, requires_grad=True)
+    (hvd.reducescatter(t, op=hvd.Average, postscale_factor=3.0) * (r + 1)).sum().backward()
+    rep.close("reducescatter grad (Average, postscale)", t.grad, torch.tensor([3.0, 3.0, 6.0, 6.0]))
+    ts = [torch.ones(4, requires_grad=True), torch.ones(2, 3, requires_grad=True)]
+    sum(o.sum() for o in hvd.grouped_reducescatter(ts, op=hvd.Sum)).backward()
+    rep.close("grouped reducescatter grad", torch.cat([ts[0].grad, ts[1].grad.flatten()]),
+              torch.full((10,), 2.0))
+    ts = [torch.full((r + 1, 2), 1.0, requires_grad=True), torch.ones(3, requires_grad=True)]
+    outs = hvd.grouped_allgather(ts)
+    (outs[0].sum() * (r + 1) + outs[1].sum()).backward()
+    rep.close("grouped allgather grad (averaged, own rows)",
+              torch.cat([ts[0].grad.flatten(), ts[1].grad]),
+              torch.full((2 * (r + 1) + 3,), 1.0) * torch.tensor([1.5] * 2 * (r + 1) + [1.0] * 3))
     # grouped allreduce mixing dtypes and sizes: the small tensors of each dtype travel fused, the
     # 2 MB one alone; results land in the right tensors, in and out of place
     shapes = [(3,), (5, 2), (0,), (1 << 19,), (7,), (4,)]
@@ -232,8 +247,9 @@ def _semantics():
     # reducescatter restrictions
     rep.raises("reducescatter scalar -> ValueError", ValueError,
                lambda: hvd.reducescatter(torch.tensor(1.0)))
-    rep.raises("reducescatter Max -> ValueError", ValueError,
-               lambda: hvd.reducescatter(torch.ones(2), op=hvd.Max))
+    for op_name in ("Max", "Adasum"):
+        rep.raises(f"reducescatter {op_name} -> HorovodInternalError", hvd.HorovodInternalError,
+                   lambda: hvd.reducescatter(torch.ones(2), op=getattr(hvd, op_name)))
     rs = hvd.reducescatter(torch.arange(4.0) * (r + 1))
     rep.close("reducescatter Average", rs, torch.tensor([0.0, 1.5]) if r == 0 else torch.tensor([3.0, 4.5]))
     gr = hvd.grouped_reducescatter([torch.ones(2), torch.ones(4)], op=hvd.Sum)
