@@ -149,6 +149,7 @@ class _GradReducer:
         self.touched = False            # a hook fired since the last synchronize (Horovod: _handles)
         self.next_bucket = 0
         self.sparse_pending: Dict[int, torch.Tensor] = {}
+        self.densified: List[int] = []  # sparse gradients reduced dense (sparse_as_dense)
         self.arrival: Optional[List[int]] = []  # observed order during the first iteration
         self.grad_views = False         # p.grad as views of the buckets (after the first iteration)
         self.buckets: List[_Bucket] = []
@@ -374,6 +375,7 @@ class _GradReducer:
         elif g.is_sparse:
             if self.sparse_as_dense:
                 g = p.grad = g.to_dense()
+                self.densified.append(i)
             else:
                 self.sparse_pending[i] = g
                 if b.custom is not None:
@@ -513,6 +515,12 @@ class _GradReducer:
             for i in sorted(self.sparse_pending):
                 self.params[i].grad = self._sparse_allreduce(self.sparse_pending[i])
             self.sparse_pending.clear()
+        if self.densified:
+            # Horovod: a sparse gradient reduced as dense is sparse again for the update
+            # (optimizers such as SparseAdam accept only sparse gradients).
+            for i in self.densified:
+                self.params[i].grad = self.params[i].grad.to_sparse()
+            self.densified.clear()
         self.next_bucket = 0
         self.delay = [self.bpps] * len(self.params)
         self.touched = False
@@ -576,6 +584,7 @@ class _GradReducer:
             if b.custom is not None:
                 b.custom = [None] * len(b.members)
         self.sparse_pending.clear()
+        self.densified.clear()
         self.next_bucket = 0
         self.delay = [self.bpps] * len(self.params)
         self.touched = False
