@@ -28,7 +28,7 @@ from .lifecycle import (  # noqa: F401
     ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
     is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
     mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
-    stop_timeline,
+    stop_timeline, sycl_built,
 )
 from .process_sets import (  # noqa: F401
     ProcessSet, add_process_set, get_process_set_ids_and_ranks, global_process_set,

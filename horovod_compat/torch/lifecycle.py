@@ -38,7 +38,7 @@ from . import process_sets as _ps
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "cross_rank",
     "cross_size", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
-    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline",
+    "nccl_built", "ddl_built", "ccl_built", "sycl_built", "cuda_built", "rocm_built", "start_timeline",
     "stop_timeline", "is_homogeneous",
 ]
 
@@ -434,6 +434,12 @@ def ddl_built() -> bool:
 
 def ccl_built() -> bool:
     """oneCCL is not supported."""
+    return False
+
+
+def sycl_built() -> bool:
+    """SYCL (Intel GPUs) is not supported.  Intel's Horovod fork added this query; scripts written
+    for that fork call it."""
     return False
 
 

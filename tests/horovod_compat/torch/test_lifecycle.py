@@ -176,7 +176,7 @@ def _engine_lifecycle():
     res["caps"] = dict(mpi_built=hvd.mpi_built(), mpi_enabled=hvd.mpi_enabled(),
                        gloo_built=hvd.gloo_built(), gloo_enabled=hvd.gloo_enabled(),
                        nccl_built=hvd.nccl_built(), ddl_built=hvd.ddl_built(),
-                       ccl_built=hvd.ccl_built(), cuda_built=hvd.cuda_built(),
+                       ccl_built=hvd.ccl_built(), sycl_built=hvd.sycl_built(), cuda_built=hvd.cuda_built(),
                        rocm_built=hvd.rocm_built(), mpi_threads=hvd.mpi_threads_supported())
     try:  # dispatched to horovod_compat.torch.timeline, which wants HOROVOD_TIMELINE=DYNAMIC
         hvd.start_timeline("/tmp/never-written.json")
@@ -213,7 +213,7 @@ def test_engine_init_shutdown_reinit_and_capabilities():
         c = r["caps"]
         assert c["gloo_built"] is True and c["gloo_enabled"] is True
         assert c["mpi_built"] is True and c["mpi_enabled"] is False and c["mpi_threads"] is False
-        assert c["nccl_built"] == 0 and c["ddl_built"] is False and c["ccl_built"] is False
+        assert c["nccl_built"] == 0 and c["ddl_built"] is False and c["ccl_built"] is False and c["sycl_built"] is False
         assert c["cuda_built"] is False and c["rocm_built"] is False
         assert r["timeline"] == "Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage."
         assert r["after_shutdown"] is False
