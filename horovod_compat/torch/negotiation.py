@@ -46,16 +46,24 @@ Design (our own):
 * Ranks that called ``hvd.join()`` answer control messages with a "joined" bit and contribute
   zeros to the collectives of the others.
 
-Ordering: collectives must be *submitted* in the same order on every rank (torch.distributed's
-rule; Horovod's reordering of async submissions by name is not reproduced), but handles may be
-synchronized or polled in any order: before an op advances, every op submitted earlier on its set is
-brought to "transfer launched" first, so control rounds happen in submission order everywhere.
+Ordering: each rank's collectives take control slots in submission order, and handles may be
+synchronized or polled in any order: before an op advances, every op queued before it on its set is
+brought to "transfer launched" first, so control rounds happen in slot order everywhere.  When the
+ranks reach a slot with *different* collectives (Horovod pairs ops by name, so e.g. one rank may
+submit an async op before a barrier and another after it), the verification round also carries
+each rank's other queued ops; if every rank has already submitted an op of one same (kind, name),
+that op runs now and each rank's ops queued before it move to later slots, which every rank then
+verifies (``_match_by_name``).  This needs the shared-memory control and no speculative transfer
+among the ops concerned; otherwise, or when no op is common to all ranks, it is the mismatch error.
 
-Known limit: if two ranks submit *different names that are both cached* at the same position (a
-program bug that Horovod answers with a stall), both launch speculative transfers; when their
-sizes differ the data group may hang -- the stall inspector then names the ranks and tensors, as
-Horovod's does.  With equal sizes the error is raised on every rank but in-place buffers may already
-hold the mixed result.  The shared-memory control relies on x86-64/ARM64 store ordering of aligned
+Known limit: if two ranks submit *different names that are both cached* at the same slot, both
+launch speculative transfers before they can know; when their sizes differ the data group may hang
+-- the stall inspector then names the ranks and tensors, as Horovod's does.  With equal sizes the
+error is raised on every rank but in-place buffers may already hold the mixed result.  So
+allreduces, allgathers, alltoalls and reducescatters submitted in different orders on different
+ranks are paired by name the first time each name is seen (not yet cached), not in a loop.
+
+The shared-memory control relies on x86-64/ARM64 store ordering of aligned
 8-byte words written through ``memoryview`` (sequence word last): x86-64's total store order
 guarantees it, so other architectures use the gloo control.
 
@@ -189,6 +197,10 @@ class SetState:
         # key -> number of this rank's queued ops of that key submitted as misses and not processed
         # yet (see ``submit``)
         self.unsettled: Dict[tuple, int] = {}
+        # control slots (shared-memory sequence numbers) whose posted words no longer describe the
+        # op that will use them, after ops were matched by name out of order (see ``_match_by_name``):
+        # every rank takes the slow path there, and nothing speculates while any is left
+        self.stale: set = set()
         self.lock = threading.Lock()
         self.control: Any = _make_control(self)
         # data of eligible allreduces moves through shared memory when the control words do
@@ -368,6 +380,8 @@ class Pending:
         """After the control message: did every rank hit the same key?"""
         if self.g is None:
             self.g = self.st.control.result(self.tok)
+        if self.st.stale and self.tok in self.st.stale:
+            return False
         kh = self.kh
         for code, h, _t in self.g:
             if not (code & HIT) or h != kh:
@@ -396,6 +410,22 @@ class Pending:
             self._done()
         return self.result
 
+    def _settle_miss(self) -> None:
+        """This op is being processed (whatever the outcome): its key's cache entry is final again."""
+        if self.miss_key is not None:
+            unsettled = self.st.unsettled
+            unsettled[self.miss_key] -= 1
+            if not unsettled[self.miss_key]:
+                del unsettled[self.miss_key]
+            self.miss_key = None
+
+    def _unsettle(self) -> None:
+        """This op goes back to waiting, unverified: no op of its key may claim a hit meanwhile."""
+        if self.miss_key is None:
+            key = self.plan.desc.key
+            self.st.unsettled[key] = self.st.unsettled.get(key, 0) + 1
+            self.miss_key = key
+
     def _done(self) -> None:
         self.stage = 2
         self.st.inflight.pop(self.plan.name, None)
@@ -403,19 +433,15 @@ class Pending:
             hooks.emit(hooks.OP_END, self.plan.name)
 
     # -- ordering ---------------------------------------------------------------------------
-    # Control rounds and non-speculative launches must happen in SUBMISSION order on every rank,
+    # Control rounds and non-speculative launches must happen in slot order on every rank,
     # whatever order the user synchronizes handles in (Horovod allows any order).  So before an
-    # op advances, every op submitted earlier on the same set is brought to "transfer launched".
+    # op advances, every op queued before it on the same set is brought to "transfer launched".
+    # The queue holds exactly the ops in stage 0, in slot order; matching by name
+    # (``_match_by_name``) may launch a later op first and move the head to a later slot.
 
     def _launch_blocking(self) -> None:
         """Stage 0 -> stage 1 (real transfer launched), or stage 2 with ``err``; may wait for peers."""
-        if self.miss_key is not None:
-            # processed from here on (whatever the outcome): the key's cache entry is final again
-            unsettled = self.st.unsettled
-            unsettled[self.miss_key] -= 1
-            if not unsettled[self.miss_key]:
-                del unsettled[self.miss_key]
-            self.miss_key = None
+        self._settle_miss()
         try:
             spec = self.works
             if spec is not None:  # speculative: once it completed, all words are readable
@@ -443,22 +469,19 @@ class Pending:
         self._launch_blocking()
         return True
 
-    def _drain_before(self, block: bool) -> bool:
+    def _advance(self, block: bool) -> bool:
+        """Process the set's queue up to this op (which leaves stage 0); False when ``block`` is
+        False and that would have to wait for peers."""
         q = self.st.queue
-        while q and q[0] is not self:
+        while self.stage == 0:
             p = q[0]
-            if p.stage == 0:
-                if block:
-                    p._launch_blocking()
-                elif not p._launch_ready():
-                    return False
-            q.popleft()
+            if block:
+                p._launch_blocking()
+            elif not p._launch_ready():
+                return False
+            if p.stage != 0 and q and q[0] is p:
+                q.popleft()
         return True
-
-    def _pop_self(self) -> None:
-        q = self.st.queue
-        if q and q[0] is self:
-            q.popleft()
 
     # -- public -------------------------------------------------------------------------------
     def poll(self) -> bool:
@@ -466,9 +489,8 @@ class Pending:
         if self.stage == 2:
             return True
         if self.stage == 0:
-            if not self._drain_before(False) or not self._launch_ready():
+            if not self._advance(False):
                 return False
-            self._pop_self()
             if self.stage == 2:
                 return True  # failed: synchronize() raises
         return all(w.is_completed() for w in self.works)
@@ -476,9 +498,7 @@ class Pending:
     def wait(self) -> Any:
         """Block until done; return the result or raise ``HorovodInternalError``."""
         if self.stage == 0:
-            self._drain_before(True)
-            self._launch_blocking()
-            self._pop_self()
+            self._advance(True)
         if self.stage == 2:
             if self.err is not None:
                 raise self.err
@@ -492,12 +512,28 @@ class Pending:
             raise HorovodInternalError(f"{self.plan.desc.kind} {self.plan.name!r} failed: {exc}") from exc
         return self._finish()
 
+    def _queued_after(self) -> tuple:
+        """``(descriptor, slot, speculative transfer launched)`` of this rank's other waiting ops
+        of the set, in slot order (what ``_match_by_name`` may pair by name)."""
+        if not isinstance(self.st.control, _ShmControl):
+            return ()
+        return tuple((p.plan.desc, p.tok, p.works is not None)
+                     for p in self.st.queue if p is not self and p.stage == 0)
+
     def _slow_launch(self) -> None:
         """Somebody missed: settle speculative transfers, verify all descriptors, launch for real."""
         st, plan = self.st, self.plan
         try:
             _settle_speculation(st, self.g, self.works)
-            descs = _exchange_descs(st, plan.desc)
+            if st.stale:
+                st.stale.discard(self.tok)
+            descs, queued = _exchange_descs(st, plan.desc, self._queued_after())
+            if _keys_differ(descs):
+                chosen = _match_by_name(st, self, descs, queued)
+                if chosen is not None and chosen[0] is not self:
+                    return  # another op ran; this one waits for a later slot (still stage 0)
+                if chosen is not None:
+                    descs = chosen[1]
             if hooks.active:
                 _emit_ready(st, plan.name, self.g)
             err = _validate(st, descs)
@@ -548,11 +584,74 @@ def _settle_speculation(st: SetState, g: Sequence[Word], my_works: Optional[List
         w.wait()
 
 
-def _exchange_descs(st: SetState, desc: Optional[Desc]) -> List[Optional[Desc]]:
+def _exchange_descs(st: SetState, desc: Optional[Desc], queued: tuple = ()
+                    ) -> Tuple[List[Optional[Desc]], List[tuple]]:
+    """Verification round: every rank's descriptor for the current slot (None: joined), and what
+    each rank has queued after it (``Pending._queued_after``)."""
     st.verify_rounds += 1
-    out: List[Optional[Desc]] = [None] * st.n
-    dist.all_gather_object(out, desc, group=st.ctl)
-    return out
+    out: List[Any] = [None] * st.n
+    dist.all_gather_object(out, None if desc is None else (desc, queued), group=st.ctl)
+    return [o and o[0] for o in out], [o[1] if o else () for o in out]
+
+
+def _keys_differ(descs: Sequence[Optional[Desc]]) -> bool:
+    keys = {d.key for d in descs if d is not None}
+    return len(keys) > 1
+
+
+def _match_by_name(st: SetState, head: Pending, descs: Sequence[Optional[Desc]],
+                   queued: Sequence[tuple]) -> Optional[Tuple[Pending, List[Desc]]]:
+    """The ranks are at the same control slot with different collectives.  Horovod pairs
+    collectives by name, not by position: if every rank has already submitted an op of one same
+    (kind, name), run that one now -- the first such key in the lowest rank's submission order --
+    and move each rank's ops that were queued before it to later slots.  Returns this rank's
+    chosen op and every rank's descriptor for it, or None (then the mismatch is an error).
+
+    Every rank computes the same answer from the same exchanged data.  Only possible with the
+    shared-memory control (slots are sequence numbers) and when no rank launched a speculative
+    transfer for any of the ops concerned (data transfers must keep one order on every rank, and a
+    speculative transfer at this slot already combined different ops' data).
+    """
+    if (not isinstance(st.control, _ShmControl) or any(d is None for d in descs)
+            or any(code & LAUNCHED for code, _kh, _t in head.g)):
+        return None  # a speculative transfer already mixed the ops' data: an error, as before
+    lists = [[(d, None, False)] + list(q) for d, q in zip(descs, queued)]
+    if any(spec for lst in lists for _d, _slot, spec in lst[1:]):
+        return None
+    key = next((d.key for d, _s, _x in lists[0]
+                if all(any(e[0].key == d.key for e in lst) for lst in lists)), None)
+    if key is None:
+        return None
+    at = [next(i for i, e in enumerate(lst) if e[0].key == key) for lst in lists]
+    chosen_descs = [lst[i][0] for lst, i in zip(lists, at)]
+    # Every queued op of every rank now waits for a slow-path slot: its posted word (and any hit
+    # it claimed) may describe another op.
+    st.stale.update(slot for lst in lists for _d, slot, _x in lst[1:])
+    mine = [head] + [p for p in st.queue if p is not head and p.stage == 0]
+    k = at[st.me]
+    chosen = mine[k]
+    for p in mine:
+        if p is not chosen:
+            p._unsettle()
+    if k > 0:
+        # ops queued before the chosen one shift to the slots of their successors
+        toks = [p.tok for p in mine[1:k + 1]]
+        for p, tok in zip(mine[:k], toks):
+            p.tok, p.g = tok, None
+        head.g = None
+        chosen._settle_miss()
+        st.queue.remove(chosen)
+        err = _validate(st, chosen_descs)
+        if err is not None:
+            chosen.err = HorovodInternalError(err)
+            chosen._done()
+        else:
+            chosen.agr = _remember(st, chosen_descs)
+            chosen.works = chosen.plan.launch(chosen.agr)
+            chosen.stage = 1
+            if hooks.active:
+                _emit_start(chosen.plan)
+    return chosen, chosen_descs
 
 
 def _validate(st: SetState, descs: Sequence[Optional[Desc]]) -> Optional[str]:
@@ -646,6 +745,8 @@ def submit(st: SetState, plan: Plan) -> Pending:
         agr = alts.get(desc)
         hit = agr is not None and all(d is not None for d in agr.descs)
         speculative = False
+    if st.stale:
+        speculative = False  # slots are being re-paired after a by-name match: no transfer may start early
     if st.unsettled.get(key):
         # An earlier op of this key, submitted here as a miss, is not processed yet: its verification
         # may change the key's agreement, so this rank's cache entry is not yet the one the other
@@ -687,20 +788,24 @@ def join(st: SetState) -> int:
     has joined.  Returns the global rank of the last rank to join."""
     name = "join"
     while st.queue:  # our own earlier async ops go first, in order
-        p = st.queue.popleft()
-        if p.stage == 0:
-            p._launch_blocking()
+        p = st.queue[0]
+        p._launch_blocking()
+        if p.stage != 0 and st.queue and st.queue[0] is p:
+            st.queue.popleft()
     st.inflight[name] = time.monotonic()
     code = JOINED | JUST_JOINED
     try:
         while True:
-            g = st.control.result(st.control.post(code, 0))
+            tok = st.control.post(code, 0)
+            if st.stale:
+                st.stale.discard(tok)
+            g = st.control.result(tok)
             code = JOINED
             if all(c & JOINED for c, _kh, _t in g):
                 last = max(i for i, (c, _kh, _t) in enumerate(g) if c & JUST_JOINED)
                 return st.ranks[last]
             _settle_speculation(st, g, None)
-            descs = _exchange_descs(st, None)
+            descs, _queued = _exchange_descs(st, None)
             if all(d is None for d in descs) or _validate(st, descs) is not None:
                 continue  # the others raise; nothing more to do for this op
             agr = _remember(st, descs)

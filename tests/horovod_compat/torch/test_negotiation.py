@@ -162,6 +162,82 @@ def test_mismatches_fail_on_every_rank_and_job_keeps_working(control):
     assert r0["grouped in-place tensors intact"] == [0.0, 1.0, 2.0, 3.0]
 
 
+def _submitted_in_different_orders():
+    import torch
+    import horovod.torch as hvd
+    torch.set_num_threads(1)
+    hvd.init()
+    r = hvd.rank()
+    st = hvd.global_process_set.negotiation
+    out = {"control": type(st.control).__name__}
+    # upstream Horovod's duplicate-name test: one rank submits an async op before a barrier, the
+    # other after it; Horovod pairs ops by name, so both barriers and the op complete
+    t = torch.full((3,), float(r + 1))
+    if r == 0:
+        h = hvd.allreduce_async(t, name="early", op=hvd.Sum)
+    hvd.barrier()
+    if r == 1:
+        h = hvd.allreduce_async(t, name="early", op=hvd.Sum)
+    hvd.barrier()
+    out["early"] = hvd.synchronize(h).tolist()
+    # two async ops (different kinds and sizes) submitted in opposite orders, waited in any order
+    a, b = torch.ones(2) * (r + 1), torch.full((1 + r, 2), 10.0 * (r + 1))
+    if r == 0:
+        ha = hvd.allreduce_async_(a, name="a", op=hvd.Sum)
+        hb = hvd.allgather_async(b, name="b")
+    else:
+        hb = hvd.allgather_async(b, name="b")
+        ha = hvd.allreduce_async_(a, name="a", op=hvd.Sum)
+    out["b"] = hvd.synchronize(hb).tolist()
+    out["a"] = hvd.synchronize(ha).tolist()
+    out["a in place"] = a.tolist()
+    # a shape mismatch found while pairing by name is still Horovod's error, on every rank
+    if r == 0:
+        hc = hvd.allreduce_async(torch.ones(2), name="c")
+    hvd.barrier()
+    if r == 1:
+        hc = hvd.allreduce_async(torch.ones(3), name="c")
+    try:
+        hvd.synchronize(hc)
+        out["c"] = None
+    except hvd.HorovodInternalError as e:
+        out["c"] = str(e)
+    # names no other rank submitted cannot be paired: the error is immediate, as before
+    try:
+        hvd.allreduce(torch.ones(2), name=f"only{r}")
+        out["only"] = None
+    except hvd.HorovodInternalError as e:
+        out["only"] = str(e)
+    # afterwards the steady state is back to no verification round at all
+    for _ in range(3):
+        hvd.allreduce(torch.ones(4), name="loop")
+        hvd.allgather(torch.ones(1, 2), name="loop.g")
+    before = st.verify_rounds
+    for _ in range(5):
+        hvd.allreduce(torch.ones(4), name="loop")
+        hvd.allgather(torch.ones(1, 2), name="loop.g")
+    out["steady verification rounds"] = st.verify_rounds - before
+    out["stale slots left"] = len(st.stale)
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.parametrize("data", ["shm", "gloo"])
+def test_ops_submitted_in_different_orders_are_paired_by_name(data):
+    env = {"HOROVOD_COMPAT_SHM_DATA": "1" if data == "shm" else "0"}
+    for rep in run_function(_submitted_in_different_orders, num_processes=2, return_all=True,
+                            timeout=120, env=env):
+        assert rep["control"] == "_ShmControl"
+        assert rep["early"] == [3.0, 3.0, 3.0]
+        assert rep["a"] == rep["a in place"] == [3.0, 3.0]
+        assert rep["b"] == [[10.0, 10.0], [20.0, 20.0], [20.0, 20.0]]
+        assert rep["c"].startswith("Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of "
+                                   "shape [2], but another rank sent a tensor of shape [3].")
+        assert rep["only"].startswith("Mismatched ALLREDUCE tensor names")
+        assert rep["steady verification rounds"] == 0
+        assert rep["stale slots left"] == 0
+
+
 def _stall(capture: bool):
     import io
     import sys
