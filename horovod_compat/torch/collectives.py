@@ -1151,6 +1151,8 @@ class _ReducescatterFn(torch.autograd.Function):
 
 
 class _GroupedReducescatterFn(torch.autograd.Function):
+    """Differentiable grouped reducescatter (gradients: see ``_reducescatter_grads``)."""
+
     @staticmethod
     def forward(ctx, name, op, prescale, postscale, process_set, *tensors):  # type: ignore[override]
         ctx.args = (op, prescale, postscale, process_set)
