@@ -520,13 +520,24 @@ class Pending:
         return tuple((p.plan.desc, p.tok, p.works is not None)
                      for p in self.st.queue if p is not self and p.stage == 0)
 
+    def _launch_verified(self, descs: Sequence[Optional[Desc]]) -> None:
+        """Every rank's descriptor for this op is known: stage 1 if they agree, else Horovod's
+        mismatch error (``HorovodInternalError``)."""
+        err = _validate(self.st, descs)
+        if err is not None:
+            raise HorovodInternalError(err)
+        self.agr = _remember(self.st, descs)
+        self.works = self.plan.launch(self.agr)
+        self.stage = 1
+        if hooks.active:
+            _emit_start(self.plan)
+
     def _slow_launch(self) -> None:
         """Somebody missed: settle speculative transfers, verify all descriptors, launch for real."""
         st, plan = self.st, self.plan
         try:
             _settle_speculation(st, self.g, self.works)
-            if st.stale:
-                st.stale.discard(self.tok)
+            st.stale.discard(self.tok)
             descs, queued = _exchange_descs(st, plan.desc, self._queued_after())
             if _keys_differ(descs):
                 chosen = _match_by_name(st, self, descs, queued)
@@ -536,14 +547,7 @@ class Pending:
                     descs = chosen[1]
             if hooks.active:
                 _emit_ready(st, plan.name, self.g)
-            err = _validate(st, descs)
-            if err is not None:
-                raise HorovodInternalError(err)
-            self.agr = _remember(st, descs)
-            self.works = plan.launch(self.agr)
-            self.stage = 1
-            if hooks.active:
-                _emit_start(plan)
+            self._launch_verified(descs)
         except HorovodInternalError:
             raise
         except Exception as exc:
@@ -641,16 +645,11 @@ def _match_by_name(st: SetState, head: Pending, descs: Sequence[Optional[Desc]],
         head.g = None
         chosen._settle_miss()
         st.queue.remove(chosen)
-        err = _validate(st, chosen_descs)
-        if err is not None:
-            chosen.err = HorovodInternalError(err)
+        try:
+            chosen._launch_verified(chosen_descs)
+        except HorovodInternalError as exc:
+            chosen.err = exc
             chosen._done()
-        else:
-            chosen.agr = _remember(st, chosen_descs)
-            chosen.works = chosen.plan.launch(chosen.agr)
-            chosen.stage = 1
-            if hooks.active:
-                _emit_start(chosen.plan)
     return chosen, chosen_descs
 
 
@@ -797,8 +796,7 @@ def join(st: SetState) -> int:
     try:
         while True:
             tok = st.control.post(code, 0)
-            if st.stale:
-                st.stale.discard(tok)
+            st.stale.discard(tok)
             g = st.control.result(tok)
             code = JOINED
             if all(c & JOINED for c, _kh, _t in g):
