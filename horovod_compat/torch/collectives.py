@@ -797,35 +797,36 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     return _new_handle(_submit_allgather([tensor], name, process_set, "allgather"))
 
 
-def _allgather_with_dims(tensor: torch.Tensor, name: Optional[str],
-                         process_set: Optional[ProcessSet]) -> Tuple[torch.Tensor, List[int]]:
-    p = _submit_allgather([tensor], name, process_set, "allgather")
-    out = p.wait()
-    return out, [d.shapes[0][0] if d is not None else 0 for d in p.agr.descs]
-
-
 class _AllgatherFn(torch.autograd.Function):
-    """Differentiable allgather: backward averages the gradient, then keeps this rank's rows."""
+    """Differentiable allgather, single or grouped (``kind``): each gradient is averaged over the
+    set (one allreduce, grouped for the grouped op), then this rank's rows are kept."""
 
     @staticmethod
-    def forward(ctx, tensor, name, process_set):  # type: ignore[override]
-        out, dims = _allgather_with_dims(tensor, name, process_set)
-        ctx.dims, ctx.process_set = dims, process_set
-        return out
+    def forward(ctx, kind, name, process_set, *tensors):  # type: ignore[override]
+        p = _submit_allgather(list(tensors), name, process_set, kind)
+        out = p.wait()
+        ctx.dims = [[d.shapes[i][0] if d is not None else 0 for d in p.agr.descs]
+                    for i in range(len(tensors))]
+        ctx.kind, ctx.process_set = kind, process_set
+        return out if kind == "allgather" else tuple(out)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        st = _set_state(ctx.process_set)
-        reduced = _allreduce_nograd(grad.contiguous(), None, Average, 1.0, 1.0, ctx.process_set)
-        start = sum(ctx.dims[: st.me])
-        return reduced[start: start + ctx.dims[st.me]], None, None
+    def backward(ctx, *grads):  # type: ignore[override]
+        me = _set_state(ctx.process_set).me
+        reduce_kind = "allreduce" if ctx.kind == "allgather" else "grouped_allreduce"
+        reduced = _submit_allreduce([g.contiguous() for g in grads], None, None, Average, 1.0, 1.0,
+                                    ctx.process_set, reduce_kind, sync=True).wait()
+        if ctx.kind == "allgather":
+            reduced = [reduced]
+        rows = [r[sum(dims[:me]): sum(dims[:me + 1])] for r, dims in zip(reduced, ctx.dims)]
+        return (None, None, None, *rows)
 
 
 def allgather(tensor: torch.Tensor, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dim 0 (first dimensions may differ)."""
     if tensor.requires_grad and torch.is_grad_enabled():
-        return _AllgatherFn.apply(tensor, name, process_set)
+        return _AllgatherFn.apply("allgather", name, process_set, tensor)
     return _submit_allgather([tensor], name, process_set, "allgather").wait()
 
 
@@ -835,32 +836,11 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
     return _new_handle(_submit_allgather(list(tensors), name, process_set, "grouped_allgather"))
 
 
-class _GroupedAllgatherFn(torch.autograd.Function):
-    """Differentiable grouped allgather: each gradient is averaged, then this rank's rows kept."""
-
-    @staticmethod
-    def forward(ctx, name, process_set, *tensors):  # type: ignore[override]
-        p = _submit_allgather(list(tensors), name, process_set, "grouped_allgather")
-        outs = p.wait()
-        ctx.dims = [[d.shapes[i][0] if d is not None else 0 for d in p.agr.descs]
-                    for i in range(len(tensors))]
-        ctx.process_set = process_set
-        return tuple(outs)
-
-    @staticmethod
-    def backward(ctx, *grads):  # type: ignore[override]
-        me = _set_state(ctx.process_set).me
-        reduced = _submit_allreduce([g.contiguous() for g in grads], None, None, Average, 1.0, 1.0,
-                                    ctx.process_set, "grouped_allreduce", sync=True).wait()
-        rows = [r[sum(dims[:me]): sum(dims[:me + 1])] for r, dims in zip(reduced, ctx.dims)]
-        return (None, None, *rows)
-
-
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
     """Allgather a list of tensors as one op (differentiable)."""
     if any(t.requires_grad for t in tensors) and torch.is_grad_enabled():
-        return list(_GroupedAllgatherFn.apply(name, process_set, *tensors))
+        return list(_AllgatherFn.apply("grouped_allgather", name, process_set, *tensors))
     return _submit_allgather(list(tensors), name, process_set, "grouped_allgather").wait()
 
 
