@@ -4,4 +4,6 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=$(bash "$root/scripts/bootstrap.sh" | tail -n 1)
 cd "$root"
+# Test environment only: Horovod's upstream examples import torchvision (see the script).
+"$python" scripts/test_torchvision.py
 exec "$python" -m pytest tests "$@"
