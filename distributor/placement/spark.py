@@ -28,13 +28,10 @@ import cloudpickle
 from ..errors import DistributedRunError, LaunchValidationError
 from ..spec import LaunchRequest
 from .base import JobContext, Placement
-from .spark_plan import NODE_PER_HOST, NODE_PER_TASK, ranks_per_task, task_count
+from .spark_plan import NODE_PER_HOST, NODE_PER_TASK, TASK_ERROR_MARKER, ranks_per_task, task_count
 
 log = logging.getLogger(__name__)
 
-#: Prefix of the errors a barrier task raises about its executor's environment; the driver finds
-#: it in Spark's error text and shows that sentence alone instead of a Java stack dump.
-TASK_ERROR_MARKER = "[distributor-spark]"
 #: How long after the SparkContext started executors may still be registering: a slot shortage
 #: seen within this window is re-checked until it ends, later it fails at once.
 EXECUTOR_REGISTRATION_SECONDS = 30.0

@@ -12,6 +12,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ..errors import LaunchValidationError
 from ..spec import RankSpec
 
+#: Prefix of the errors a barrier task raises about its executor's environment; the driver finds
+#: it in Spark's error text and shows that sentence alone instead of a Java stack dump.
+TASK_ERROR_MARKER = "[distributor-spark]"
+
 #: Spark's resource name for GPUs (spark.task.resource.gpu.amount, TaskContext.resources()["gpu"]).
 GPU_RESOURCE = "gpu"
 

@@ -24,7 +24,7 @@ from ..protocol import Channel, Kind
 from ..rank_env import GPU_IDS_VAR, HUB_ADDRESS_VAR, RANK_VAR, SECRET_VAR, free_port, rank_environment
 from ..spec import RankSpec
 from ..supervisor import Supervisor
-from .spark_plan import GPU_RESOURCE, TaskSlot, plan_ranks
+from .spark_plan import GPU_RESOURCE, TASK_ERROR_MARKER, TaskSlot, plan_ranks
 
 #: Exit status reported for a rank whose process could not be started at all.
 NOT_STARTED = 127
@@ -198,8 +198,6 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     try:
         channel = protocol.connect((hub[0], int(hub[1])), secret)
     except OSError as exc:
-        from .spark import TASK_ERROR_MARKER
-
         raise RuntimeError(
             f"{TASK_ERROR_MARKER} Spark task {partition} on {host} could not reach the driver hub "
             f"at {hub[0]}:{hub[1]} ({exc}). Set spark.driver.host (and spark.driver.bindAddress) "

@@ -1,17 +1,16 @@
 """``horovod.torch`` on ``torch.distributed``: the public namespace of ``import horovod.torch as hvd``.
 
-Core (this package's own modules): lifecycle and topology (``lifecycle``), collectives
-(``collectives``), cross-rank checks and the stall inspector (``negotiation``), process sets
-(``process_sets``), compression, exceptions, and the instrumentation point for the timeline
-(``hooks``).  Helpers built on the core live in ``functions``, ``optimizer``, ``sync_batch_norm`` and
-``elastic``; they are re-exported here when present.
+The layers (each module imports only the ones below it; ``docs/architecture.md`` draws them):
+leaves (``ops``, ``exceptions``, ``compression``, ``hooks``), transports (``_shm`` data,
+``_exchange`` negotiation messages), the coordinator (``negotiation``: Horovod's guarantees for every
+op; ``stall``), process sets and the lifecycle (``process_sets``, ``lifecycle``), the collectives
+(``collectives``), and the API built on them (``functions``, ``optimizer``, ``_adasum``,
+``sync_batch_norm``, ``elastic``, ``timeline``).
 
 ``torch_group(process_set)`` (not in Horovod) gives the ``torch.distributed`` group behind a process
 set, for code that wants to run native collectives on exactly the same ranks.
 """
 from __future__ import annotations
-
-import importlib as _importlib
 
 from .collectives import (  # noqa: F401
     Adasum, Average, Max, Min, Product, Sum,
@@ -40,27 +39,9 @@ from horovod_compat.common.util import check_extension  # noqa: F401
 __version__ = "0.28.1"
 
 
-def _optional(module: str, names: tuple) -> None:
-    """Re-export ``names`` from the helper module ``module`` if that module exists.
-
-    Only the module itself being absent is tolerated; an error inside an existing module propagates.
-    """
-    full = f"{__name__}.{module}"
-    try:
-        mod = _importlib.import_module(full)
-    except ImportError as exc:
-        if exc.name == full:
-            return
-        raise
-    g = globals()
-    g[module] = mod
-    for n in names:
-        if hasattr(mod, n):
-            g[n] = getattr(mod, n)
-
-
-_optional("functions", ("broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
-                        "allgather_object"))
-_optional("optimizer", ("DistributedOptimizer",))
-_optional("sync_batch_norm", ("SyncBatchNorm",))
-_optional("elastic", ())
+from . import elastic, functions, optimizer, sync_batch_norm  # noqa: E402,F401
+from .functions import (  # noqa: E402,F401
+    allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
+)
+from .optimizer import DistributedOptimizer  # noqa: E402,F401
+from .sync_batch_norm import SyncBatchNorm  # noqa: E402,F401

@@ -21,33 +21,11 @@ import weakref
 from typing import Any, Dict, List
 
 import torch
-import torch.distributed as dist
 
-from . import _backend
-from .optimizer import (
-    _STEP_AFTER_SYNC,
-    _TOO_MANY_BACKWARDS,
-    _ZERO_GRAD_PENDING,
-    _explicit_groups,
-    _synchronize_skipped,
-)
-
-
-def adasum_pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Combine two deltas with the Adasum rule (float64 dot products for stability)."""
-    a64, b64 = a.double().reshape(-1), b.double().reshape(-1)
-    dot = torch.dot(a64, b64)
-    anorm, bnorm = torch.dot(a64, a64), torch.dot(b64, b64)
-    acoeff = 1.0 - dot / anorm * 0.5 if anorm.item() >= 1e-8 else torch.tensor(1.0, dtype=torch.float64)
-    bcoeff = 1.0 - dot / bnorm * 0.5 if bnorm.item() >= 1e-8 else torch.tensor(1.0, dtype=torch.float64)
-    return (acoeff * a64 + bcoeff * b64).to(a.dtype).view_as(a)
-
-
-def adasum_tree(parts: List[torch.Tensor]) -> torch.Tensor:
-    """Adasum of a power-of-two list of tensors, pairing neighbours level by level."""
-    while len(parts) > 1:
-        parts = [adasum_pair(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
-    return parts[0]
+from . import collectives, ops
+from ._optim_util import explicit_groups as _explicit_groups, synchronize_skipped as _synchronize_skipped
+from .exceptions import STEP_AFTER_SYNC as _STEP_AFTER_SYNC, ZERO_GRAD_PENDING as _ZERO_GRAD_PENDING
+from .process_sets import require_member
 
 
 class _DistributedAdasumOptimizer(torch.optim.Optimizer):
@@ -59,15 +37,14 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                  op: Any, gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
                  process_set: Any):
         self._hvd_base.__init__(self, params)
-        _validate_names(self.param_groups, named_parameters)
+        validate_names(self.param_groups, named_parameters)
         params_list = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         _explicit_groups(groups, params_list, {id(p): i for i, p in enumerate(params_list)})  # validation only
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.process_set = process_set
-        _backend.torch_group(process_set)  # fails early for an unregistered set / non-member
-        self._size = _backend.group_size(process_set)
+        self._size = require_member(process_set).size()  # fails early for a non-member
         if self._size & (self._size - 1):
             raise ValueError(f"Adasum on CPU needs a power-of-two number of ranks, not {self._size}")
         self._params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
@@ -124,9 +101,8 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                 self._local_step(p)
         for p in self._params:  # fixed order on every rank
             delta, ctx = self._deltas[p]
-            parts = [torch.empty_like(delta) for _ in range(self._size)]
-            dist.all_gather(parts, delta.contiguous(), group=_backend.torch_group(self.process_set))
-            combined = adasum_tree(parts)
+            gathered = collectives.allgather(delta.detach().reshape(1, -1), process_set=self.process_set)
+            combined = ops.adasum_tree(list(gathered.unbind(0))).view_as(delta)
             if self._compression is not None:
                 combined = self._compression.decompress(combined, ctx)
             with torch.no_grad():
@@ -157,7 +133,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         return self._hvd_base.zero_grad(self, set_to_none)
 
 
-def _validate_names(param_groups: List[Dict[str, Any]], named_parameters: Any) -> None:
+def validate_names(param_groups: List[Dict[str, Any]], named_parameters: Any) -> None:
     if named_parameters is None:
         return
     named = list(named_parameters)

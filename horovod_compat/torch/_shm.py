@@ -21,9 +21,8 @@ The input is only read (in-place ops pass the same tensor as input and output). 
 two barriers per round enough: a rank starts writing bank b again only after every rank has passed
 step 4 of the following round, i.e. after everybody finished reading bank b.
 
-Ordering: ``Executor`` runs the works of one set strictly in submission order, as a torch process
-group does.  A synchronous op runs in the thread that waits for it (no hand-off between threads);
-async ops run on a daemon thread, so they progress while the caller computes.
+Ordering: the set's coordinator (``negotiation``) runs each agreed reduction in the agreed order,
+in the one thread that drives its rounds; the segment is released only after that thread stopped.
 
 Failure: a rank waiting at a barrier checks every half second that its peers' processes are alive
 and gives up after ``HOROVOD_COMPAT_OP_TIMEOUT`` seconds; either raises ``HorovodInternalError`` and
@@ -34,10 +33,8 @@ is x86-64's total store order, the same as the shared-memory control words of ``
 """
 from __future__ import annotations
 
-import collections
 import mmap
 import os
-import threading
 import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional
@@ -45,15 +42,12 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from . import ops
 from .exceptions import HorovodInternalError
 
-__all__ = ["map_segment", "PeerWatch", "SharedMemoryAllreduce", "Executor", "Work", "Transport",
-           "create", "eligible"]
+__all__ = ["map_segment", "PeerWatch", "SharedMemoryAllreduce", "Transport", "create", "eligible"]
 
-# Horovod reduce-op codes (collectives.Average/Sum/... ; Average is a Sum divided afterwards).
-_AVERAGE, _SUM, _MIN, _MAX, _PRODUCT = 0, 1, 3, 4, 5
-_COMBINE = {_AVERAGE: torch.add, _SUM: torch.add, _MIN: torch.minimum, _MAX: torch.maximum,
-            _PRODUCT: torch.mul}
+_COMBINE = ops.COMBINE  # Average arrives as a sum and is divided afterwards
 #: dtypes reduced here (others -- bool, complex, int16 before its int32 widening -- use gloo).
 DTYPES = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16,
                     torch.bfloat16, torch.float32, torch.float64})
@@ -255,127 +249,35 @@ def _alive(pid: int) -> bool:
     return True
 
 
-class Work:
-    """A torch-``Work``-like handle on one queued shared-memory operation."""
+class _Done:
+    """A finished transfer, in the shape of a torch ``Work`` (the reduction ran synchronously)."""
 
-    __slots__ = ("run", "inline", "started", "done", "error", "executor", "t_submit")
-
-    def __init__(self, run: Callable[[], None], inline: bool, executor: "Executor") -> None:
-        self.run = run
-        self.inline = inline
-        self.started = False
-        self.done = False
-        self.error: Optional[BaseException] = None
-        self.executor = executor
-        self.t_submit = time.monotonic()
+    __slots__ = ()
 
     def is_completed(self) -> bool:
-        return self.done
+        return True
 
     def wait(self) -> bool:
-        if not self.done:
-            self.executor.wait_for(self)
-        if self.error is not None:
-            raise self.error
         return True
 
 
-class Executor:
-    """Runs a set's shared-memory works one at a time, in submission order.
-
-    Whoever waits for a work runs the works queued before it (and then it) in its own thread; async
-    works (``inline=False``) are also picked up by a daemon thread so they progress in the
-    background, and so are synchronous ones left unclaimed for ``GRACE`` seconds.
-    """
-
-    GRACE = 0.002
-
-    def __init__(self) -> None:
-        self.cv = threading.Condition()
-        self.queue: "collections.deque[Work]" = collections.deque()
-        self.thread: Optional[threading.Thread] = None
-        self.closed = False
-
-    def submit(self, run: Callable[[], None], inline: bool) -> Work:
-        w = Work(run, inline, self)
-        with self.cv:
-            self.queue.append(w)
-            if not inline and self.thread is None:
-                self.thread = threading.Thread(target=self._loop, name="horovod_compat-shm",
-                                               daemon=True)
-                self.thread.start()
-            self.cv.notify_all()
-        return w
-
-    def wait_for(self, w: Work) -> None:
-        while True:
-            with self.cv:
-                while not w.done and self.queue[0].started:
-                    self.cv.wait()
-                if w.done:
-                    return
-                head = self.queue[0]
-                head.started = True
-            self._execute(head)
-
-    def _loop(self) -> None:
-        while True:
-            with self.cv:
-                head = None
-                while not self.closed:
-                    if self.queue and not self.queue[0].started:
-                        head = self.queue[0]
-                        left = head.t_submit + self.GRACE - time.monotonic() if head.inline else 0
-                        if left <= 0:
-                            break
-                        self.cv.wait(left)
-                    else:
-                        self.cv.wait()
-                    head = None
-                if self.closed:
-                    return
-                head.started = True
-            self._execute(head)
-
-    def _execute(self, w: Work) -> None:
-        try:
-            w.run()
-        except HorovodInternalError as exc:
-            w.error = exc
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
-            w.error = HorovodInternalError(f"shared-memory allreduce failed: {exc!r}")
-            w.error.__cause__ = exc
-        finally:
-            with self.cv:
-                w.done = True
-                self.queue.popleft()
-                self.cv.notify_all()
-
-    def close(self) -> None:
-        with self.cv:
-            self.closed = True
-            self.cv.notify_all()
+_DONE = _Done()
 
 
 class Transport:
-    """What a process set holds: the reducer and the executor that orders its works."""
+    """What a process set holds: the reducer, driven by the set's coordinator (one thread at a
+    time, in the agreed order)."""
 
     def __init__(self, reducer: SharedMemoryAllreduce) -> None:
         self.reducer = reducer
-        self.executor = Executor()
 
-    def allreduce(self, pairs: List[tuple], op: int, inline: bool) -> Work:
-        """Queue ``dst = op(src over ranks)`` for every ``(src, dst)`` pair as one work."""
-        reducer = self.reducer
-
-        def run() -> None:
-            for src, dst in pairs:
-                reducer.allreduce(src, dst, op)
-
-        return self.executor.submit(run, inline)
+    def allreduce(self, pairs: List[tuple], op: int, inline: bool = True) -> _Done:
+        """``dst = op(src over ranks)`` for every ``(src, dst)`` pair, now, in this thread."""
+        for src, dst in pairs:
+            self.reducer.allreduce(src, dst, op)
+        return _DONE
 
     def close(self) -> None:
-        self.executor.close()
         self.reducer.close()
 
 
@@ -401,4 +303,4 @@ def create(st: Any) -> Optional[Transport]:
 
         warnings.warn(f"horovod_compat: {exc}; allreduce data goes through gloo instead")
         return None
-    return Transport(SharedMemoryAllreduce(mm, st.n, st.me, st.control.pids, slot))
+    return Transport(SharedMemoryAllreduce(mm, st.n, st.me, st.pids, slot))

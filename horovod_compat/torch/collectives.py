@@ -26,11 +26,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from . import _shm, lifecycle
+from . import _shm, lifecycle, ops
 from . import negotiation as _neg
 from .compression import Compression
 from .exceptions import HorovodInternalError
 from .negotiation import Agreement, Desc, Plan, SetState
+from .ops import Adasum, Average, Max, Min, Product, Sum
 from .process_sets import ProcessSet, global_process_set
 
 __all__ = [
@@ -45,16 +46,7 @@ __all__ = [
     "join", "barrier", "poll", "synchronize",
 ]
 
-# Reduce ops: plain ints, as in Horovod (``hvd.Average == 0``).
-Average = 0
-Sum = 1
-Adasum = 2
-Min = 3
-Max = 4
-Product = 5
-_OP_NAMES = {0: "Average", 1: "Sum", 2: "Adasum", 3: "Min", 4: "Max", 5: "Product"}
-_TORCH_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
-              Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
+_OP_NAMES = ops.NAMES
 
 _gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -68,7 +60,7 @@ def _allreduce_opts(op: dist.ReduceOp) -> Any:
 # Prebuilt options: the hot path calls ``ProcessGroup.allreduce`` directly (the documented
 # ProcessGroup API that DDP comm hooks use), skipping ``dist.all_reduce``'s argument checks and
 # logging decorators (~9 us per call).
-_AR_OPTS = {op: _allreduce_opts(top) for op, top in _TORCH_OPS.items()}
+_AR_OPTS = {op: _allreduce_opts(top) for op, top in ops.TORCH_OPS.items()}
 
 _DTYPE_NAMES: Dict[torch.dtype, str] = {}
 
@@ -94,16 +86,7 @@ def _move_view(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8) if t.dtype == torch.int16 else flat
 
 
-def _identity(op: int, dtype: torch.dtype) -> Union[int, float, bool]:
-    """The element that leaves a reduction unchanged (used by dummy contributions)."""
-    if op in (Min, Max):
-        if dtype == torch.bool:
-            return op == Min
-        info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
-        return info.max if op == Min else info.min
-    if op == Product:
-        return 1
-    return 0
+_identity = ops.identity
 
 
 # ----------------------------------------------------------------------------- handles
@@ -150,6 +133,9 @@ class _Empty:
 
 
 def _new_handle(h: Any) -> int:
+    pending = getattr(h, "pending", h)
+    if isinstance(pending, _neg.Pending):
+        pending.detach()  # nobody waits yet: the coordinator's thread drives it
     hid = next(_handle_ids)
     _handles[hid] = h
     return hid
@@ -223,7 +209,6 @@ _CPU = torch.device("cpu")
 class _AllreducePlan(Plan):
     """One or more tensors reduced with the same op (``allreduce`` and ``grouped_allreduce``)."""
 
-    speculative = True
     __slots__ = ("srcs", "bufs", "outs", "op", "postscale", "st", "single", "inline", "fused",
                  "_gathered")
 
@@ -490,7 +475,8 @@ def _scale_(b: torch.Tensor, factor: float) -> None:
 
 def _submit_allreduce(tensors: Sequence[torch.Tensor], outs: Optional[Sequence[torch.Tensor]],
                       name: Optional[str], op: int, prescale: float, postscale: float,
-                      process_set: Optional[ProcessSet], kind: str, sync: bool = False) -> Any:
+                      process_set: Optional[ProcessSet], kind: str, sync: bool = False,
+                      traced: bool = True) -> Any:
     """Submit an allreduce of ``tensors`` (into ``outs`` in place, or into new tensors when None).
     ``sync``: the caller waits right away (shared-memory transfers then run in its thread)."""
     st = _set_state(process_set)
@@ -527,7 +513,29 @@ def _submit_allreduce(tensors: Sequence[torch.Tensor], outs: Optional[Sequence[t
         else:
             plan.outs = plan.bufs
     plan.name = name or _auto_name(kind)
-    return _neg.submit(st, plan)
+    return _neg.submit(st, plan, traced)
+
+
+def reduce_in_place(tensors: Sequence[torch.Tensor], name: str, op: int,
+                    process_set: Optional[ProcessSet]) -> Any:
+    """``DistributedOptimizer``'s bucket reduction: ``tensors`` reduced in place with ``op`` as one
+    op named ``name``, driven by the coordinator's thread while backward goes on.  The optimizer
+    reports these to the timeline per parameter itself.  Returns something to ``wait()`` on, or
+    None when there is nothing to reduce."""
+    if not tensors:
+        return None
+    kind = "allreduce" if len(tensors) == 1 else "grouped_allreduce"
+    return _submit_allreduce(tensors, tensors, name, op, 1.0, 1.0, process_set, kind,
+                             traced=False).detach()
+
+
+def transport_name(tensor: torch.Tensor, op: int, process_set: Optional[ProcessSet]) -> Optional[str]:
+    """The timeline's name for what moves an allreduce of ``tensor`` with ``op`` ("SHM" when the set's
+    shared memory does), None for the set's backend."""
+    st = _set_state(process_set)
+    if st.shm is not None and tensor.device.type == "cpu" and _shm.eligible(tensor.dtype, op):
+        return "SHM"
+    return None
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -675,28 +683,12 @@ def _adasum_launch(plan: _AllreducePlan, agr: Agreement) -> List[Any]:
     return works
 
 
-def _adasum_pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Adasum of two gradients: each scaled down by its projection on the other."""
-    a64, b64 = a.double(), b.double()
-    dot = torch.dot(a64, b64)
-    na, nb = torch.dot(a64, a64), torch.dot(b64, b64)
-    ca = 1.0 - dot / (2 * na) if na > 0 else torch.tensor(1.0, dtype=torch.float64)
-    cb = 1.0 - dot / (2 * nb) if nb > 0 else torch.tensor(1.0, dtype=torch.float64)
-    return (ca * a64 + cb * b64).to(a.dtype)
-
-
 def _adasum_finish(plan: _AllreducePlan) -> None:
     """Combine the gathered vectors with Adasum along a binary tree (rank pairs 0-1, 2-3, then
     (0,1)-(2,3) ...), the order of Horovod's recursive halving; every rank gets the same result."""
     n = plan.st.n
     for b, g in zip(plan.bufs, plan._gathered):  # type: ignore[attr-defined]
-        vecs = list(g.view(n, -1).unbind(0))
-        while len(vecs) > 1:
-            nxt = [_adasum_pair(vecs[i], vecs[i + 1]) for i in range(0, len(vecs) - 1, 2)]
-            if len(vecs) % 2:
-                nxt.append(vecs[-1])
-            vecs = nxt
-        b.copy_(vecs[0].view_as(b))
+        b.copy_(ops.adasum_tree(list(g.view(n, -1).unbind(0))).view_as(b))
     # Adasum results are not averaged again
     plan.op = Sum
 
@@ -704,7 +696,6 @@ def _adasum_finish(plan: _AllreducePlan) -> None:
 # ----------------------------------------------------------------------------- allgather
 
 class _AllgatherPlan(Plan):
-    speculative = True
     __slots__ = ("tensors", "st", "single", "outs", "parts")
 
     def launch(self, agr: Agreement) -> List[Any]:
@@ -847,7 +838,6 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = Non
 # ----------------------------------------------------------------------------- broadcast
 
 class _BroadcastPlan(Plan):
-    speculative = False
     __slots__ = ("buf", "out", "root", "st")
 
     def launch(self, agr: Agreement) -> List[Any]:
@@ -931,7 +921,6 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
 # ----------------------------------------------------------------------------- alltoall
 
 class _AlltoallPlan(Plan):
-    speculative = True
     __slots__ = ("tensor", "st", "with_splits", "out", "recv")
 
     def launch(self, agr: Agreement) -> List[Any]:
@@ -1044,7 +1033,6 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = Non
 # ----------------------------------------------------------------------------- reducescatter
 
 class _ReducescatterPlan(Plan):
-    speculative = True
     __slots__ = ("bufs", "op", "postscale", "st", "single")
 
     def launch(self, agr: Agreement) -> List[Any]:
@@ -1202,36 +1190,46 @@ class SparseAllreduceHandle(int):
         return synchronize(self)
 
 
+class _SparseAllreduce:
+    """A sparse allreduce in flight: two allgathers (indices, values), combined when waited."""
+
+    def __init__(self, tensor: torch.Tensor, name: Optional[str], op: int,
+                 process_set: Optional[ProcessSet]) -> None:
+        if op not in (Average, Sum):
+            raise ValueError("sparse_allreduce_async supports only Average and Sum")
+        self.t = tensor.coalesce()
+        self.op = op
+        self.n = _set_state(process_set).n
+        self.pi = _submit_allgather([self.t.indices().t().contiguous()],
+                                    f"{name}.indices" if name else None, process_set, "allgather")
+        self.pv = _submit_allgather([self.t.values().contiguous()],
+                                    f"{name}.values" if name else None, process_set, "allgather")
+
+    def poll(self) -> bool:
+        return self.pi.poll() and self.pv.poll()
+
+    def wait(self) -> torch.Tensor:
+        idx, vals = self.pi.wait(), self.pv.wait()
+        if self.op == Average:
+            vals = vals / self.n if vals.is_floating_point() else vals.div(self.n, rounding_mode="trunc")
+        return torch.sparse_coo_tensor(idx.t(), vals, self.t.shape)
+
+
 def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
                            process_set: ProcessSet = global_process_set) -> SparseAllreduceHandle:
     """Reduce a sparse COO tensor by allgathering its indices and values; the handle's result is
     the (uncoalesced) sparse sum, divided by the set's size for Average."""
-    if op not in (Average, Sum):
-        raise ValueError("sparse_allreduce_async supports only Average and Sum")
-    t = tensor.coalesce()
-    st = _set_state(process_set)
-    pi = _submit_allgather([t.indices().t().contiguous()], f"{name}.indices" if name else None,
-                           process_set, "allgather")
-    pv = _submit_allgather([t.values().contiguous()], f"{name}.values" if name else None,
-                           process_set, "allgather")
+    return SparseAllreduceHandle(_new_handle(_SparseAllreduce(tensor, name, op, process_set)))
 
-    class _Both:
-        def poll(self) -> bool:
-            return pi.poll() and pv.poll()
 
-        def wait(self) -> torch.Tensor:
-            idx, vals = pi.wait(), pv.wait()
-            if op == Average:
-                vals = vals / st.n if vals.is_floating_point() else vals.div(st.n, rounding_mode="trunc")
-            return torch.sparse_coo_tensor(idx.t(), vals, t.shape)
-
-    return SparseAllreduceHandle(_new_handle(_Both()))
+def sparse_allreduce(tensor: torch.Tensor, op: int, process_set: Optional[ProcessSet]) -> torch.Tensor:
+    """The same, waited for and coalesced (``DistributedOptimizer``'s sparse gradients)."""
+    return _SparseAllreduce(tensor, None, op, process_set).wait().coalesce()
 
 
 # ----------------------------------------------------------------------------- barrier / join
 
 class _BarrierPlan(Plan):
-    speculative = False
     __slots__ = ()
 
     def launch(self, agr: Agreement) -> List[Any]:

@@ -60,3 +60,13 @@ class Compression:
 
     none = NoneCompressor
     fp16 = FP16Compressor
+
+    @staticmethod
+    def kind(compressor: Any) -> str:
+        """``"none"``, ``"fp16"`` or ``"custom"``: the two built-in compressors get fused fast paths
+        (fp16 buckets); anything else is applied tensor by tensor."""
+        if compressor is None or compressor is NoneCompressor:
+            return "none"
+        if compressor is FP16Compressor:
+            return "fp16"
+        return "custom"

@@ -7,7 +7,20 @@ when the host set changes; it is defined here so ``horovod.common.exceptions`` c
 """
 from __future__ import annotations
 
-__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "get_version_mismatch_message"]
+__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "get_version_mismatch_message",
+           "TOO_MANY_BACKWARDS", "ZERO_GRAD_PENDING", "STEP_AFTER_SYNC", "NOT_INITIALIZED"]
+
+# Horovod's messages, word for word (scripts and tests match on them).
+NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+TOO_MANY_BACKWARDS = ("Gradients were computed more than backward_passes_per_step times before call "
+                      "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
+ZERO_GRAD_PENDING = ("optimizer.zero_grad() was called after loss.backward() but before "
+                     "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                     "cause a race condition.")
+STEP_AFTER_SYNC = ("optimizer.step() called without optimizer.skip_synchronize() context after "
+                   "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                   "consider using optimizer.skip_synchronize() context if you use "
+                   "optimizer.synchronize() in your code.")
 
 
 class HorovodInternalError(RuntimeError):

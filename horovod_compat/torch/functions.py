@@ -15,6 +15,7 @@ Implementation notes (our own design, not Horovod's):
 from __future__ import annotations
 
 import io
+import zlib
 from collections import OrderedDict
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -22,41 +23,48 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from . import _backend
+from . import collectives, lifecycle
+from .exceptions import HorovodInternalError
+from .process_sets import ProcessSet, global_process_set
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object"]
 
-try:  # Horovod's default process set, from the core
-    from .process_sets import global_process_set as _GLOBAL
-except ImportError:  # pragma: no cover - core not available: resolved lazily instead
-    _GLOBAL = object()
+
+def _set_size(process_set: ProcessSet) -> int:
+    lifecycle._check()
+    n = process_set.size()
+    if n is None:
+        raise ValueError(f"{process_set} has not been registered (hvd.init / hvd.add_process_set)")
+    return n
 
 
-def _resolve_ps(process_set: Any) -> Any:
-    return _backend.global_process_set() if process_set is _GLOBAL else process_set
-
-
-def _broadcast_tensors_(tensors: Sequence[torch.Tensor], root_rank: int, process_set: Any) -> None:
+def _broadcast_tensors_(tensors: Sequence[torch.Tensor], root_rank: int, process_set: ProcessSet) -> None:
     """Broadcast ``tensors`` in place from global rank ``root_rank``, fused into one buffer per dtype.
 
-    All ranks must pass tensors of the same shapes and dtypes in the same order (as Horovod requires).
+    All ranks must pass tensors of the same shapes and dtypes in the same order (as Horovod requires);
+    otherwise every rank raises ``HorovodInternalError`` naming the first differing tensor, and
+    nothing is broadcast.  The check costs one small allreduce of a layout digest.
     """
-    group = _backend.torch_group(process_set)
-    if _backend.group_size(process_set) == 1:
-        return
-    _check_same_layout(tensors, root_rank, process_set, group)
-    if not tensors:
+    if _set_size(process_set) == 1:
         return
     by_dtype: "OrderedDict[Tuple[torch.dtype, torch.device], List[torch.Tensor]]" = OrderedDict()
     for t in tensors:
         by_dtype.setdefault((t.dtype, t.device), []).append(t)
+    # one small allreduce checks that every rank has the same layout (otherwise the fused
+    # buffers would differ, or their number)
+    layout = repr([(tuple(t.shape), str(t.dtype)) for t in tensors]).encode()
+    digest = zlib.crc32(layout)
+    both = collectives.allreduce(torch.tensor([digest, -digest], dtype=torch.int64),
+                                 op=collectives.Max, process_set=process_set)
+    if int(both[0]) != -int(both[1]):
+        _check_same_layout(tensors, root_rank, process_set)
     with torch.no_grad():
         for (dtype, device), ts in by_dtype.items():
             if dtype == torch.bool:
                 flat = torch.cat([t.detach().reshape(-1).to(torch.uint8) for t in ts])
             else:
                 flat = torch.cat([t.detach().reshape(-1) for t in ts])
-            dist.broadcast(flat, src=root_rank, group=group)
+            collectives.broadcast_(flat, root_rank, process_set=process_set)
             offset = 0
             for t in ts:
                 n = t.numel()
@@ -65,25 +73,14 @@ def _broadcast_tensors_(tensors: Sequence[torch.Tensor], root_rank: int, process
                 offset += n
 
 
-def _check_same_layout(tensors: Sequence[torch.Tensor], root_rank: int, process_set: Any,
-                       group: Any) -> None:
-    """All ranks must broadcast tensors of the same shapes and dtypes (one 8-byte allgather).
-
-    Without this, ranks holding different models would fuse buffers of different sizes and the
-    broadcast would hang or mix data; instead every rank raises ``HorovodInternalError`` naming the
-    ranks and the first differing tensor, as Horovod reports mismatched collectives.
-    """
-    import hashlib
+def _check_same_layout(tensors: Sequence[torch.Tensor], root_rank: int, process_set: ProcessSet) -> None:
+    """Raise ``HorovodInternalError`` naming the ranks and the first tensor whose shape or dtype
+    differs between ranks (collective: every rank calls it)."""
     layout = [(tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in tensors]
-    digest = hashlib.blake2b(repr(layout).encode(), digest_size=7).digest()
-    mine = torch.tensor([int.from_bytes(digest, "little")], dtype=torch.int64)
-    n = _backend.group_size(process_set)
-    everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
-    dist.all_gather(everyone, mine, group=group)
-    if len({int(t.item()) for t in everyone}) == 1:
-        return
     layouts = allgather_object(layout, process_set=process_set)
-    ranks = _backend.group_ranks(process_set)
+    if len({repr(lay) for lay in layouts}) == 1:
+        return
+    ranks = list(process_set.ranks)
     if len({len(lay) for lay in layouts}) > 1:
         detail = ", ".join(f"rank {r}: {len(lay)} tensors" for r, lay in zip(ranks, layouts))
         msg = f"Mismatched number of tensors to broadcast from rank {root_rank}: {detail}."
@@ -100,18 +97,18 @@ def _check_same_layout(tensors: Sequence[torch.Tensor], root_rank: int, process_
             a, b = list(dict.fromkeys(dtypes))[:2]
             msg = (f"Mismatched data types: One rank had type {a}, but another rank had type {b}. "
                    f"(tensor #{j}; " + ", ".join(f"rank {r}: {d}" for r, d in zip(ranks, dtypes)) + ")")
-    raise _backend.horovod_internal_error()(msg)
+    raise HorovodInternalError(msg)
 
 
 def broadcast_parameters(params: Union[Mapping[str, torch.Tensor], List[Any]], root_rank: int,
-                         process_set: Any = _GLOBAL) -> None:
+                         process_set: ProcessSet = global_process_set) -> None:
     """Overwrite ``params`` on every rank with the values of ``root_rank`` (in place).
 
     ``params`` is a ``state_dict`` (broadcast in key order, like Horovod, so every rank agrees on the
     order), or a list of ``(name, tensor)`` pairs (``list(model.named_parameters())``) or of tensors.
     Anything else -- e.g. a bare generator -- is a ``ValueError``, as in Horovod.
     """
-    _backend.check_initialized()
+    lifecycle._check()
     if isinstance(params, dict):
         items = sorted(params.items())
     elif isinstance(params, list):
@@ -123,7 +120,7 @@ def broadcast_parameters(params: Union[Mapping[str, torch.Tensor], List[Any]], r
         if not isinstance(p, torch.Tensor):
             raise ValueError(f"invalid parameter {name!r} of type: {type(p)}")
         tensors.append(p.data if isinstance(p, torch.nn.Parameter) else p)
-    _broadcast_tensors_(tensors, root_rank, _resolve_ps(process_set))
+    _broadcast_tensors_(tensors, root_rank, process_set)
 
 
 def _dumps(obj: Any) -> torch.Tensor:
@@ -137,45 +134,38 @@ def _loads(t: torch.Tensor) -> Any:
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
-                     process_set: Any = _GLOBAL) -> Any:
+                     process_set: ProcessSet = global_process_set) -> Any:
     """Return ``root_rank``'s ``obj`` on every rank (serialized with cloudpickle).
 
-    Non-root ranks may pass anything (typically None).  ``name`` is accepted for Horovod
-    compatibility; it is not needed to match ranks up, so objects of different types never hang.
+    Non-root ranks may pass anything (typically None).  ``name`` names the two broadcasts (the
+    length, then the bytes) as Horovod does; without it they pair by position.
     """
-    process_set = _resolve_ps(process_set)
-    group = _backend.torch_group(process_set)
-    if _backend.group_size(process_set) == 1:
+    if _set_size(process_set) == 1:
         return obj
-    is_root = _backend.global_rank() == root_rank
+    is_root = dist.get_rank() == root_rank  # Horovod's root is a global rank
     payload = _dumps(obj) if is_root else torch.empty(0, dtype=torch.uint8)
     length = torch.tensor([payload.numel()], dtype=torch.int64)
-    dist.broadcast(length, src=root_rank, group=group)
+    collectives.broadcast_(length, root_rank, name=f"{name}.sz" if name else None,
+                           process_set=process_set)
     if not is_root:
         payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    dist.broadcast(payload, src=root_rank, group=group)
+    collectives.broadcast_(payload, root_rank, name=name, process_set=process_set)
     return obj if is_root else _loads(payload)
 
 
-def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = _GLOBAL) -> List[Any]:
+def allgather_object(obj: Any, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> List[Any]:
     """Return the list of every rank's ``obj``, in rank order (serialized with cloudpickle).
 
     Objects may differ in type and size between ranks.
     """
-    process_set = _resolve_ps(process_set)
-    group = _backend.torch_group(process_set)
-    n = _backend.group_size(process_set)
-    if n == 1:
+    if _set_size(process_set) == 1:
         return [obj]
     payload = _dumps(obj)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
-    dist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64), group=group)
-    max_len = max(int(s.item()) for s in sizes)
-    padded = torch.zeros(max_len, dtype=torch.uint8)
-    padded[:payload.numel()] = payload
-    out = [torch.empty(max_len, dtype=torch.uint8) for _ in range(n)]
-    dist.all_gather(out, padded, group=group)
-    return [_loads(o[:int(s.item())]) for o, s in zip(out, sizes)]
+    sizes = collectives.allgather(torch.tensor([payload.numel()], dtype=torch.int64),
+                                  name=f"{name}.sz" if name else None, process_set=process_set)
+    data = collectives.allgather(payload, name=name, process_set=process_set)
+    return [_loads(part) for part in data.split(sizes.tolist())]
 
 
 def _is_distributed_optimizer(optimizer: torch.optim.Optimizer) -> bool:
@@ -209,17 +199,16 @@ def _materialize_state(optimizer: torch.optim.Optimizer) -> None:
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                               model: Optional[torch.nn.Module] = None,
-                              process_set: Any = _GLOBAL) -> None:
+                              process_set: ProcessSet = global_process_set) -> None:
     """Make the optimizer's state (tensors and per-group scalar options) equal to ``root_rank``'s.
 
     A fresh optimizer has no state yet; it is first materialized (zero gradients + one step, whose
     effect on the weights is undone).  ``torch.optim.LBFGS`` keeps state that cannot be broadcast and
     is a ``ValueError``, as in Horovod.  ``model`` is accepted for Horovod compatibility.
     """
-    _backend.check_initialized()
+    lifecycle._check()
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    process_set = _resolve_ps(process_set)
     if not optimizer.state_dict()["state"]:
         _materialize_state(optimizer)
 
@@ -227,7 +216,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     # pickled skeleton; the tensors then travel fused and in place.  Ranks may start from different
     # structures (e.g. only the root has state): they end with the root's.
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    is_root = _backend.global_rank() == root_rank
+    is_root = dist.get_rank() == root_rank
     skeleton = None
     if is_root:
         groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]

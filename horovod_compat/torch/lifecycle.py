@@ -34,6 +34,8 @@ import torch
 import torch.distributed as dist
 
 from . import process_sets as _ps
+from .exceptions import NOT_INITIALIZED
+from . import stall
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "cross_rank",
@@ -42,7 +44,6 @@ __all__ = [
     "stop_timeline", "is_homogeneous",
 ]
 
-NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 
 
 class _State:
@@ -285,13 +286,14 @@ def init(comm: Any = None, process_sets: Union[None, str, Sequence["_ps.ProcessS
             # ("terminate called without an active exception") after the script succeeded.
             atexit.register(shutdown)
             _atexit_registered = True
-        from . import negotiation
-
-        negotiation.start_stall_inspector()
+        global _inspector
+        _inspector = stall.start(control_store(), dist.get_rank(), dist.get_world_size(),
+                                 lambda: [ps.negotiation for ps in list(_ps._sets.values())])
         _notify("on_init")
 
 
 _atexit_registered = False
+_inspector: Optional[stall.StallInspector] = None
 
 
 def shutdown() -> None:
@@ -300,10 +302,11 @@ def shutdown() -> None:
     with _lock:
         if not state.initialized:
             return
-        from . import negotiation
-
+        global _inspector
         _notify("on_shutdown")
-        negotiation.stop_stall_inspector()
+        if _inspector is not None:
+            _inspector.stop()
+            _inspector = None
         _ps._teardown()
         if state.owns_default_pg and dist.is_initialized():
             dist.destroy_process_group()

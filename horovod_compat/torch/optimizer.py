@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import warnings
 import weakref
@@ -35,14 +36,20 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import torch
 import torch.distributed as dist
 
-from . import _backend, _shm
-
-try:  # the core's instrumentation point (timeline); optional
-    from . import hooks as _hooks
-except ImportError:  # pragma: no cover
-    _hooks = None
+from . import collectives as _collectives
+from . import hooks as _hooks
+from . import lifecycle, ops
+from .compression import Compression
+from .exceptions import (HorovodInternalError, STEP_AFTER_SYNC as _STEP_AFTER_SYNC,
+                         TOO_MANY_BACKWARDS as _TOO_MANY_BACKWARDS,
+                         ZERO_GRAD_PENDING as _ZERO_GRAD_PENDING)
+from ._optim_util import explicit_groups as _explicit_groups, synchronize_skipped as _synchronize_skipped
+from ._adasum import make_adasum_optimizer
+from .process_sets import global_process_set as _GLOBAL, require_member
 
 __all__ = ["DistributedOptimizer"]
+
+_reducer_ids = itertools.count()
 
 _MIB = 1024 * 1024
 DEFAULT_BUCKET_BYTES = 25 * _MIB        # DDP's bucket_cap_mb default
@@ -53,27 +60,6 @@ DEFAULT_FIRST_BUCKET_BYTES = 1 * _MIB   # DDP's first bucket: start communicatin
 # below ~4K elements the per-call overhead of a scaled copy dominates and two ``_foreach`` calls per
 # bucket win; above it the single pass of ``torch.mul(out=)`` wins.
 _DIRECT_COPY_NUMEL = 4096
-
-_TOO_MANY_BACKWARDS = ("Gradients were computed more than backward_passes_per_step times before call "
-                       "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
-_ZERO_GRAD_PENDING = ("optimizer.zero_grad() was called after loss.backward() but before "
-                      "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
-                      "cause a race condition.")
-_STEP_AFTER_SYNC = ("optimizer.step() called without optimizer.skip_synchronize() context after "
-                    "optimizer.synchronize(). This can cause training slowdown. You may want to "
-                    "consider using optimizer.skip_synchronize() context if you use "
-                    "optimizer.synchronize() in your code.")
-
-try:  # Horovod's defaults, from the core (present whenever the package is imported normally)
-    from .collectives import Average as _AVERAGE
-    from .compression import Compression as _Compression
-    from .process_sets import global_process_set as _GLOBAL
-    _COMPRESSION_NONE: Any = _Compression.none
-except ImportError:  # pragma: no cover - core not available: resolved lazily instead
-    _AVERAGE = None
-    _COMPRESSION_NONE = None
-    _GLOBAL = object()
-
 
 def _fusion_thresholds() -> Tuple[int, int]:
     """(first bucket cap, bucket cap) in bytes; 0 means no fusion."""
@@ -125,17 +111,16 @@ class _GradReducer:
         self.names = names
         self.op_name = op_name
         self.compression = compression
-        self.comp_kind = _backend.compression_kind(compression)
+        self.comp_kind = Compression.kind(compression)
         self.bpps = backward_passes_per_step
         self.process_set = process_set
-        _backend.torch_group(process_set)  # fails early for an unregistered set / non-member
-        self.size = _backend.group_size(process_set)
+        require_member(process_set)  # fails early for an unregistered set / non-member
+        self.size = process_set.size()
         self.root = self._first_global_rank()
         self.sparse_as_dense = sparse_as_dense
         self.explicit_groups = explicit_groups
-        self.wire_op = _backend.reduce_op_for(op_name)
         # the same reduction as a Horovod op code, for the shared-memory transport
-        self.wire_code = _backend.op("Sum" if op_name == "Average" else op_name)
+        self.wire_code = ops.Sum if op_name == "Average" else ops.by_name(op_name)
         if op_name == "Average":
             if predivide == 1.0:
                 # Like DDP: divide while copying into the bucket (one pass), nothing afterwards.
@@ -158,12 +143,13 @@ class _GradReducer:
         # Checked before the first reduction (not here: constructing an optimizer must not be a
         # collective, some scripts build one on a single rank).
         self.checked = False
+        self.uid = next(_reducer_ids)  # names this reducer's collectives (same order on every rank)
         self.handles = []
         self._register_hooks()
 
     # ----------------------------------------------------------------------------- bucket layout
     def _first_global_rank(self) -> int:
-        return _backend.group_ranks(self.process_set)[0]
+        return self.process_set.ranks[0]
 
     def _build(self, order: List[int]) -> None:
         """Assign parameters (given in expected gradient arrival order) to buckets."""
@@ -246,7 +232,7 @@ class _GradReducer:
                 "tensors": [(tuple(p.shape), str(p.dtype).replace("torch.", "")) for p in self.params],
                 "buckets": [b.members for b in self.buckets]}
         everyone = allgather_object(mine, process_set=self.process_set)
-        ranks = _backend.group_ranks(self.process_set)
+        ranks = list(self.process_set.ranks)
         problems = []
         for key in ("op", "compression", "backward_passes_per_step"):
             values = {r: d[key] for r, d in zip(ranks, everyone)}
@@ -279,7 +265,7 @@ class _GradReducer:
                 problems.append("Mismatched gradient fusion layout (is HOROVOD_FUSION_THRESHOLD or "
                                 "`groups` different between ranks?)")
         if problems:
-            raise _backend.horovod_internal_error()("; ".join(problems))
+            raise HorovodInternalError("; ".join(problems))
 
     # ----------------------------------------------------------------------------- hooks
     def _register_hooks(self) -> None:
@@ -409,7 +395,9 @@ class _GradReducer:
     def _emit(self, b: _Bucket, events: Tuple[str, ...], fused: bool = False) -> None:
         """Timeline events for the tensors of a bucket (only when a listener is subscribed).
         `fused`: a fusion-buffer copy follows OP_START before the transfer."""
-        backend = "SHM" if "OP_START" in events and self._shm_for(b) is not None else None
+        backend = None
+        if "OP_START" in events and b.custom is None:
+            backend = _collectives.transport_name(b.buffer, self.wire_code, self.process_set)
         for i in b.members:
             p = self.params[i]
             name = self.names[i] or f"allreduce.noname.{i}"
@@ -421,31 +409,20 @@ class _GradReducer:
                 else:
                     _hooks.emit(getattr(_hooks, ev), name)
 
-    def _shm_for(self, b: _Bucket) -> Optional[Any]:
-        """The shared-memory transport when bucket ``b``'s data moves through it, else None."""
-        if b.custom is not None:
-            return None
-        shm = _backend.shm_transport(self.process_set)
-        return shm if shm is not None and _shm.eligible(b.buffer.dtype, self.wire_code) else None
-
     def _launch(self, b: _Bucket) -> None:
-        if _hooks is not None and _hooks.active and not b.announced:
+        if _hooks.active and not b.announced:
             self._emit(b, ("NEGOTIATE_START", "ALL_READY", "OP_START"))
         b.announced = False
-        # Resolved at every launch: after hvd.shutdown()/init() (elastic reset) the set has a new group.
-        group = self.group = _backend.torch_group(self.process_set)
+        # Through the coordinator like every collective, so join (zeros from joined ranks), errors
+        # on every rank and the stall inspector hold for the buckets too.  Resolved at every launch:
+        # after hvd.shutdown()/init() (elastic reset) the set has a new coordinator.
         if b.custom is None:
-            shm = self._shm_for(b)
-            if shm is not None:
-                b.work = shm.allreduce([(b.buffer, b.buffer)], self.wire_code, inline=False)
-            else:
-                b.work = dist.all_reduce(b.buffer, op=self.wire_op, group=group, async_op=True)
-            return
-        works = []
-        for c, _ctx in b.custom:
-            if c is not None:
-                works.append(dist.all_reduce(c, op=self.wire_op, group=group, async_op=True))
-        b.work = works
+            tensors = [b.buffer]
+        else:
+            tensors = [c for c, _ctx in b.custom if c is not None]
+        b.work = _collectives.reduce_in_place(
+            tensors, f"DistributedOptimizer.{self.uid}.bucket{b.index}", self.wire_code,
+            self.process_set)
 
     # ----------------------------------------------------------------------------- synchronize
     def synchronize(self) -> None:
@@ -470,7 +447,7 @@ class _GradReducer:
                 elif work is not None:
                     work.wait()
             except RuntimeError as exc:
-                raise _backend.horovod_internal_error()(
+                raise HorovodInternalError(
                     f"DistributedOptimizer: gradient allreduce failed: {exc}") from exc
             b.work = None
             if b.custom is not None:
@@ -502,13 +479,13 @@ class _GradReducer:
                         continue
                     grads.append(self.params[i].grad)
                     views.append(b.views[s])
-                traced = _hooks is not None and _hooks.active and len(b.members) > 1
+                traced = _hooks.active and len(b.members) > 1
                 copy_out = functools.partial(_copy_out, grads, views, post)
                 if traced:
                     self._activity(b, "MEMCPY_OUT_FUSION_BUFFER", copy_out)
                 else:
                     copy_out()
-            if _hooks is not None and _hooks.active:
+            if _hooks.active:
                 self._emit(b, ("OP_END",))  # after the copy out, which is part of the op
             b.pending = len(b.members)
         if self.sparse_pending:
@@ -529,25 +506,8 @@ class _GradReducer:
 
     def _sparse_allreduce(self, g: torch.Tensor) -> torch.Tensor:
         """Reduce a sparse gradient by allgather of its indices and values (Horovod's method)."""
-        g = g.coalesce()
-        self.group = _backend.torch_group(self.process_set)
-        idx, val = g.indices(), g.values()
-        counts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
-        dist.all_gather(counts, torch.tensor([idx.shape[1]], dtype=torch.int64), group=self.group)
-        n_max = max(int(c.item()) for c in counts)
-        pad_idx = torch.zeros((idx.shape[0], n_max), dtype=idx.dtype)
-        pad_idx[:, :idx.shape[1]] = idx
-        pad_val = torch.zeros((n_max,) + tuple(val.shape[1:]), dtype=val.dtype)
-        pad_val[:val.shape[0]] = val
-        all_idx = [torch.empty_like(pad_idx) for _ in range(self.size)]
-        all_val = [torch.empty_like(pad_val) for _ in range(self.size)]
-        dist.all_gather(all_idx, pad_idx, group=self.group)
-        dist.all_gather(all_val, pad_val, group=self.group)
-        idx = torch.cat([t[:, :int(c.item())] for t, c in zip(all_idx, counts)], dim=1)
-        val = torch.cat([t[:int(c.item())] for t, c in zip(all_val, counts)], dim=0)
-        if self.op_name == "Average":
-            val = val / self.size
-        return torch.sparse_coo_tensor(idx, val, g.shape).coalesce()
+        op = ops.Average if self.op_name == "Average" else ops.Sum
+        return _collectives.sparse_allreduce(g, op, self.process_set)
 
     def _maybe_rebuild(self) -> None:
         """After the first iteration, rebuild buckets in the arrival order the first rank observed."""
@@ -557,7 +517,8 @@ class _GradReducer:
         known = set(order)
         order += [i for i in reversed(range(len(self.params))) if i not in known]
         t = torch.tensor(order, dtype=torch.int64)
-        dist.broadcast(t, src=self.root, group=_backend.torch_group(self.process_set))
+        _collectives.broadcast_(t, self.root, name=f"DistributedOptimizer.{self.uid}.order",
+                                process_set=self.process_set)
         order = t.tolist()
         if order != list(reversed(range(len(self.params)))):
             for b in self.buckets:
@@ -588,16 +549,6 @@ class _GradReducer:
         self.next_bucket = 0
         self.delay = [self.bpps] * len(self.params)
         self.touched = False
-
-
-@contextlib.contextmanager
-def _synchronize_skipped(optimizer: Any) -> Iterator[None]:
-    """The body of ``skip_synchronize()``, shared by the plain and the Adasum optimizer."""
-    optimizer._should_synchronize = False
-    try:
-        yield
-    finally:
-        optimizer._should_synchronize = True
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -653,10 +604,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         index = {id(p): i for i, p in enumerate(params_list)}
         explicit = _explicit_groups(groups, params_list, index)
 
-        if _backend.group_size(process_set) > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
+        if process_set.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
             self._hvd_reducer = _GradReducer(
                 params_list, [self._parameter_names.get(p, "") for p in params_list],
-                op_name=_backend.op_name(op), compression=compression,
+                op_name=ops.name_of(op), compression=compression,
                 backward_passes_per_step=backward_passes_per_step,
                 predivide=float(gradient_predivide_factor), explicit_groups=explicit,
                 sparse_as_dense=sparse_as_dense, process_set=process_set)
@@ -706,54 +657,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._hvd_base.load_state_dict(self, state_dict)
 
 
-def _explicit_groups(groups: Any, params: List[torch.Tensor], index: Dict[int, int]) -> Optional[List[List[int]]]:
-    """Validate Horovod's ``groups`` and turn it into lists of parameter indices."""
-    if groups is None:
-        return None
-    if isinstance(groups, bool) or not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
-        raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
-    if isinstance(groups, int):
-        # Split the parameters, in gradient order (reversed), into `groups` near-equal groups.
-        order = list(reversed(range(len(params))))
-        n = min(groups, len(order)) or 1
-        q, r = divmod(len(order), n)
-        out, start = [], 0
-        for k in range(n):
-            end = start + q + (1 if k < r else 0)
-            if end > start:
-                out.append(order[start:end])
-            start = end
-        return out
-    seen = set()
-    out = []
-    for sub in groups:
-        if not isinstance(sub, (list, tuple)):
-            raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
-        members = []
-        for p in sub:
-            if not isinstance(p, torch.Tensor):
-                raise ValueError("groups must consist of torch.Tensor.")
-            if id(p) in seen:
-                raise ValueError("A parameter can only appear once in groups.")
-            seen.add(id(p))
-            if not getattr(p, "requires_grad", False):
-                continue
-            if id(p) not in index:
-                raise ValueError("groups contains a tensor that is not a parameter of the optimizer.")
-            members.append(index[id(p)])
-        if members:
-            out.append(members)
-    return out
-
-
 _COPIED = {k: v for k, v in _DistributedOptimizer.__dict__.items() if k not in ("__dict__", "__weakref__")}
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
-                         compression: Any = _COMPRESSION_NONE,
+                         compression: Any = Compression.none,
                          backward_passes_per_step: int = 1,
-                         op: Any = _AVERAGE,
+                         op: Any = ops.Average,
                          gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0,
                          groups: Any = None,
@@ -768,15 +679,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     ``sparse_as_dense`` (reduce sparse gradients densely).  Returns an instance of a subclass of
     ``type(optimizer)`` with the same name.
     """
-    _backend.check_initialized()
+    lifecycle._check()
     if op is None:
-        op = _backend.op("Average")
+        op = ops.Average
     if compression is None:
-        comp = _backend._core_attr("Compression", ("compression",))
-        compression = getattr(comp, "none", None) if comp is not None else None
+        compression = Compression.none
     if process_set is _GLOBAL or process_set is None:
-        process_set = _backend.global_process_set()
-    name = _backend.op_name(op)
+        process_set = _GLOBAL
+    name = ops.name_of(op)
     if gradient_predivide_factor != 1.0 and name != "Average":
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
@@ -787,8 +697,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
     base = optimizer.__class__
-    if name == "Adasum" and _backend.group_size(process_set) > 1:
-        from ._adasum import make_adasum_optimizer
+    if name == "Adasum" and require_member(process_set).size() > 1:
         return make_adasum_optimizer(optimizer, named_parameters, compression, backward_passes_per_step,
                                      op, gradient_predivide_factor, groups, sparse_as_dense, process_set)
     cls = type(base.__name__, (base,), dict(_COPIED, _hvd_base=base))

@@ -228,6 +228,12 @@ def get_process_set_ids_and_ranks() -> Dict[int, List[int]]:
     return {i: list(ps.ranks) for i, ps in sorted(_sets.items())}
 
 
+def require_member(process_set: Optional[ProcessSet]) -> ProcessSet:
+    """``process_set`` (None: the global set), checked to be registered and to include this rank."""
+    torch_group(process_set)
+    return global_process_set if process_set is None else process_set
+
+
 def torch_group(process_set: ProcessSet = global_process_set) -> dist.ProcessGroup:
     """The ``torch.distributed`` group carrying ``process_set``'s tensors.
 

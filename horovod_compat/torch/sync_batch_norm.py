@@ -20,14 +20,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from . import _backend
+from . import collectives, lifecycle, ops
+from .process_sets import ProcessSet, global_process_set
 
 __all__ = ["SyncBatchNorm"]
-
-try:  # Horovod's default process set, from the core
-    from .process_sets import global_process_set as _GLOBAL
-except ImportError:  # pragma: no cover - core not available: resolved lazily instead
-    _GLOBAL = object()
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -38,7 +34,8 @@ class SyncBatchNorm(_BatchNorm):
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1,
-                 affine: bool = True, track_running_stats: bool = True, process_set: Any = _GLOBAL,
+                 affine: bool = True, track_running_stats: bool = True,
+                 process_set: ProcessSet = global_process_set,
                  device: Any = None, dtype: Any = None):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         self.process_set = process_set
@@ -46,9 +43,6 @@ class SyncBatchNorm(_BatchNorm):
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
             raise ValueError("expected at least 2D input (got {}D input)".format(input.dim()))
-
-    def _resolve_ps(self) -> Any:
-        return _backend.global_process_set() if self.process_set is _GLOBAL else self.process_set
 
     def _factor(self) -> float:
         """Momentum of this update; None momentum = cumulative average (as ``_BatchNorm``)."""
@@ -62,8 +56,8 @@ class SyncBatchNorm(_BatchNorm):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
         use_batch_stats = self.training or not self.track_running_stats
-        process_set = self._resolve_ps()
-        if not use_batch_stats or not _initialized() or _backend.group_size(process_set) == 1:
+        process_set = self.process_set
+        if not use_batch_stats or not lifecycle.is_initialized() or process_set.size() == 1:
             return super().forward(input)
         factor = self._factor()
         c = input.size(1)
@@ -72,9 +66,8 @@ class SyncBatchNorm(_BatchNorm):
         stats = torch.cat([input.sum(dims, dtype=torch.float64),
                            (input * input).sum(dims, dtype=torch.float64),
                            torch.tensor([float(count)], dtype=torch.float64, device=input.device)])
-        from torch.distributed.nn.functional import all_reduce
-        group = _backend.torch_group(process_set)
-        total = all_reduce(stats, op=dist.ReduceOp.SUM, group=group if group is not None else dist.group.WORLD)
+        # through the coordinator (differentiable: the gradient is reduced the same way)
+        total = collectives.allreduce(stats, op=ops.Sum, process_set=process_set)
         n = total[2 * c]
         mean = total[:c] / n
         var = (total[c:2 * c] / n - mean * mean).clamp_min(0.0)
@@ -92,10 +85,3 @@ class SyncBatchNorm(_BatchNorm):
             out = out * self.weight.view(shape) + self.bias.view(shape)
         return out
 
-
-def _initialized() -> bool:
-    try:
-        _backend.check_initialized()
-        return True
-    except ValueError:
-        return False

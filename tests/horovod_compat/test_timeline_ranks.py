@@ -264,7 +264,7 @@ def _late_rank_job(delay: float) -> str:
     from horovod_compat.torch import process_sets
 
     hvd.init()
-    control = type(process_sets._sets[0].negotiation.control).__name__
+    control = type(process_sets._sets[0].negotiation.exchange).__name__
     for _ in range(2):
         hvd.barrier()
         if hvd.rank() == 1:
@@ -277,7 +277,7 @@ def _late_rank_job(delay: float) -> str:
     return control
 
 
-@pytest.mark.parametrize("shm, control", [("1", "_ShmControl"), ("0", "_GlooControl")])
+@pytest.mark.parametrize("shm, control", [("1", "ShmExchange"), ("0", "GlooExchange")])
 def test_negotiation_shows_each_ranks_readiness(tmp_path: Any, shm: str, control: str) -> None:
     """Rank 0's file (the only one written) holds one tick per rank in every NEGOTIATE span of the
     late tensor, rank 1's as late as rank 1 really was, over either control transport."""

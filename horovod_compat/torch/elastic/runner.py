@@ -6,7 +6,8 @@ import logging
 import os
 from typing import Any, Callable, TypeVar
 
-from .. import _backend
+from .. import lifecycle
+from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 __all__ = ["run"]
 
@@ -16,11 +17,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _reset() -> None:
     """Re-initialize Horovod (fresh process groups) after a failed collective."""
-    shutdown = _backend._core_attr("shutdown", ("lifecycle",))
-    init = _backend._core_attr("init", ("lifecycle",))
-    if shutdown is not None and init is not None and _backend.core_initialized():
-        shutdown()
-        init()
+    if lifecycle.is_initialized():
+        lifecycle.shutdown()
+        lifecycle.init()
 
 
 def run(func: F) -> F:
@@ -34,8 +33,6 @@ def run(func: F) -> F:
     """
     @functools.wraps(func)
     def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
-        internal_error = _backend.horovod_internal_error()
-        hosts_updated = _backend._core_attr("HostsUpdatedInterrupt", ("exceptions",))
         limit_env = os.environ.get("HOROVOD_ELASTIC_RESET_LIMIT", "")
         limit = int(limit_env) if limit_env.strip() else None
         resets = 0
@@ -45,13 +42,11 @@ def run(func: F) -> F:
                 state.sync()
             try:
                 return func(state, *args, **kwargs)
-            except internal_error as exc:
+            except HorovodInternalError as exc:
                 log.warning("collective failed (%s): restoring the last commit and retrying", exc)
                 state.restore()
                 skip_sync = False
-            except Exception as exc:
-                if hosts_updated is None or not isinstance(exc, hosts_updated):
-                    raise
+            except HostsUpdatedInterrupt as exc:
                 skip_sync = bool(getattr(exc, "skip_sync", False))
             resets += 1
             if limit is not None and resets > limit:

@@ -8,7 +8,8 @@ from typing import Any, Dict, Iterator, List, Sized
 import torch
 import torch.distributed as dist
 
-from .. import _backend
+from .. import lifecycle
+from ..functions import allgather_object
 
 __all__ = ["ElasticSampler"]
 
@@ -56,14 +57,13 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def sync(self) -> None:
         """Every rank learns the samples processed by any rank (used by ``TorchState.sync``)."""
-        from ..functions import allgather_object
         everyone = allgather_object(sorted(self.processed_indices))
         self.processed_indices = set().union(*map(set, everyone))
         self.reset()
 
     def _topology(self) -> tuple:
         try:
-            return _backend.group_size(_backend.global_process_set()), _backend.global_rank()
+            return lifecycle.size(), lifecycle.rank()
         except ValueError:  # before hvd.init(): a single replica
             return 1, 0
 

@@ -44,10 +44,10 @@ def _scenarios():
     from torch.nn.parallel import DistributedDataParallel as DDP
     torch.set_num_threads(1)
     _init()
-    from horovod_compat.torch import _backend
+    from horovod_compat.torch import ops
     from horovod_compat.torch.optimizer import DistributedOptimizer
     rank, size = dist.get_rank(), dist.get_world_size()
-    Sum, Average = _backend.op("Sum"), _backend.op("Average")
+    Sum, Average = ops.Sum, ops.Average
     Compression = _core("Compression")
     rep = {}
 
@@ -298,7 +298,7 @@ def _scenarios():
     rep["load_state_dict"] = diff(list(m2.parameters()), ref_adam)
 
     # op=Adasum: every rank steps locally, deltas are combined with the Adasum rule
-    from horovod_compat.torch._adasum import adasum_pair
+    from horovod_compat.torch.ops import adasum_pair
     m = make()
     start = [p.detach().clone() for p in m.parameters()]
     ref_m = make()
@@ -311,7 +311,7 @@ def _scenarios():
         expected.append(s0 + adasum_pair(-0.1 * grads[0], -0.1 * grads[1]))
         averaged.append(s0 - 0.1 * (grads[0] + grads[1]) / 2)
     opt = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters(),
-                               op=_backend.op("Adasum"))
+                               op=ops.Adasum)
     opt.zero_grad()
     F.mse_loss(m(x), y).backward()
     opt.step()
@@ -413,7 +413,7 @@ def _validation_and_size1():
     import torch
     import torch.distributed as dist
     _init()
-    from horovod_compat.torch import _backend
+    from horovod_compat.torch import ops
     from horovod_compat.torch.optimizer import DistributedOptimizer
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
@@ -431,7 +431,7 @@ def _validation_and_size1():
     expect("duplicates", named_parameters=[("w", p[0]), ("w", p[1]), ("a", p[2]), ("b", p[3])])
     expect("missing", named_parameters=list(m.named_parameters())[:2])
     expect("bpps", backward_passes_per_step=0)
-    expect("predivide", op=_backend.op("Sum"), gradient_predivide_factor=2.0)
+    expect("predivide", op=ops.Sum, gradient_predivide_factor=2.0)
     expect("groups_zero", groups=0)
     expect("groups_type", groups="two")
     expect("groups_not_tensor", groups=[[p[0], 3]])

@@ -1,0 +1,147 @@
+"""The runtime: everything ``hvd.init()`` creates, owned by one object per process.
+
+``Runtime`` holds the job's topology, the rendezvous store of this init generation, the registry of
+process sets (each with its coordinator and transports, see ``process_sets`` and ``negotiation``),
+the table of async handles and the stall inspector.  ``hvd.init()`` (``lifecycle``) builds one and
+makes it *active*; ``hvd.shutdown()`` closes it and clears the active slot, so
+``init -> shutdown -> init`` starts from nothing.
+
+``Runtime.close`` releases in this order, so that no thread ever touches something already gone:
+
+1. the stall inspector stops (it reads the coordinators' tables);
+2. every process set's coordinator leaves: peers waiting for this rank raise, this rank's pending
+   ops fail with ``HorovodInternalError``, its background thread stops, and only then its
+   shared-memory segments are unmapped (``negotiation.SetState.close``);
+3. the process sets' torch groups are destroyed, then the async-handle table is cleared;
+4. torch's default group, if ``init`` created it.
+
+(The timeline session belongs to ``lifecycle``, which ends it before calling ``close``.)
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import torch.distributed as dist
+
+from .exceptions import NOT_INITIALIZED
+from .process_sets import Registry
+
+__all__ = ["Topology", "HandleTable", "Runtime", "active", "current", "activate", "deactivate"]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this process sits in the job (``hvd.rank()``, ``hvd.local_size()`` ...)."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    source: str        # which launcher's environment described the job
+    mpi: bool          # started by mpirun (whatever translated its variables)
+
+
+class HandleTable:
+    """The ints ``X_async`` returns, mapped to what ``poll``/``synchronize`` wait on."""
+
+    def __init__(self) -> None:
+        self._items: Dict[int, Any] = {}
+        self._ids = itertools.count(1)
+
+    def add(self, item: Any) -> int:
+        hid = next(self._ids)
+        self._items[hid] = item
+        return hid
+
+    def get(self, hid: int) -> Any:
+        try:
+            return self._items[hid]
+        except KeyError:
+            raise ValueError(f"Handle {hid} was not created or has been cleared.") from None
+
+    def pop(self, hid: int) -> Any:
+        try:
+            return self._items.pop(hid)
+        except KeyError:
+            raise ValueError(f"Handle {hid} was not created or has been cleared.") from None
+
+    def clear(self) -> None:
+        self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class Runtime:
+    """One init generation of Horovod in this process (see the module docstring)."""
+
+    def __init__(self, topology: Topology, store: Optional[dist.Store], owns_default_pg: bool,
+                 generation: int, dynamic_process_sets: bool) -> None:
+        self.topology = topology
+        self.store = store
+        self.owns_default_pg = owns_default_pg
+        self.generation = generation
+        self.registry = Registry(dynamic_process_sets)
+        self.handles = HandleTable()
+        self.inspector: Any = None
+        self.closed = False
+
+    def control_store(self) -> Optional[dist.Store]:
+        """A store shared by the job's ranks for small control data (the stall inspector's posts)."""
+        base = self.store
+        if base is None and dist.is_initialized():
+            try:
+                base = dist.distributed_c10d._get_default_store()
+            except Exception:
+                return None
+        if base is None:
+            return None
+        return dist.PrefixStore(f"horovod_compat/stall/{self.generation}/", base)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.inspector is not None:
+            self.inspector.stop()
+            self.inspector = None
+        self.registry.close()
+        self.handles.clear()
+        if self.owns_default_pg and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+_lock = threading.RLock()
+_active: Optional[Runtime] = None
+
+
+def active() -> Optional[Runtime]:
+    """The active runtime, or None outside ``init``/``shutdown``."""
+    return _active
+
+
+def current() -> Runtime:
+    """The active runtime; Horovod's ``ValueError`` when ``hvd.init()`` has not run."""
+    rt = _active
+    if rt is None:
+        raise ValueError(NOT_INITIALIZED)
+    return rt
+
+
+def activate(rt: Runtime) -> None:
+    global _active
+    with _lock:
+        _active = rt
+
+
+def deactivate() -> Optional[Runtime]:
+    """Clear the active slot; returns the runtime that was active (the caller closes it)."""
+    global _active
+    with _lock:
+        rt, _active = _active, None
+    return rt

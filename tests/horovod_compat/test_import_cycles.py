@@ -1,0 +1,105 @@
+"""Modules inside ``horovod_compat`` (and ``distributor``) import only downward: no import cycle,
+whether the import sits at module level or inside a function (a function-level import is how a
+cycle hides).  The graph is read from the sources with ``ast``; nothing is imported."""
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from typing import Dict, List, Set
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _modules(package: str) -> Dict[str, str]:
+    mods = {}
+    for dirpath, _dirs, files in os.walk(os.path.join(ROOT, package)):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(dirpath, f)
+                name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                if name.endswith(".__init__"):
+                    name = name[: -len(".__init__")]
+                mods[name] = path
+    return mods
+
+
+def _imports(name: str, path: str, mods: Dict[str, str]) -> Set[str]:
+    """The package-internal modules ``name`` imports (submodules named in ``from X import y``
+    included; the module's own ancestors excluded: importing a submodule runs them anyway)."""
+    is_pkg = path.endswith("__init__.py")
+    here = name.split(".") if is_pkg else name.split(".")[:-1]
+    out: Set[str] = set()
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        targets: List[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if node.module:
+                targets.append(base)
+            targets += [f"{base}.{a.name}" for a in node.names]
+        for t in targets:
+            if t in mods and t != name and not name.startswith(t + "."):
+                out.add(t)
+    return out
+
+
+def _cycles(package: str) -> List[List[str]]:
+    mods = _modules(package)
+    graph = {m: _imports(m, p, mods) for m, p in mods.items()}
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    found: List[List[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.mark.parametrize("package", ["horovod_compat", "distributor"])
+def test_no_import_cycles(package: str) -> None:
+    cycles = _cycles(package)
+    assert cycles == [], f"import cycles in {package}: {cycles}"
+
+
+def test_the_checker_sees_a_cycle(tmp_path, monkeypatch) -> None:
+    """The checker itself: two modules importing each other inside functions are reported."""
+    pkg = tmp_path / "cyc"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from . import b\n")
+    (pkg / "b.py").write_text("from .a import f\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
+    assert _cycles("cyc") == [["cyc.a", "cyc.b"]]
