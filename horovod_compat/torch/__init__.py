@@ -24,15 +24,13 @@ from .collectives import (  # noqa: F401
 from .compression import Compression  # noqa: F401
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from .lifecycle import (  # noqa: F401
+    add_process_set, get_process_set_ids_and_ranks, remove_process_set,
     ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
     is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
     mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
     stop_timeline, sycl_built,
 )
-from .process_sets import (  # noqa: F401
-    ProcessSet, add_process_set, get_process_set_ids_and_ranks, global_process_set,
-    remove_process_set, torch_group,
-)
+from .process_sets import ProcessSet, global_process_set, torch_group  # noqa: F401
 from . import hooks  # noqa: F401
 from horovod_compat.common.util import check_extension  # noqa: F401
 

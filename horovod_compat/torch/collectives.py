@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from . import _shm, lifecycle, ops
+from . import _shm, ops, runtime
 from . import negotiation as _neg
 from .compression import Compression
 from .exceptions import HorovodInternalError
@@ -91,8 +91,6 @@ _identity = ops.identity
 
 # ----------------------------------------------------------------------------- handles
 
-_handles: Dict[int, Any] = {}
-_handle_ids = itertools.count(1)
 _noname: Dict[str, Any] = {}
 
 
@@ -136,18 +134,12 @@ def _new_handle(h: Any) -> int:
     pending = getattr(h, "pending", h)
     if isinstance(pending, _neg.Pending):
         pending.detach()  # nobody waits yet: the coordinator's thread drives it
-    hid = next(_handle_ids)
-    _handles[hid] = h
-    return hid
+    return runtime.current().handles.add(h)
 
 
 def poll(handle: int) -> bool:
     """True when the async op behind ``handle`` has finished (``synchronize`` will not block)."""
-    try:
-        h = _handles[handle]
-    except KeyError:
-        raise ValueError(f"Handle {handle} was not created or has been cleared.") from None
-    return h.poll()
+    return runtime.current().handles.get(handle).poll()
 
 
 def synchronize(handle: int) -> Any:
@@ -155,18 +147,13 @@ def synchronize(handle: int) -> Any:
 
     A failed op raises ``HorovodInternalError``.
     """
-    try:
-        h = _handles.pop(handle)
-    except KeyError:
-        raise ValueError(f"Handle {handle} was not created or has been cleared.") from None
-    return h.wait()
+    return runtime.current().handles.pop(handle).wait()
 
 
 # ----------------------------------------------------------------------------- helpers
 
 def _set_state(process_set: Optional[ProcessSet]) -> SetState:
-    if not lifecycle.state.initialized:
-        raise ValueError(lifecycle.NOT_INITIALIZED)
+    runtime.current()  # Horovod's ValueError before init
     ps = global_process_set if process_set is None else process_set
     st = ps.negotiation
     if st is None:
@@ -997,8 +984,9 @@ def _submit_alltoall(tensor: torch.Tensor, splits: Any, name: Optional[str],
 
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set) -> int:
-    """Start an alltoall: rows ``splits[i]`` of ``tensor`` go to rank i; returns a handle."""
-    return _new_handle(_submit_alltoall(tensor, splits, name, process_set))
+    """Start an alltoall: rows ``splits[i]`` of ``tensor`` go to rank i; returns a handle whose
+    ``synchronize`` gives ``(output, received_splits)``, as in Horovod."""
+    return _new_handle(_submit_alltoall(tensor, splits, name, process_set, with_recv=True))
 
 
 class _AlltoallFn(torch.autograd.Function):
@@ -1229,23 +1217,9 @@ def sparse_allreduce(tensor: torch.Tensor, op: int, process_set: Optional[Proces
 
 # ----------------------------------------------------------------------------- barrier / join
 
-class _BarrierPlan(Plan):
-    __slots__ = ()
-
-    def launch(self, agr: Agreement) -> List[Any]:
-        return []
-
-    def finish(self, agr: Agreement) -> Any:
-        return None
-
-
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank of the process set reached the barrier."""
-    st = _set_state(process_set)
-    plan = _BarrierPlan()
-    plan.desc = Desc("barrier", "", -1, "", ())
-    plan.name = _auto_name("barrier")
-    _neg.submit(st, plan).wait()
+    _set_state(process_set).barrier()
 
 
 def join(device: int = -1) -> int:
@@ -1266,4 +1240,3 @@ _neg.register_kind("broadcast", _validate_same, _broadcast_dummy)
 _neg.register_kind("alltoall", _validate_alltoall, lambda agr, st: _alltoall_launch(agr, st, None)[0])
 _neg.register_kind("reducescatter", _validate_same, _reducescatter_dummy)
 _neg.register_kind("grouped_reducescatter", _validate_same, _reducescatter_dummy)
-_neg.register_kind("barrier", lambda descs, st: None, lambda agr, st: [])

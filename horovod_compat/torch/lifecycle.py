@@ -33,12 +33,13 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from . import process_sets as _ps
+from . import runtime, stall, timeline
 from .exceptions import NOT_INITIALIZED
-from . import stall
+from .process_sets import ProcessSet, global_process_set
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "cross_rank",
+    "init", "shutdown", "is_initialized", "add_process_set", "remove_process_set",
+    "get_process_set_ids_and_ranks", "process_set_by_id", "size", "rank", "local_rank", "local_size", "cross_rank",
     "cross_size", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
     "nccl_built", "ddl_built", "ccl_built", "sycl_built", "cuda_built", "rocm_built", "start_timeline",
     "stop_timeline", "is_homogeneous",
@@ -46,30 +47,15 @@ __all__ = [
 
 
 
-class _State:
-    """Everything ``init`` establishes; reset by ``shutdown``."""
-
-    def __init__(self) -> None:
-        self.initialized = False
-        self.rank = 0
-        self.size = 1
-        self.local_rank = 0
-        self.local_size = 1
-        self.cross_rank = 0
-        self.cross_size = 1
-        self.source = "none"          # which launcher provided the topology
-        self.owns_default_pg = False  # True when we created torch's default group
-        self.mpi = False              # launched under mpirun
-        self.dynamic_process_sets = False
-        self.store: Optional[dist.Store] = None  # this generation's (prefixed) rendezvous store
-
-
-state = _State()
+# Process-wide, outliving every init generation: the rendezvous store (re-init reuses it with a
+# fresh key prefix) and the generation counter.  Everything an init creates lives in its
+# ``runtime.Runtime``.
 _lock = threading.RLock()
 _generation = 0
 _base_store: Optional[dist.Store] = None
 _base_store_key: Optional[tuple] = None
 _malloc_tuned = False
+_atexit_registered = False
 
 
 def _env_int(*names: str) -> Optional[int]:
@@ -217,7 +203,7 @@ def _resolve_comm(comm: Any, world_size: int) -> Optional[List[int]]:
     return ranks
 
 
-def init(comm: Any = None, process_sets: Union[None, str, Sequence["_ps.ProcessSet"]] = None) -> None:
+def init(comm: Any = None, process_sets: Union[None, str, Sequence[ProcessSet]] = None) -> None:
     """Initialise Horovod: join the job's process group and register process sets.
 
     Safe to call again while initialised (a no-op).  ``comm`` restricts the job to a list of global
@@ -225,9 +211,9 @@ def init(comm: Any = None, process_sets: Union[None, str, Sequence["_ps.ProcessS
     register now, or ``"dynamic"`` to allow ``add_process_set``/``remove_process_set`` later (as does
     ``HOROVOD_DYNAMIC_PROCESS_SETS=1``).
     """
-    global _generation
+    global _generation, _atexit_registered
     with _lock:
-        if state.initialized:
+        if runtime.active() is not None:
             return
         _tune_malloc()
         info = _discover()
@@ -244,108 +230,79 @@ def init(comm: Any = None, process_sets: Union[None, str, Sequence["_ps.ProcessS
                 _mpi_rendezvous(info)
             if info["size"] == 1 and not (info["addr"] and info["port"]):
                 store = dist.HashStore()
-                base = store
             else:
                 if not info["addr"] or not info["port"]:
                     raise ValueError(
                         f"hvd.init(): a {info['size']}-rank job ({info['source']}) needs a rendezvous "
                         "address: set MASTER_ADDR and MASTER_PORT")
-                base = _store_for(info)
-                store = dist.PrefixStore(prefix, base)
+                store = dist.PrefixStore(prefix, _store_for(info))
             timeout = timedelta(seconds=float(os.environ.get("HOROVOD_COMPAT_OP_TIMEOUT", "1800")))
             dist.init_process_group(_backend_name(), store=store, rank=info["rank"],
                                     world_size=info["size"], timeout=timeout)
             owns = True
         _generation += 1
+        dynamic = process_sets == "dynamic" or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") == "1"
+        rt = None
         try:
             _fill_topology(info, store, "topo/")
             ranks = _resolve_comm(comm, info["size"])
-            dynamic = process_sets == "dynamic" or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") == "1"
             initial = [] if process_sets in (None, "dynamic") else list(process_sets)
-            _ps._setup(ranks, initial, dynamic)
+            # started by mpirun even when a launcher (HorovodRunner's engine) translated MPI's
+            # variables into torchrun's
+            mpi = info["source"] == "mpirun" or _env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE") is not None
+            rt = runtime.Runtime(None, store, owns, _generation, dynamic)  # type: ignore[arg-type]
+            rt.registry.setup(ranks, initial)
+            gps = global_process_set
+            rt.topology = runtime.Topology(
+                rank=gps.rank() if ranks is not None else info["rank"],
+                size=gps.size() if ranks is not None else info["size"],
+                local_rank=info["local_rank"], local_size=info["local_size"],
+                cross_rank=info["cross_rank"], cross_size=info["cross_size"],
+                source=info["source"], mpi=mpi)
         except BaseException:
-            if owns:
+            if rt is not None:
+                rt.close()
+            elif owns:
                 dist.destroy_process_group()
             raise
-        gps = _ps.global_process_set
-        state.rank = gps.rank() if ranks is not None else info["rank"]
-        state.size = gps.size() if ranks is not None else info["size"]
-        state.local_rank, state.local_size = info["local_rank"], info["local_size"]
-        state.cross_rank, state.cross_size = info["cross_rank"], info["cross_size"]
-        state.source, state.owns_default_pg = info["source"], owns
-        # started by mpirun even when a launcher (HorovodRunner's engine) translated MPI's
-        # variables into torchrun's
-        state.mpi = info["source"] == "mpirun" or _env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE") is not None
-        state.dynamic_process_sets = dynamic
-        state.store = store
-        state.initialized = True
-        global _atexit_registered
+        runtime.activate(rt)
         if not _atexit_registered:
             # As Horovod does: leave the job before the interpreter finalizes. A gloo worker
             # thread that still holds a tensor when Python is torn down aborts the process
             # ("terminate called without an active exception") after the script succeeded.
             atexit.register(shutdown)
             _atexit_registered = True
-        global _inspector
-        _inspector = stall.start(control_store(), dist.get_rank(), dist.get_world_size(),
-                                 lambda: [ps.negotiation for ps in list(_ps._sets.values())])
-        _notify("on_init")
-
-
-_atexit_registered = False
-_inspector: Optional[stall.StallInspector] = None
+        rt.inspector = stall.start(rt.control_store(), dist.get_rank(), dist.get_world_size(),
+                                   rt.registry.coordinators)
+        timeline.on_init()
 
 
 def shutdown() -> None:
-    """Leave the job: stop the stall inspector, drop process sets and (if we created it) torch's
-    default group.  ``init()`` may be called again afterwards."""
+    """Leave the job; ``init()`` may be called again afterwards.
+
+    Order: the timeline session ends (or pauses, for ``HOROVOD_TIMELINE``), then the runtime closes
+    (stall inspector, coordinators and their transports, process groups: ``runtime.Runtime.close``).
+    """
     with _lock:
-        if not state.initialized:
+        rt = runtime.deactivate()
+        if rt is None:
             return
-        global _inspector
-        _notify("on_shutdown")
-        if _inspector is not None:
-            _inspector.stop()
-            _inspector = None
-        _ps._teardown()
-        if state.owns_default_pg and dist.is_initialized():
-            dist.destroy_process_group()
-        state.__init__()
-
-
-def _notify(event: str) -> None:
-    """Tell optional companion modules (the timeline) that init/shutdown happened."""
-    try:
-        from . import timeline  # type: ignore[attr-defined]
-    except ImportError as exc:
-        if exc.name != f"{__package__}.timeline":
-            raise
-        return
-    fn = getattr(timeline, event, None)
-    if fn is not None:
-        fn()
+        timeline.on_shutdown()
+        rt.close()
 
 
 def control_store() -> Optional[dist.Store]:
     """A store shared by the job's ranks for small control data (the stall inspector's posts)."""
-    base = state.store
-    if base is None and dist.is_initialized():
-        try:
-            base = dist.distributed_c10d._get_default_store()
-        except Exception:
-            return None
-    return None if base is None else dist.PrefixStore(f"horovod_compat/stall/{_generation}/", base)
+    return runtime.current().control_store()
 
 
 def is_initialized() -> bool:
     """True between ``init()`` and ``shutdown()``."""
-    return state.initialized
+    return runtime.active() is not None
 
 
-def _check() -> _State:
-    if not state.initialized:
-        raise ValueError(NOT_INITIALIZED)
-    return state
+def _check() -> "runtime.Topology":
+    return runtime.current().topology
 
 
 def size() -> int:
@@ -395,7 +352,8 @@ def mpi_built() -> bool:
 
 def mpi_enabled() -> bool:
     """True when this job was launched by mpirun and MPI is available."""
-    return state.initialized and state.mpi and mpi_built()
+    rt = runtime.active()
+    return rt is not None and rt.topology.mpi and mpi_built()
 
 
 def mpi_threads_supported() -> bool:
@@ -459,30 +417,38 @@ def rocm_built() -> bool:
 # ----------------------------------------------------------------------------- timeline
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start recording a Chrome-trace timeline of every collective into ``file_path``.
-
-    The recorder is a separate module (``horovod_compat.torch.timeline``) that attaches to
-    ``horovod_compat.torch.hooks``; until it exists this warns and records nothing.
-    """
+    """Start recording a Chrome-trace timeline of every collective into ``file_path``
+    (``HOROVOD_TIMELINE=DYNAMIC`` must be set, as in Horovod)."""
     _check()
-    try:
-        from . import timeline  # type: ignore[attr-defined]
-    except ImportError as exc:
-        if exc.name != f"{__package__}.timeline":
-            raise
-        warnings.warn("hvd.start_timeline: timeline recording is not available in this "
-                      "horovod_compat version; nothing is recorded", RuntimeWarning, stacklevel=2)
-        return
     timeline.start(file_path, mark_cycles=mark_cycles)
 
 
 def stop_timeline() -> None:
     """Stop a timeline started by ``start_timeline`` (a no-op when none is recording)."""
     _check()
-    try:
-        from . import timeline  # type: ignore[attr-defined]
-    except ImportError as exc:
-        if exc.name != f"{__package__}.timeline":
-            raise
-        return
     timeline.stop()
+
+
+# ----------------------------------------------------------------------------- process sets
+
+def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
+    """Register a new process set (collective: every rank of the job calls it, same order).
+
+    Returns the registered ``ProcessSet``; a set with the same ranks as a registered one is a
+    ``ValueError``."""
+    return runtime.current().registry.add(process_set)
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set (collective).  Returns True if it was registered."""
+    return runtime.current().registry.remove(process_set)
+
+
+def process_set_by_id(ps_id: int) -> ProcessSet:
+    """The registered set with this id (ValueError if none)."""
+    return runtime.current().registry.by_id(ps_id)
+
+
+def get_process_set_ids_and_ranks() -> Dict[int, List[int]]:
+    """``{id: ranks}`` of every registered set (as Horovod's helper of the same name)."""
+    return runtime.current().registry.ids_and_ranks()

@@ -214,6 +214,7 @@ class SetState:
         self.fresh: Deque[Pending] = collections.deque()  # submitted, not announced yet
         self.mine: Dict[tuple, Pending] = {}        # announced, not finished
         self.unnamed = itertools.count()
+        self.barriers = itertools.count()
         # identical on every rank (updated from the exchanged messages only):
         self.table: List[Desc] = []                 # response cache: id -> descriptor
         self.index: Dict[Desc, int] = {}            # descriptor -> id
@@ -234,7 +235,9 @@ class SetState:
         self.pids: Optional[List[int]] = None
         if self.n > 1:
             self.exchange, self.pids = _exchange.create(self)
-            if self.pids is not None:
+            # data through shared memory only with the shared-memory exchange (so
+            # HOROVOD_COMPAT_SHM_CONTROL=0 turns both off, as documented)
+            if isinstance(self.exchange, _exchange.ShmExchange):
                 self.shm = _shm.create(self)
 
     # -- submission ---------------------------------------------------------------------------
@@ -477,6 +480,13 @@ class SetState:
             return
         p._finish(result=result)
 
+    def barrier(self) -> None:
+        """Block until every rank of the set reached this point (an op with no data)."""
+        plan = _Barrier()
+        plan.desc = Desc("barrier", "", -1, "", ())
+        plan.name = f"barrier.noname.{next(self.barriers)}"
+        self.submit(plan).wait()
+
     # -- join ---------------------------------------------------------------------------------
     def join(self) -> int:
         """This rank has no more data: serve the other ranks' ops with zeros until every rank has
@@ -523,6 +533,19 @@ class SetState:
         # soon); the mappings stay until the process exits rather than vanish under it
         if idle:
             self.drive_lock.release()
+
+
+class _Barrier(Plan):
+    __slots__ = ()
+
+    def launch(self, agr: Agreement) -> List[Any]:
+        return []
+
+    def finish(self, agr: Agreement) -> Any:
+        return None
+
+
+register_kind("barrier", lambda descs, st: None, lambda agr, st: [])
 
 
 def _emit_start(plan: Plan) -> None:

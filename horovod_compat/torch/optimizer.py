@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import zlib
 import os
 import warnings
 import weakref
@@ -40,6 +41,7 @@ from . import collectives as _collectives
 from . import hooks as _hooks
 from . import lifecycle, ops
 from .compression import Compression
+from .functions import allgather_object
 from .exceptions import (HorovodInternalError, STEP_AFTER_SYNC as _STEP_AFTER_SYNC,
                          TOO_MANY_BACKWARDS as _TOO_MANY_BACKWARDS,
                          ZERO_GRAD_PENDING as _ZERO_GRAD_PENDING)
@@ -226,12 +228,25 @@ class _GradReducer:
         the bucket collectives hang or mix data; here every rank raises ``HorovodInternalError``
         naming the ranks that differ, as Horovod reports mismatched collectives.
         """
-        from .functions import allgather_object
         mine = {"op": self.op_name, "compression": self.comp_kind,
                 "backward_passes_per_step": self.bpps,
                 "tensors": [(tuple(p.shape), str(p.dtype).replace("torch.", "")) for p in self.params],
                 "buckets": [b.members for b in self.buckets]}
-        everyone = allgather_object(mine, process_set=self.process_set)
+        # One small allreduce decides (ranks that joined already contribute zeros, so the check is
+        # a sum): every live rank sends (1, d, d*d) for its digest d; all digests are equal iff
+        # count * sum(d*d) == sum(d) ** 2.  Only on a difference are the details gathered.
+        d = zlib.crc32(repr(sorted(mine.items())).encode()) & 0xFFFFF
+        count, total, squares = _collectives.allreduce(
+            torch.tensor([1, d, d * d], dtype=torch.int64), op=ops.Sum,
+            name=f"DistributedOptimizer.{self.uid}.check", process_set=self.process_set).tolist()
+        if count * squares == total * total:
+            return
+        try:
+            everyone = allgather_object(mine, process_set=self.process_set)
+        except HorovodInternalError:  # a rank has joined: no details to be had
+            raise HorovodInternalError("Mismatched DistributedOptimizer configuration between ranks "
+                                       "(parameters, op, compression, backward_passes_per_step or "
+                                       "fusion layout)") from None
         ranks = list(self.process_set.ranks)
         problems = []
         for key in ("op", "compression", "backward_passes_per_step"):
@@ -516,11 +531,15 @@ class _GradReducer:
         order = list(dict.fromkeys(seen))
         known = set(order)
         order += [i for i in reversed(range(len(self.params))) if i not in known]
-        t = torch.tensor(order, dtype=torch.int64)
-        _collectives.broadcast_(t, self.root, name=f"DistributedOptimizer.{self.uid}.order",
-                                process_set=self.process_set)
-        order = t.tolist()
-        if order != list(reversed(range(len(self.params)))):
+        # The first rank's order reaches every rank as a sum in which the others send zeros (an
+        # allreduce, so it also works while ranks have joined: they send zeros too).  When the
+        # first rank itself has joined, the leading 0 says so and the layout stays.
+        mine = dist.get_rank() == self.root
+        t = torch.tensor([1] + order if mine else [0] * (len(order) + 1), dtype=torch.int64)
+        t = _collectives.allreduce(t, op=ops.Sum, name=f"DistributedOptimizer.{self.uid}.order",
+                                   process_set=self.process_set)
+        got, order = int(t[0]), t[1:].tolist()
+        if got == 1 and order != list(reversed(range(len(self.params)))):
             for b in self.buckets:
                 b.buffer = None
                 b.views = []

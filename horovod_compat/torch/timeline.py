@@ -39,7 +39,9 @@ from typing import Optional, Tuple
 
 from horovod_compat.timeline.writer import TimelineRecorder
 
-from . import hooks
+import torch.distributed as dist
+
+from . import hooks, runtime
 
 __all__ = ["start", "stop", "on_init", "on_shutdown", "is_recording", "current_path",
            "DYNAMIC_REQUIRED"]
@@ -93,16 +95,10 @@ def _parse_steps(text: str) -> Optional[Tuple[int, Optional[int]]]:
 
 def _topology() -> Tuple[int, int]:
     """(global rank, size) of this process, from the shim's state (environment as a fallback)."""
-    try:
-        from . import lifecycle
-
-        if lifecycle.state.initialized:
-            import torch.distributed as dist
-
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else lifecycle.state.rank
-            return int(rank), int(lifecycle.state.size)
-    except Exception:
-        pass
+    rt = runtime.active()
+    if rt is not None:
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else rt.topology.rank
+        return int(rank), int(rt.topology.size)
     return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 

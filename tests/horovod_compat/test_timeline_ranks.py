@@ -192,7 +192,7 @@ def test_sigkilled_ranks_leave_valid_per_rank_files_that_merge(tmp_path):
     from horovod_compat.timeline.plot import plot_gantt
     png = str(tmp_path / "merged.png")
     out = plot_gantt(m, png)
-    assert out["rows"] == ["allreduce.step [rank 0]", "allreduce.step [rank 1]"]
+    assert sorted(out["rows"]) == ["allreduce.step [rank 0]", "allreduce.step [rank 1]"]
     assert os.path.getsize(png) > 20_000
 
 
@@ -264,7 +264,7 @@ def _late_rank_job(delay: float) -> str:
     from horovod_compat.torch import process_sets
 
     hvd.init()
-    control = type(process_sets._sets[0].negotiation.exchange).__name__
+    control = type(hvd.global_process_set.negotiation.exchange).__name__
     for _ in range(2):
         hvd.barrier()
         if hvd.rank() == 1:
