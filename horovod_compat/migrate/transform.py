@@ -79,13 +79,13 @@ class HorovodTransformer(cst.CSTTransformer):
         return node.with_changes(leading_lines=[*node.leading_lines, *comments])
 
     def _next_pins_device(self, node: cst.SimpleStatementLine) -> bool:
-        """True when the statement after `node` already calls torch.cuda.set_device (the usual
-        Horovod idiom right after hvd.init()), so the rewrite need not pin the device again."""
+        """True when a later statement of the same block already calls torch.cuda.set_device (the
+        usual Horovod idiom after hvd.init()), so the rewrite need not pin the device again."""
         block = self.get_metadata(ParentNodeProvider, node, None)
         body = list(getattr(block, "body", ()))
-        if node not in body or body.index(node) + 1 >= len(body):
+        if node not in body:
             return False
-        return "set_device(" in cst.Module([]).code_for_node(body[body.index(node) + 1])
+        return any("set_device(" in cst.Module([]).code_for_node(s) for s in body[body.index(node) + 1:])
 
     # -- statements --------------------------------------------------------------------------
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> Optional[bool]:
@@ -194,10 +194,22 @@ class HorovodTransformer(cst.CSTTransformer):
         if isinstance(node.value, cst.Attribute):
             self.inner_attributes.add(node.value)
 
-    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        if original_node in self.plan.constants:
+            native = self.plan.constants[original_node]
+            self.ctx.rewrite(self._line(original_node), f"hvd.{hvd_attr_name(original_node, self.ctx.hvd_aliases)}",
+                             f"-> {native} (a run-time choice the DDP rewrite follows)")
+            return cst.parse_expression(native).with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
         # A bare hvd.X: not a call (hvd calls raise hvd_call_depth) nor inside an hvd call, whose
         # own outcome covers it; flagged once, at its outermost attribute.
         name = hvd_attr_name(original_node, self.ctx.hvd_aliases)
+        if name is None and original_node not in self.inner_attributes:
+            other = hvd_attr_name(original_node, self.ctx.shared.horovod_aliases)
+            parent = self.get_metadata(ParentNodeProvider, original_node, None)
+            if other is not None and not isinstance(parent, cst.ImportAlias) and not (
+                    isinstance(parent, cst.Call) and parent.func is original_node and other == "run"):
+                self._flag(original_node, f"horovod.{other}", "only horovod.run(...) is rewritten "
+                           "from a bare `import horovod`")
         if name is None or self.hvd_call_depth > 0 or original_node in self.inner_attributes:
             return updated_node
         self._flag(original_node, f"hvd.{name}", reason_for(name))
@@ -210,6 +222,8 @@ class HorovodTransformer(cst.CSTTransformer):
             return self._apply(original_node, updated_node, "HorovodRunner", runner.rewrite_constructor(updated_node, self.ctx))
         if runner.is_runner_run(original_node, shared.runner_names, shared.runner_vars):
             return self._apply(original_node, updated_node, "HorovodRunner.run", runner.rewrite_run(updated_node, self.ctx))
+        if runner.is_horovod_run(original_node, shared.horovod_aliases):
+            return self._apply(original_node, updated_node, "horovod.run", runner.rewrite_horovod_run(updated_node, self.ctx))
         if sampler.is_sampler(original_node):
             return sampler.rewrite_sampler(original_node, updated_node, self.ctx, line)
         name = hvd_attr_name(original_node.func, self.ctx.hvd_aliases)

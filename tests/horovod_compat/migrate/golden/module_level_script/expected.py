@@ -111,8 +111,6 @@ if __name__ == '__main__':
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(dist.destroy_process_group)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     torch.manual_seed(args.seed)
     if args.cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
