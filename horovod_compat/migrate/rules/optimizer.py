@@ -386,7 +386,10 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     if options.adasum != "False":
         where = f"{os.path.basename(ctx.location)}:{facts.positions[call].start.line}"
         lines.append(_ADASUM_GUARD.format(condition=options.adasum, where=where))
-    lines.append(f"{ddp_name} = DDP({model})\n")
+    # Horovod synced buffers (BatchNorm statistics) once, with broadcast_parameters, and never again;
+    # DDP's default re-broadcasts rank 0's at every forward. forward_sync_buffers=False keeps the
+    # sync at construction only, as Horovod did (so per-rank evaluation gives the same metrics).
+    lines.append(f"{ddp_name} = DDP({model}, forward_sync_buffers=False)\n")
     ctx.need(HVD, "DDP")
     if options.hook_name is not None:
         lines.append(f"if {options.hook_name} is not None:\n"
@@ -400,7 +403,7 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
         ctx.need(HVD, "default_hooks")
     statements = [cst.parse_statement(line) for line in lines]
     statements[0] = statements[0].with_changes(leading_lines=stmt.leading_lines)
-    note = f"-> {ddp_name} = DDP({model}); forward calls of `{model}` now go through {ddp_name}"
+    note = f"-> {ddp_name} = DDP({model}, forward_sync_buffers=False); forward calls of `{model}` now go through {ddp_name}"
     if options.fp16 != "False":
         note += "; fp16 compression -> fp16_compress_hook"
         if options.fp16 != "True":

@@ -120,7 +120,7 @@ if __name__ == '__main__':
     lr_scaler = dist.get_world_size() if not args.use_adasum else 1
     optimizer = optim.SGD(model.parameters(), lr=args.lr * lr_scaler, momentum=args.momentum)
     _native_broadcast_optimizer_state(optimizer, root_rank=0)
-    ddp_model = DDP(model)
+    ddp_model = DDP(model, forward_sync_buffers=False)
     for epoch in range(1, args.epochs + 1):
         train(epoch)
         test()
