@@ -83,3 +83,28 @@ def test_pytorch_mnist_rewritten_trains_like_the_unchanged_script_on_the_shim(tm
     want = metrics(run_ranks(UPSTREAM / "examples/pytorch/pytorch_mnist.py", argv, env), prefixes)
     assert any(line.startswith("Test set") for line in want)
     assert_same_metrics(got, want)
+
+
+BENCHMARK_ARGS = ["--model", "squeezenet1_1", "--batch-size", "2", "--num-warmup-batches", "1",
+                  "--num-batches-per-iter", "1", "--num-iters", "2"]
+
+
+def _benchmark_report(lines):
+    """The benchmark's log with its throughput figures masked (they are timings)."""
+    import re
+
+    return [re.sub(r"\d+\.\d+", "#", line) for line in lines if line.strip()]
+
+
+def test_pytorch_synthetic_benchmark_rewritten_reports_like_the_unchanged_script(tmp_path):
+    """Throughput is a timing, so the log is compared with its figures masked. With
+    --fp16-allreduce the rewritten script registers DDP's fp16 hook at run time (the plain
+    averaging path is what the MNIST test runs)."""
+    extra = ["--fp16-allreduce"]
+    native = tmp_path / "pytorch_synthetic_benchmark_native.py"
+    native.write_text(_rewrite("examples/pytorch/pytorch_synthetic_benchmark.py").source)
+    got = _benchmark_report(run_ranks(native, BENCHMARK_ARGS + extra))
+    want = _benchmark_report(run_ranks(UPSTREAM / "examples/pytorch/pytorch_synthetic_benchmark.py",
+                                       BENCHMARK_ARGS + extra))
+    assert "Number of CPUs: 2" in want and sum(line.startswith("Iter #") for line in want) == 2
+    assert got == want
