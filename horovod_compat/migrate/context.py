@@ -70,6 +70,8 @@ class SharedState:
     runner_names: Set[str] = dataclasses.field(default_factory=set)
     hvd_aliases: Set[str] = dataclasses.field(default_factory=set)
     horovod_aliases: Set[str] = dataclasses.field(default_factory=set)
+    #: The input imports PyTorch Lightning (its hook names then mean Lightning hooks).
+    lightning: bool = False
 
     def aliases(self, family: str) -> Set[str]:
         """The local names an import of `family` binds."""

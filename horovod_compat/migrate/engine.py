@@ -19,6 +19,7 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvide
 
 from horovod_compat.migrate.context import FAMILIES, RewriteContext, SharedState
 from horovod_compat.migrate.report import Finding
+from horovod_compat.migrate.rules import lightning
 from horovod_compat.migrate.rules.imports import ImportFixer, ImportPlan, ImportScan, remaining_uses
 from horovod_compat.migrate.rules.optimizer import plan_optimizers
 from horovod_compat.migrate.rules.runner import RunnerVarScan
@@ -157,6 +158,7 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
         unsupported.append(dict(scan.unsupported))
     for module in modules:
         module.visit(RunnerVarScan(shared.runner_names, shared.runner_vars))
+    shared.lightning = any(lightning.uses_lightning(unit.source) for unit in units)
     names = [_names(m) for m in modules]
 
     rewritten: List[cst.Module] = []

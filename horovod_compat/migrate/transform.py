@@ -14,7 +14,7 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from horovod_compat.migrate.context import Flagged, Outcome, RewriteContext, Rewritten, hvd_attr_name
 from horovod_compat.migrate.report import todo_comment
-from horovod_compat.migrate.rules import collectives, runner, sampler, state_sync, topology
+from horovod_compat.migrate.rules import collectives, lightning, runner, sampler, state_sync, topology
 from horovod_compat.migrate.rules.flags import reason_for
 from horovod_compat.migrate.rules.optimizer import OptimizerPlan
 
@@ -184,6 +184,11 @@ class HorovodTransformer(cst.CSTTransformer):
                          "first backward passes of every group run under no_sync()")
         return updated_node.with_changes(body=updated_node.body.with_changes(body=[wrapper, *rest]))
 
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        message = lightning.removed_hook_message(node.name.value) if self.ctx.shared.lightning else None
+        if message:
+            self._flag(node, node.name.value, message)
+
     # -- expressions ------------------------------------------------------------------------
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
         if original_node in self.plan.rename:
@@ -222,6 +227,9 @@ class HorovodTransformer(cst.CSTTransformer):
             return self._apply(original_node, updated_node, "HorovodRunner", runner.rewrite_constructor(updated_node, self.ctx))
         if runner.is_runner_run(original_node, shared.runner_names, shared.runner_vars):
             return self._apply(original_node, updated_node, "HorovodRunner.run", runner.rewrite_run(updated_node, self.ctx))
+        if lightning.is_horovod_trainer(original_node):
+            return self._apply(original_node, updated_node, "Trainer(accelerator='horovod')",
+                               lightning.rewrite_trainer(updated_node, self.ctx))
         if runner.is_horovod_run(original_node, shared.horovod_aliases):
             return self._apply(original_node, updated_node, "horovod.run", runner.rewrite_horovod_run(updated_node, self.ctx))
         if sampler.is_sampler(original_node):
