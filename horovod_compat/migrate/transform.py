@@ -14,7 +14,7 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from horovod_compat.migrate.context import Flagged, Outcome, RewriteContext, Rewritten, hvd_attr_name
 from horovod_compat.migrate.report import todo_comment
-from horovod_compat.migrate.rules import collectives, lightning, runner, sampler, state_sync, topology
+from horovod_compat.migrate.rules import collectives, elastic, lightning, runner, sampler, state_sync, topology
 from horovod_compat.migrate.rules.flags import reason_for
 from horovod_compat.migrate.rules.optimizer import OptimizerPlan
 
@@ -24,6 +24,7 @@ CALL_RULES: Dict[str, CallRule] = {
     **topology.CALLS,
     **collectives.CALLS,
     **state_sync.CALLS,
+    **elastic.CALLS,
 }
 STATEMENT_RULES = topology.STATEMENTS
 
@@ -183,6 +184,18 @@ class HorovodTransformer(cst.CSTTransformer):
         self.ctx.rewrite(self._line(original_node), "backward_passes_per_step",
                          "first backward passes of every group run under no_sync()")
         return updated_node.with_changes(body=updated_node.body.with_changes(body=[wrapper, *rest]))
+
+    def visit_Decorator(self, node: cst.Decorator) -> Optional[bool]:
+        # @hvd.elastic.run: dropped in leave_Decorator; its attribute is not flagged on the way.
+        return hvd_attr_name(node.decorator, self.ctx.hvd_aliases) != elastic.DECORATOR
+
+    def leave_Decorator(self, original_node: cst.Decorator, updated_node: cst.Decorator
+                        ) -> Union[cst.Decorator, cst.RemovalSentinel]:
+        if hvd_attr_name(original_node.decorator, self.ctx.hvd_aliases) != elastic.DECORATOR:
+            return updated_node
+        self.ctx.rewrite(self._line(original_node), "hvd.elastic.run",
+                         "dropped: torchrun restarts every worker; the state resumes from its last commit")
+        return cst.RemoveFromParent()
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         message = lightning.removed_hook_message(node.name.value) if self.ctx.shared.lightning else None

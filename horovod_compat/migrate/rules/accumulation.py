@@ -27,7 +27,7 @@ The second shape splits each batch into sub-batches (Horovod's ImageNet example)
         ...
         for i in range(<start>, <stop>, <step>):   # every pass of the step
             <statements ending with the single X.backward() of the function>
-        opt.step()                                 # the function's only step(), right after
+        opt.step()                                 # the function's only step(), later in that block
 
 Horovod averaged at the N-th backward pass or at ``step()``, whichever came first, so every pass
 but the last of each run of the inner loop accumulates locally::
@@ -224,8 +224,10 @@ def _plan_sub_batches(
     while function in parents and not isinstance(function, (cst.FunctionDef, cst.Module)):
         function = parents[function]
     function_code = code_of(function)
-    if not (after and code_of(after[0]).count(step_call) == 1 and function_code.count(step_call) == 1
-            and isinstance(after[0], cst.SimpleStatementLine)):
+    # step() follows in the same block; what comes between may not run backward() (checked below:
+    # the function has one) -- e.g. Horovod's elastic example records the sampler's progress there.
+    steps = [st for st in after if step_call in code_of(st)]
+    if not (steps and isinstance(steps[0], cst.SimpleStatementLine) and function_code.count(step_call) == 1):
         return None
     inner = list(loop.body.body)
     loop_code = code_of(loop)

@@ -226,6 +226,17 @@ def _model_name(call: cst.Call) -> Optional[str]:
     return None
 
 
+def _is_elastic_model(node: cst.CSTNode, facts: "_Facts", ctx: RewriteContext) -> bool:
+    """True for the model given to ``hvd.elastic.TorchState(model, ...)`` (first argument or
+    model=): elastic.py makes that state native, and its model must be the DDP-wrapped one."""
+    arg = facts.parents.get(node)
+    call = facts.parents.get(arg) if isinstance(arg, cst.Arg) else None
+    if not (isinstance(call, cst.Call) and hvd_attr_name(call.func, ctx.hvd_aliases) == "elastic.TorchState"):
+        return False
+    return (arg.keyword is not None and arg.keyword.value == "model") or (
+        arg.keyword is None and arg.star == "" and call.args[0] is arg)
+
+
 #: Module methods that move or cast parameters: fine before DDP wraps the model, not after.
 _MOVES = {"cuda", "cpu", "to", "half", "float", "double", "bfloat16", "type", "to_empty"}
 
@@ -346,7 +357,7 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
             continue
         line = facts.positions[node].start.line
         parent = facts.parents.get(node)
-        if isinstance(parent, cst.Call) and parent.func is node:
+        if isinstance(parent, cst.Call) and parent.func is node or _is_elastic_model(node, facts, ctx):
             renames[node] = ddp_name
         elif isinstance(parent, cst.Attribute) and parent.value is node:
             if parent.attr.value == "forward":
@@ -372,7 +383,8 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
         )
     accumulation = None
     if passes != "1":
-        accumulation = plan_accumulation(passes, target.value, list(renames), facts.parents)
+        forward_calls = [n for n in renames if getattr(facts.parents.get(n), "func", None) is n]
+        accumulation = plan_accumulation(passes, target.value, forward_calls, facts.parents)
         if isinstance(accumulation, str):
             return accumulation
     ddp_name = _unique_name(ddp_name, facts.names_in_module)
