@@ -111,3 +111,32 @@ def test_pytorch_synthetic_benchmark_rewritten_reports_like_the_unchanged_script
                                        BENCHMARK_ARGS + extra))
     assert "Number of CPUs: 2" in want and sum(line.startswith("Iter #") for line in want) == 2
     assert got == want
+
+
+def test_pytorch_mnist_elastic_rewritten_trains_like_the_unchanged_script_on_the_shim(tmp_path):
+    """Without failures an elastic run is a plain run: same metrics, and the native state was
+    checkpointed by rank 0 at its commits."""
+    data = write_mnist(tmp_path / "data")
+    script = "examples/elastic/pytorch/pytorch_mnist_elastic.py"
+    native = tmp_path / "pytorch_mnist_elastic_native.py"
+    native.write_text(_rewrite(script).source)
+    argv = MNIST_ARGS + ["--data-dir", str(data)]
+    env = {"HOME": str(tmp_path), "ELASTIC_CHECKPOINT": str(tmp_path / "state.pt")}
+    prefixes = ("Train Epoch", "Test set")
+    got = metrics(run_ranks(native, argv, env), prefixes)
+    assert (tmp_path / "state.pt").is_file()
+    want = metrics(run_ranks(UPSTREAM / script, argv, env), prefixes)
+    assert any(line.startswith("Test set") for line in want)
+    assert_same_metrics(got, want)
+
+
+def test_pytorch_synthetic_benchmark_elastic_rewritten_reports_like_the_unchanged_script(tmp_path):
+    script = "examples/elastic/pytorch/pytorch_synthetic_benchmark_elastic.py"
+    native = tmp_path / "pytorch_synthetic_benchmark_elastic_native.py"
+    native.write_text(_rewrite(script).source)
+    argv = BENCHMARK_ARGS + ["--num-batches-per-commit", "1"]
+    env = {"ELASTIC_CHECKPOINT": str(tmp_path / "state.pt")}
+    got = _benchmark_report(run_ranks(native, argv, env))
+    want = _benchmark_report(run_ranks(UPSTREAM / script, argv, env))
+    assert "Number of CPUs: 2" in want and sum(line.startswith("Iter #") for line in want) == 2
+    assert got == want
