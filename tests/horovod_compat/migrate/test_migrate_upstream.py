@@ -11,6 +11,7 @@ committed here, and the tests skip with the reason when they are absent.
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,22 @@ def test_pytorch_synthetic_benchmark_elastic_rewritten_reports_like_the_unchange
     want = _benchmark_report(run_ranks(UPSTREAM / script, argv, env))
     assert "Number of CPUs: 2" in want and sum(line.startswith("Iter #") for line in want) == 2
     assert got == want
+
+
+
+def test_pytorch_mnist_elastic_rewritten_resumes_from_its_last_commit(tmp_path):
+    """torchrun recovers by restarting every worker, so the rewritten state must resume from rank
+    0's last commit when the script starts again.  A second start of the same job (--epochs 2,
+    the same checkpoint) resumes where the first stopped: epoch 1's last committed batch was the
+    last one, so only that batch runs again (Horovod's script re-runs the batch after its last
+    commit), then epoch 2 runs in full; started over, epoch 1 would run in full again."""
+    data = write_mnist(tmp_path / "data")
+    native = tmp_path / "pytorch_mnist_elastic_native.py"
+    native.write_text(_rewrite("examples/elastic/pytorch/pytorch_mnist_elastic.py").source)
+    env = {"HOME": str(tmp_path), "ELASTIC_CHECKPOINT": str(tmp_path / "state.pt")}
+    argv = MNIST_ARGS[2:] + ["--data-dir", str(data)]
+    first = metrics(run_ranks(native, ["--epochs", "1"] + argv, env), ("Train Epoch",))
+    batches = len(first)
+    assert batches == 3 and all(line.startswith("Train Epoch: 1 ") for line in first)
+    second = metrics(run_ranks(native, ["--epochs", "2"] + argv, env), ("Train Epoch",))
+    assert [line.split(" [")[0] for line in second] == ["Train Epoch: 1"] + ["Train Epoch: 2"] * batches, second
