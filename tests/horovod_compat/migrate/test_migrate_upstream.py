@@ -160,3 +160,21 @@ def test_pytorch_mnist_elastic_rewritten_resumes_from_its_last_commit(tmp_path):
     assert batches == 3 and all(line.startswith("Train Epoch: 1 ") for line in first)
     second = metrics(run_ranks(native, ["--epochs", "2"] + argv, env), ("Train Epoch",))
     assert [line.split(" [")[0] for line in second] == ["Train Epoch: 1"] + ["Train Epoch: 2"] * batches, second
+
+
+def test_check_json_over_the_upstream_examples_lists_only_the_allowed_todos():
+    """What a CI job would run: every upstream script would change, and the only TODOs left are
+    the Lightning-1 hooks."""
+    import io
+    import json
+
+    from horovod_compat.migrate.cli import main
+
+    out = io.StringIO()
+    status = main(["--check", "--format", "json", str(UPSTREAM / "examples/pytorch"),
+                   str(UPSTREAM / "examples/elastic/pytorch")], stdout=out, stderr=io.StringIO())
+    report = json.loads(out.getvalue())
+    assert status == 1 and report["summary"]["files"] == len(SCRIPTS) == report["summary"]["would_change"]
+    for entry in report["files"]:
+        script = str(Path(entry["path"]).relative_to(UPSTREAM))
+        assert {t["name"] for t in entry["todos"]} == ALLOWED_TODOS.get(script, set()), entry["todos"]
