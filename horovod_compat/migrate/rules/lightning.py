@@ -77,7 +77,11 @@ def rewrite_trainer(call: cst.Call, ctx: RewriteContext) -> Outcome:
                        "decide devices/num_nodes for strategy='ddp' by hand")
     gpus = kw.get("gpus")
     if gpus is not None:
-        accelerator = f'"gpu" if {code_of(gpus.value).strip()} else "cpu"'
+        value = gpus.value
+        text = code_of(value).strip()
+        if not (value.lpar or isinstance(value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer))):
+            text = f"({text})"
+        accelerator = f'"gpu" if {text} else "cpu"'
     elif "accelerator" in kw and not _horovod_literal(kw["accelerator"]):
         accelerator = code_of(kw["accelerator"].value).strip()
     else:

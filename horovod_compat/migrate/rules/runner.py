@@ -179,7 +179,11 @@ def rewrite_horovod_run(call: cst.Call, ctx: RewriteContext) -> Outcome:
                       else f"start_timeout={timeout} or 120.0")
     pieces.append("return_all=True")
     kwargs = given.get("kwargs")
-    if kwargs is not None and code_of(kwargs).strip() != "None":
+    if isinstance(kwargs, cst.Dict) and all(
+            isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
+            and str(e.key.evaluated_value).isidentifier() for e in kwargs.elements):
+        pieces += [f"{e.key.evaluated_value}={code_of(e.value).strip()}" for e in kwargs.elements]
+    elif kwargs is not None and code_of(kwargs).strip() != "None":
         pieces.append("**" + code_of(kwargs).strip())
     ctx.need(HOROVOD, "distributor")
     text = f"distributor.run_function({', '.join(pieces)})"
