@@ -5,7 +5,9 @@
   input file and OUT is not an existing directory; otherwise a directory mirroring the inputs).
 * ``--diff`` prints a unified diff and writes nothing (unless ``-o`` is also given).
 * ``--check`` writes nothing and exits 1 when any file would change or has a TODO (for CI).
-* The report (TODOs with file:line, ``-v`` adds every rewrite) goes to stderr.
+* The report (TODOs with file:line, ``-v`` adds every rewrite) goes to stderr; with
+  ``--format json`` a JSON document goes to stdout instead, one entry per file: whether it would
+  change, every rewrite and every TODO with its line (for CI; see ``json_report``).
 
 Exit status: 0 success, 1 ``--check`` found work, 2 bad input (missing file, syntax error).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import sys
 from pathlib import Path
@@ -36,7 +39,33 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--diff", action="store_true", help="print a unified diff; write nothing unless -o")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything would change or needs a TODO")
     parser.add_argument("-v", "--verbose", action="store_true", help="also list every rewrite in the report")
+    parser.add_argument("--format", choices=("text", "json"), default="text",
+                        help="report format: text on stderr (default) or a JSON document on stdout")
     return parser
+
+
+def json_report(files: List[dict], errors: List[str], status: int) -> str:
+    """The ``--format json`` document: per file what changes and what needs a person."""
+    summary = {
+        "files": len(files),
+        "would_change": sum(f["would_change"] for f in files),
+        "rewrites": sum(len(f["rewrites"]) for f in files),
+        "todos": sum(len(f["todos"]) for f in files),
+        "errors": len(errors),
+    }
+    return json.dumps({"status": status, "summary": summary, "files": files, "errors": errors}, indent=2) + "\n"
+
+
+def _file_record(path: Path, changed: bool, findings: List[Finding]) -> dict:
+    def entry(f: Finding) -> dict:
+        return {"location": f.location, "line": f.line, "name": f.name, "message": f.message}
+
+    return {
+        "path": str(path),
+        "would_change": changed,
+        "rewrites": [entry(f) for f in findings if f.kind is Kind.REWRITE],
+        "todos": [entry(f) for f in findings if f.kind is Kind.TODO],
+    }
 
 
 def collect_sources(sources: Sequence[str]) -> List[Tuple[Path, Path]]:
@@ -91,16 +120,24 @@ def _diff(label: str, old: str, new: str, stream: TextIO) -> None:
 
 def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = sys.stdout, stderr: TextIO = sys.stderr) -> int:
     """Run the command line; returns the exit status."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    as_json = args.format == "json"
+    if as_json and args.diff:
+        parser.error("--format json writes the report to stdout; it cannot be combined with --diff")
     try:
         files = collect_sources(args.sources)
     except FileNotFoundError as err:
         stderr.write(f"horovod-compat-migrate: error: {err.args[0]}\n")
+        if as_json:
+            stdout.write(json_report([], [err.args[0]], 2))
         return 2
     single_file = len(args.sources) == 1 and Path(args.sources[0]).is_file()
     out = Path(args.output) if args.output else None
     status = 0
     all_findings: List[Finding] = []
+    records: List[dict] = []
+    errors: List[str] = []
     would_change = False
     for path, rel in files:
         try:
@@ -108,10 +145,12 @@ def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = sys.stdout, stde
             new_text, findings, pieces = migrate_file(path, text)
         except (MigrationError, UnicodeDecodeError) as err:
             stderr.write(f"horovod-compat-migrate: error: {err}\n")
+            errors.append(str(err))
             status = 2
             continue
         all_findings += findings
         changed = new_text != text
+        records.append(_file_record(path, changed, findings))
         would_change |= changed or any(f.kind is Kind.TODO for f in findings)
         if args.diff:
             for label, old, new in pieces:
@@ -124,7 +163,10 @@ def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = sys.stdout, stde
             target.write_text(new_text, encoding="utf-8")
         elif changed and not args.diff:
             path.write_text(new_text, encoding="utf-8")
-    write_report(all_findings, stderr, verbose=args.verbose)
     if status == 0 and args.check and would_change:
         status = 1
+    if as_json:
+        stdout.write(json_report(records, errors, status))
+    else:
+        write_report(all_findings, stderr, verbose=args.verbose)
     return status

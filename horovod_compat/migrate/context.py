@@ -17,6 +17,8 @@ from horovod_compat.migrate.report import Finding, Kind
 #: import inside a training function (the Databricks pattern) stays inside that function.
 HVD = "hvd"
 RUNNER = "runner"
+HOROVOD = "horovod"  # a bare `import horovod`, for horovod.run(...)
+FAMILIES = (HVD, RUNNER, HOROVOD)
 
 #: The import statement that binds each name a rewrite may need.
 IMPORT_FOR_NAME: Dict[str, str] = {
@@ -32,6 +34,8 @@ IMPORT_FOR_NAME: Dict[str, str] = {
     # it needs no SparkSession for local_mode=True, which is what HorovodRunner(np=-N) becomes.
     # Switching the import to pyspark.ml.torch.distributor later needs no other change.
     "TorchDistributor": "from distributor import TorchDistributor",
+    # horovod.run(fn, ...) -> distributor.run_function(fn, ..., return_all=True)
+    "distributor": "import distributor",
 }
 
 
@@ -65,6 +69,13 @@ class SharedState:
     runner_vars: Set[str] = dataclasses.field(default_factory=set)
     runner_names: Set[str] = dataclasses.field(default_factory=set)
     hvd_aliases: Set[str] = dataclasses.field(default_factory=set)
+    horovod_aliases: Set[str] = dataclasses.field(default_factory=set)
+    #: The input imports PyTorch Lightning (its hook names then mean Lightning hooks).
+    lightning: bool = False
+
+    def aliases(self, family: str) -> Set[str]:
+        """The local names an import of `family` binds."""
+        return {HVD: self.hvd_aliases, RUNNER: self.runner_names, HOROVOD: self.horovod_aliases}[family]
 
 
 @dataclasses.dataclass
@@ -75,7 +86,7 @@ class RewriteContext:
     shared: SharedState
     line_offset: int = 0
     needs: Dict[str, Set[str]] = dataclasses.field(
-        default_factory=lambda: {HVD: set(), RUNNER: set()}
+        default_factory=lambda: {family: set() for family in FAMILIES}
     )
     helpers: List[str] = dataclasses.field(default_factory=list)
     findings: List[Finding] = dataclasses.field(default_factory=list)
@@ -86,7 +97,7 @@ class RewriteContext:
         return self.shared.hvd_aliases
 
     def need(self, family: str, *names: str) -> None:
-        """Record that rewritten code of `family` (HVD or RUNNER) uses these imported names."""
+        """Record that rewritten code of `family` (one of FAMILIES) uses these imported names."""
         for name in names:
             if name not in IMPORT_FOR_NAME:
                 raise KeyError(f"no import known for {name!r}")

@@ -17,8 +17,9 @@ from typing import Dict, List, Mapping, Sequence, Set, Tuple
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, ScopeProvider
 
-from horovod_compat.migrate.context import HVD, RUNNER, RewriteContext, SharedState
+from horovod_compat.migrate.context import FAMILIES, RewriteContext, SharedState
 from horovod_compat.migrate.report import Finding
+from horovod_compat.migrate.rules import lightning
 from horovod_compat.migrate.rules.imports import ImportFixer, ImportPlan, ImportScan, remaining_uses
 from horovod_compat.migrate.rules.optimizer import plan_optimizers
 from horovod_compat.migrate.rules.runner import RunnerVarScan
@@ -85,7 +86,7 @@ def _names(module: cst.Module) -> Set[str]:
 
 
 def _module_level_families(module: cst.Module, shared: SharedState) -> Set[str]:
-    """Families (HVD/RUNNER) imported at module level in this unit."""
+    """Families (see context.FAMILIES) imported at module level in this unit."""
     families: Set[str] = set()
     for stmt in module.body:
         if isinstance(stmt, cst.SimpleStatementLine):
@@ -95,10 +96,7 @@ def _module_level_families(module: cst.Module, shared: SharedState) -> Set[str]:
                         bound = (alias.asname.name.value if alias.asname is not None
                                  and isinstance(alias.asname.name, cst.Name)
                                  else cst.Module([]).code_for_node(alias.name).split(".")[0])
-                        if bound in shared.hvd_aliases:
-                            families.add(HVD)
-                        if bound in shared.runner_names:
-                            families.add(RUNNER)
+                        families.update(f for f in FAMILIES if bound in shared.aliases(f))
     return families
 
 
@@ -113,6 +111,7 @@ _CANONICAL: Dict[str, Tuple[str, ...]] = {
     "default_hooks": ("torch.distributed.algorithms.ddp_comm_hooks.default_hooks",),
     "functools": ("functools",),
     "contextlib": ("contextlib",),
+    "distributor": ("distributor",),
     "TorchDistributor": ("distributor.TorchDistributor",
                          "distributor.torch_distributor.TorchDistributor",
                          "pyspark.ml.torch.distributor.TorchDistributor"),
@@ -159,6 +158,7 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
         unsupported.append(dict(scan.unsupported))
     for module in modules:
         module.visit(RunnerVarScan(shared.runner_names, shared.runner_vars))
+    shared.lightning = any(lightning.uses_lightning(unit.source) for unit in units)
     names = [_names(m) for m in modules]
 
     rewritten: List[cst.Module] = []
@@ -176,11 +176,8 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
         plan = plan_optimizers(wrapper.module, positions, scopes, parents, ctx, elsewhere)
         rewritten.append(wrapper.visit(HorovodTransformer(ctx, plan, unsupported[i])))
 
-    remove = {
-        HVD: sum(remaining_uses(m, shared.hvd_aliases) for m in rewritten) == 0,
-        RUNNER: sum(remaining_uses(m, shared.runner_names) for m in rewritten) == 0,
-    }
-    all_needs: Dict[str, Set[str]] = {HVD: set(), RUNNER: set()}
+    remove = {f: sum(remaining_uses(m, shared.aliases(f)) for m in rewritten) == 0 for f in FAMILIES}
+    all_needs: Dict[str, Set[str]] = {f: set() for f in FAMILIES}
     for ctx in contexts:
         for family, needed in ctx.needs.items():
             all_needs[family] |= needed
@@ -206,7 +203,7 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
             unit_needs=ctx.needs,
             all_needs=all_needs,
             remove=remove,
-            has_module_site={HVD: HVD in module_sites, RUNNER: RUNNER in module_sites},
+            has_module_site={f: f in module_sites for f in FAMILIES},
             global_imports=set(shared.global_imports),
             helpers=ctx.helpers,
         )

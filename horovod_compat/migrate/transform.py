@@ -14,7 +14,7 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from horovod_compat.migrate.context import Flagged, Outcome, RewriteContext, Rewritten, hvd_attr_name
 from horovod_compat.migrate.report import todo_comment
-from horovod_compat.migrate.rules import collectives, runner, sampler, state_sync, topology
+from horovod_compat.migrate.rules import collectives, elastic, lightning, runner, sampler, state_sync, topology
 from horovod_compat.migrate.rules.flags import reason_for
 from horovod_compat.migrate.rules.optimizer import OptimizerPlan
 
@@ -24,6 +24,7 @@ CALL_RULES: Dict[str, CallRule] = {
     **topology.CALLS,
     **collectives.CALLS,
     **state_sync.CALLS,
+    **elastic.CALLS,
 }
 STATEMENT_RULES = topology.STATEMENTS
 
@@ -79,13 +80,13 @@ class HorovodTransformer(cst.CSTTransformer):
         return node.with_changes(leading_lines=[*node.leading_lines, *comments])
 
     def _next_pins_device(self, node: cst.SimpleStatementLine) -> bool:
-        """True when the statement after `node` already calls torch.cuda.set_device (the usual
-        Horovod idiom right after hvd.init()), so the rewrite need not pin the device again."""
+        """True when a later statement of the same block already calls torch.cuda.set_device (the
+        usual Horovod idiom after hvd.init()), so the rewrite need not pin the device again."""
         block = self.get_metadata(ParentNodeProvider, node, None)
         body = list(getattr(block, "body", ()))
-        if node not in body or body.index(node) + 1 >= len(body):
+        if node not in body:
             return False
-        return "set_device(" in cst.Module([]).code_for_node(body[body.index(node) + 1])
+        return any("set_device(" in cst.Module([]).code_for_node(s) for s in body[body.index(node) + 1:])
 
     # -- statements --------------------------------------------------------------------------
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> Optional[bool]:
@@ -184,6 +185,23 @@ class HorovodTransformer(cst.CSTTransformer):
                          "first backward passes of every group run under no_sync()")
         return updated_node.with_changes(body=updated_node.body.with_changes(body=[wrapper, *rest]))
 
+    def visit_Decorator(self, node: cst.Decorator) -> Optional[bool]:
+        # @hvd.elastic.run: dropped in leave_Decorator; its attribute is not flagged on the way.
+        return hvd_attr_name(node.decorator, self.ctx.hvd_aliases) != elastic.DECORATOR
+
+    def leave_Decorator(self, original_node: cst.Decorator, updated_node: cst.Decorator
+                        ) -> Union[cst.Decorator, cst.RemovalSentinel]:
+        if hvd_attr_name(original_node.decorator, self.ctx.hvd_aliases) != elastic.DECORATOR:
+            return updated_node
+        self.ctx.rewrite(self._line(original_node), "hvd.elastic.run",
+                         "dropped: torchrun restarts every worker; the state resumes from its last commit")
+        return cst.RemoveFromParent()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        message = lightning.removed_hook_message(node.name.value) if self.ctx.shared.lightning else None
+        if message:
+            self._flag(node, node.name.value, message)
+
     # -- expressions ------------------------------------------------------------------------
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
         if original_node in self.plan.rename:
@@ -194,10 +212,22 @@ class HorovodTransformer(cst.CSTTransformer):
         if isinstance(node.value, cst.Attribute):
             self.inner_attributes.add(node.value)
 
-    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        if original_node in self.plan.constants:
+            native = self.plan.constants[original_node]
+            self.ctx.rewrite(self._line(original_node), f"hvd.{hvd_attr_name(original_node, self.ctx.hvd_aliases)}",
+                             f"-> {native} (a run-time choice the DDP rewrite follows)")
+            return cst.parse_expression(native).with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
         # A bare hvd.X: not a call (hvd calls raise hvd_call_depth) nor inside an hvd call, whose
         # own outcome covers it; flagged once, at its outermost attribute.
         name = hvd_attr_name(original_node, self.ctx.hvd_aliases)
+        if name is None and original_node not in self.inner_attributes:
+            other = hvd_attr_name(original_node, self.ctx.shared.horovod_aliases)
+            parent = self.get_metadata(ParentNodeProvider, original_node, None)
+            if other is not None and not isinstance(parent, cst.ImportAlias) and not (
+                    isinstance(parent, cst.Call) and parent.func is original_node and other == "run"):
+                self._flag(original_node, f"horovod.{other}", "only horovod.run(...) is rewritten "
+                           "from a bare `import horovod`")
         if name is None or self.hvd_call_depth > 0 or original_node in self.inner_attributes:
             return updated_node
         self._flag(original_node, f"hvd.{name}", reason_for(name))
@@ -210,6 +240,11 @@ class HorovodTransformer(cst.CSTTransformer):
             return self._apply(original_node, updated_node, "HorovodRunner", runner.rewrite_constructor(updated_node, self.ctx))
         if runner.is_runner_run(original_node, shared.runner_names, shared.runner_vars):
             return self._apply(original_node, updated_node, "HorovodRunner.run", runner.rewrite_run(updated_node, self.ctx))
+        if lightning.is_horovod_trainer(original_node):
+            return self._apply(original_node, updated_node, "Trainer(accelerator='horovod')",
+                               lightning.rewrite_trainer(updated_node, self.ctx))
+        if runner.is_horovod_run(original_node, shared.horovod_aliases):
+            return self._apply(original_node, updated_node, "horovod.run", runner.rewrite_horovod_run(updated_node, self.ctx))
         if sampler.is_sampler(original_node):
             return sampler.rewrite_sampler(original_node, updated_node, self.ctx, line)
         name = hvd_attr_name(original_node.func, self.ctx.hvd_aliases)

@@ -21,6 +21,24 @@ which becomes::
         if (i + 1) % N == 0:
             ...
 
+The second shape splits each batch into sub-batches (Horovod's ImageNet example)::
+
+    for ...:
+        ...
+        for i in range(<start>, <stop>, <step>):   # every pass of the step
+            <statements ending with the single X.backward() of the function>
+        opt.step()                                 # the function's only step(), later in that block
+
+Horovod averaged at the N-th backward pass or at ``step()``, whichever came first, so every pass
+but the last of each run of the inner loop accumulates locally::
+
+        for i in range(<start>, <stop>, <step>):
+            with contextlib.nullcontext() if i + <step> >= <stop> else ddp_model.no_sync():
+                <statements ending with X.backward()>
+
+(``<stop>`` and ``<step>`` are evaluated again, so they must be names, attributes, literals or
+``len(name)`` of names the loop does not re-bind; a negative step is refused.)
+
 Every forward call of the model outside ``torch.no_grad()``/``torch.inference_mode()`` must be in
 the wrapped statements.  Anything else stays a TODO.
 """
@@ -94,6 +112,9 @@ def plan_accumulation(
         return why + " (the model's training forward calls are not all in one such loop)"
     loop = loops.pop()
     assert loop is not None
+    sub_batches = _plan_sub_batches(loop, optimizer, training_calls, parents)
+    if isinstance(sub_batches, Accumulation):
+        return sub_batches
     target, it = loop.target, loop.iter
     if not (
         isinstance(target, cst.Tuple)
@@ -133,3 +154,89 @@ def plan_accumulation(
     if not all(any(_contains(s, n, parents) for s in wrapped) for n in training_calls):
         return why + " (a forward call of the model comes after backward())"
     return Accumulation(loop, count, code_of(gate.test).strip())
+
+
+class _Bound(cst.CSTVisitor):
+    """Names assigned anywhere in a subtree."""
+
+    def __init__(self) -> None:
+        self.names: set = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        pass
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self.names |= {n.value for n in _names_in(node.target)}
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.names |= {n.value for n in _names_in(node.target)}
+
+    def visit_For(self, node: cst.For) -> None:
+        self.names |= {n.value for n in _names_in(node.target)}
+
+
+def _names_in(node: cst.CSTNode) -> List[cst.Name]:
+    found: List[cst.Name] = []
+
+    class Collect(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.append(name)
+
+    node.visit(Collect())
+    return found
+
+
+def _reevaluable(node: cst.BaseExpression) -> bool:
+    """A literal, name, attribute chain, or ``len()`` of one: cheap and side-effect free."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "len":
+        return len(node.args) == 1 and node.args[0].star == "" and _reevaluable(node.args[0].value)
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return isinstance(node, (cst.Name, cst.Integer))
+
+
+def _plan_sub_batches(
+    loop: cst.For, optimizer: str, training_calls: List[cst.Name], parents: Mapping[cst.CSTNode, cst.CSTNode]
+) -> Optional[Accumulation]:
+    """The sub-batch shape (see the module docstring), or None when `loop` does not have it."""
+    it, target = loop.iter, loop.target
+    if not (isinstance(it, cst.Call) and isinstance(it.func, cst.Name) and it.func.value == "range"
+            and 1 <= len(it.args) <= 3 and all(a.keyword is None and a.star == "" for a in it.args)
+            and isinstance(target, cst.Name) and isinstance(loop.body, cst.IndentedBlock)
+            and loop.orelse is None):
+        return None
+    stop = it.args[0].value if len(it.args) == 1 else it.args[1].value
+    step = it.args[2].value if len(it.args) == 3 else cst.Integer("1")
+    if not (_reevaluable(stop) and _reevaluable(step)) or code_of(step).strip().startswith("-"):
+        return None
+    bound = _Bound()
+    loop.body.visit(bound)
+    if target.value in {n.value for n in _names_in(stop) + _names_in(step)} or bound.names & {
+            n.value for n in _names_in(stop) + _names_in(step)}:
+        return None
+    block = parents.get(loop)
+    body = list(getattr(block, "body", ()))
+    if loop not in body:
+        return None
+    after = body[body.index(loop) + 1:]
+    step_call = f"{optimizer}.step("
+    function = loop
+    while function in parents and not isinstance(function, (cst.FunctionDef, cst.Module)):
+        function = parents[function]
+    function_code = code_of(function)
+    # step() follows in the same block; what comes between may not run backward() (checked below:
+    # the function has one) -- e.g. Horovod's elastic example records the sampler's progress there.
+    steps = [st for st in after if step_call in code_of(st)]
+    if not (steps and isinstance(steps[0], cst.SimpleStatementLine) and function_code.count(step_call) == 1):
+        return None
+    inner = list(loop.body.body)
+    loop_code = code_of(loop)
+    backward = [k for k, st in enumerate(inner) if ".backward(" in code_of(st)]
+    if (function_code.count(".backward(") != 1 or len(backward) != 1 or "zero_grad(" in loop_code
+            or step_call in loop_code):
+        return None
+    count = backward[0] + 1
+    if not all(any(_contains(st, n, parents) for st in inner[:count]) for n in training_calls):
+        return None
+    last = f"{target.value} + {code_of(step).strip()} >= {code_of(stop).strip()}"
+    return Accumulation(loop, count, last)

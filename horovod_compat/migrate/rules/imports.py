@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
 
-from horovod_compat.migrate.context import HVD, IMPORT_FOR_NAME, RUNNER, SharedState, code_of
+from horovod_compat.migrate.context import HOROVOD, HVD, IMPORT_FOR_NAME, RUNNER, SharedState, code_of
 from horovod_compat.migrate.helpers import HELPERS
 
 _ORDER = list(IMPORT_FOR_NAME)
@@ -32,9 +32,11 @@ def _alias_bound(alias: cst.ImportAlias) -> str:
 
 def _alias_family(stmt: Union[cst.Import, cst.ImportFrom], alias: cst.ImportAlias) -> Optional[str]:
     """HVD for ``import horovod.torch as X`` / ``from horovod import torch as X``; RUNNER for
-    ``from sparkdl import HorovodRunner``; else None."""
+    ``from sparkdl import HorovodRunner``; HOROVOD for ``import horovod``; else None."""
     name = _dotted(alias.name)
     if isinstance(stmt, cst.Import):
+        if name == "horovod":
+            return HOROVOD
         return HVD if name == "horovod.torch" and alias.asname is not None else None
     module = _dotted(stmt.module) if stmt.module is not None else ""
     if stmt.relative:
@@ -53,7 +55,7 @@ def unsupported_import(stmt: Union[cst.Import, cst.ImportFrom]) -> Optional[str]
             name = _dotted(alias.name)
             if name == "horovod.torch" and alias.asname is None:
                 return "`import horovod.torch` without `as hvd`: uses are not rewritten; import it as hvd"
-            if name.startswith("horovod") and name != "horovod.torch":
+            if name.startswith("horovod.") and name != "horovod.torch":
                 return f"`import {name}`: only `import horovod.torch as hvd` is rewritten"
         return None
     if stmt.relative or stmt.module is None:
@@ -94,10 +96,8 @@ class ImportScan(cst.CSTVisitor):
         for alias in stmt.names:
             family = _alias_family(stmt, alias)
             bound = _alias_bound(alias)
-            if family == HVD:
-                self.shared.hvd_aliases.add(bound)
-            elif family == RUNNER:
-                self.shared.runner_names.add(bound)
+            if family is not None:
+                self.shared.aliases(family).add(bound)
             elif self.depth == 0:
                 self.shared.global_imports.add(bound)
 

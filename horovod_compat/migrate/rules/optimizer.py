@@ -30,6 +30,7 @@ it is built).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
@@ -46,6 +47,7 @@ from horovod_compat.migrate.context import (
     keyword_args,
     positional_args,
 )
+from horovod_compat.migrate.rules import dataflow
 from horovod_compat.migrate.rules.accumulation import Accumulation, plan_accumulation
 
 
@@ -59,6 +61,8 @@ class OptimizerPlan:
     remove: Dict[cst.SimpleStatementLine, str] = dataclasses.field(default_factory=dict)
     unwrap: Set[cst.With] = dataclasses.field(default_factory=set)
     accumulate: Dict[cst.For, Tuple[Accumulation, str]] = dataclasses.field(default_factory=dict)
+    #: Horovod constants of a run-time choice bound to a name -> their native value (dataflow.py).
+    constants: Dict[cst.Attribute, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -100,49 +104,110 @@ def _literal(node: Optional[cst.BaseExpression]) -> Optional[str]:
     return None if node is None else code_of(node).strip()
 
 
-def _check_options(call: cst.Call, ctx: RewriteContext) -> Tuple[Optional[str], bool, List[str]]:
-    """(error, fp16, notes) for the options of a DistributedOptimizer call.
+@dataclasses.dataclass
+class _Options:
+    """What a DistributedOptimizer's options become natively (see dataflow.py for choices)."""
 
-    ``backward_passes_per_step`` is only checked to be an integer literal here; whether the loop
-    allows the no_sync() rewrite is decided by accumulation.py once the model's calls are known.
+    error: Optional[str] = None
+    #: When to register DDP's fp16 comm hook: "True", "False", a condition, or None when a
+    #: named choice decides (then the hook is the variable's value, `hook_name`).
+    fp16: Optional[str] = "False"
+    hook_name: Optional[str] = None
+    #: When Horovod would have used Adasum: "False" (never) or a condition.
+    adasum: str = "False"
+    passes: str = "1"
+    notes: List[str] = dataclasses.field(default_factory=list)
+    #: Horovod constants bound to names, replaced in place by their native values.
+    constants: Dict[cst.Attribute, str] = dataclasses.field(default_factory=dict)
+
+
+_COMPRESSION = {"Compression.none": "None", "Compression.fp16": "default_hooks.fp16_compress_hook"}
+_OPS = {"Average": '"average"', "Adasum": '"adasum"'}
+
+
+def _choice(call: cst.Call, keyword: str, facts: "_Facts", ctx: RewriteContext):
+    """The Choice passed as `keyword` (dataflow.resolve), with the scope of the call."""
+    return dataflow.resolve(keyword_args(call)[keyword].value, ctx.hvd_aliases,
+                            facts.scopes.get(call), facts.parents)
+
+
+def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Options:
+    """What the options of a DistributedOptimizer call become, or the error (a TODO).
+
+    ``backward_passes_per_step`` may be any expression without side effects here; whether the
+    loop allows the no_sync() rewrite is decided by accumulation.py once the model's calls are known.
     """
     kw = keyword_args(call)
     known = {"named_parameters", "compression", "backward_passes_per_step", "op",
              "gradient_predivide_factor", "num_groups", "groups", "sparse_as_dense"}
     for name in kw:
         if name == "process_set":
-            return "process_set=: DDP takes process_group=dist.new_group(ranks); rewrite by hand", False, []
+            return _Options("process_set=: DDP takes process_group=dist.new_group(ranks); rewrite by hand")
         if name not in known:
-            return f"unknown argument {name}=", False, []
-    notes: List[str] = []
-    fp16 = False
+            return _Options(f"unknown argument {name}=")
+    options = _Options()
     if "compression" in kw:
-        comp = hvd_attr_name(kw["compression"].value, ctx.hvd_aliases)
-        if comp == "Compression.fp16":
-            fp16 = True
-        elif comp != "Compression.none":
-            return f"compression={code_of(kw['compression'].value)} is not Compression.none/fp16", False, []
-    bpps = _literal(kw["backward_passes_per_step"].value) if "backward_passes_per_step" in kw else "1"
-    if not (bpps.isdigit() and int(bpps) >= 1):
-        return (
-            f"backward_passes_per_step={bpps} is not an integer literal; DDP needs "
-            "`with ddp_model.no_sync():` around all but the last backward() of every group",
-            False,
-            [],
-        )
+        choice = _choice(call, "compression", facts, ctx)
+        if not isinstance(choice, dataflow.Choice):
+            why = f" ({choice})" if isinstance(choice, str) else ""
+            return _Options(f"compression={code_of(kw['compression'].value)} is not Compression.none/fp16 "
+                            f"or a choice between them{why}")
+        unknown = choice.constants - set(_COMPRESSION)
+        if unknown:
+            return _Options(f"compression=hvd.{sorted(unknown)[0]} is not Compression.none/fp16")
+        if choice.name is not None and len(choice.constants) > 1:
+            options.fp16, options.hook_name = None, choice.name
+            options.constants.update({leaf: _COMPRESSION[c] for leaf, c in choice.leaves.items()})
+            options.notes.append(f"`{choice.name}` now holds DDP's fp16 comm hook or None")
+        elif choice.tree is not None:
+            options.fp16 = dataflow.condition(choice.tree, {"Compression.fp16"}, choice.leaves)
+        else:
+            options.fp16 = "True" if choice.constants == {"Compression.fp16"} else "False"
+            options.constants.update({leaf: _COMPRESSION[c] for leaf, c in choice.leaves.items()})
+    if "backward_passes_per_step" in kw:
+        options.passes = _literal(kw["backward_passes_per_step"].value)
+        if options.passes.isdigit() and int(options.passes) < 1:
+            return _Options(f"backward_passes_per_step={options.passes} must be at least 1")
+        if not _pure(kw["backward_passes_per_step"].value):
+            return _Options(f"backward_passes_per_step={options.passes} is not a literal, name or attribute; "
+                            "DDP needs `with ddp_model.no_sync():` around all but the last backward() of every group")
     if "op" in kw:
-        op = hvd_attr_name(kw["op"].value, ctx.hvd_aliases)
-        if op == "Adasum":
-            return "op=Adasum has no torch.distributed/DDP equivalent", False, []
-        if op != "Average":
-            return f"op={code_of(kw['op'].value)}: DDP always averages gradients", False, []
+        choice = _choice(call, "op", facts, ctx)
+        if not isinstance(choice, dataflow.Choice):
+            why = f" ({choice})" if isinstance(choice, str) else ""
+            return _Options(f"op={code_of(kw['op'].value)}: not a Horovod reduce-op constant the rewriter "
+                            f"can follow{why}")
+        if choice.constants == {"Adasum"}:
+            return _Options("op=Adasum has no torch.distributed/DDP equivalent")
+        unknown = choice.constants - set(_OPS)
+        if unknown:
+            return _Options(f"op=hvd.{sorted(unknown)[0]}: DDP always averages gradients")
+        if "Adasum" in choice.constants:
+            if choice.name is not None:
+                options.adasum = f'{choice.name} == "adasum"'
+                options.constants.update({leaf: _OPS[c] for leaf, c in choice.leaves.items()})
+            else:
+                options.adasum = dataflow.condition(choice.tree, {"Adasum"}, choice.leaves)
+            options.notes.append("the Adasum branch raises at run time (no native equivalent)")
+        else:
+            options.constants.update({leaf: _OPS[c] for leaf, c in choice.leaves.items()})
     if "gradient_predivide_factor" in kw and _literal(kw["gradient_predivide_factor"].value) not in ("1", "1.0"):
-        return "gradient_predivide_factor: needs a custom DDP comm hook", False, []
+        # Horovod only allows it with op=Average, where it splits the division by the world size
+        # around the sum (1/f before, f/size after): the same average, so DDP's is kept.
+        options.notes.append("gradient_predivide_factor dropped: with Average it only splits the "
+                             "division around the sum (same average)")
     if "sparse_as_dense" in kw and _literal(kw["sparse_as_dense"].value) != "False":
-        return "sparse_as_dense=True: DDP reduces sparse gradients differently; decide by hand", False, []
+        return _Options("sparse_as_dense=True: DDP reduces sparse gradients differently; decide by hand")
     if "groups" in kw or "num_groups" in kw:
-        notes.append("groups/num_groups dropped (only fusion grouping; DDP buckets gradients itself)")
-    return None, fp16, notes
+        options.notes.append("groups/num_groups dropped (only fusion grouping; DDP buckets gradients itself)")
+    return options
+
+
+def _pure(node: cst.BaseExpression) -> bool:
+    """A literal, name or attribute chain: safe to evaluate again where the loop needs it."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return isinstance(node, (cst.Name, cst.Integer))
 
 
 def _model_name(call: cst.Call) -> Optional[str]:
@@ -159,6 +224,17 @@ def _model_name(call: cst.Call) -> Optional[str]:
     ):
         return value.func.value.value
     return None
+
+
+def _is_elastic_model(node: cst.CSTNode, facts: "_Facts", ctx: RewriteContext) -> bool:
+    """True for the model given to ``hvd.elastic.TorchState(model, ...)`` (first argument or
+    model=): elastic.py makes that state native, and its model must be the DDP-wrapped one."""
+    arg = facts.parents.get(node)
+    call = facts.parents.get(arg) if isinstance(arg, cst.Arg) else None
+    if not (isinstance(call, cst.Call) and hvd_attr_name(call.func, ctx.hvd_aliases) == "elastic.TorchState"):
+        return False
+    return (arg.keyword is not None and arg.keyword.value == "model") or (
+        arg.keyword is None and arg.star == "" and call.args[0] is arg)
 
 
 #: Module methods that move or cast parameters: fine before DDP wraps the model, not after.
@@ -241,11 +317,10 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
             "cannot tell which model this optimizer trains: pass "
             "named_parameters=model.named_parameters() or wrap the model in DDP by hand"
         )
-    error, fp16, notes = _check_options(call, ctx)
-    if error:
-        return error
-    kw = keyword_args(call)
-    passes = _literal(kw["backward_passes_per_step"].value) if "backward_passes_per_step" in kw else "1"
+    options = _check_options(call, ctx, facts)
+    if options.error:
+        return options.error
+    passes, notes = options.passes, options.notes
     scope = facts.scopes.get(call)
     if scope is None:
         return "could not resolve the scope of this statement"
@@ -282,7 +357,7 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
             continue
         line = facts.positions[node].start.line
         parent = facts.parents.get(node)
-        if isinstance(parent, cst.Call) and parent.func is node:
+        if isinstance(parent, cst.Call) and parent.func is node or _is_elastic_model(node, facts, ctx):
             renames[node] = ddp_name
         elif isinstance(parent, cst.Attribute) and parent.value is node:
             if parent.attr.value == "forward":
@@ -308,7 +383,8 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
         )
     accumulation = None
     if passes != "1":
-        accumulation = plan_accumulation(passes, target.value, list(renames), facts.parents)
+        forward_calls = [n for n in renames if getattr(facts.parents.get(n), "func", None) is n]
+        accumulation = plan_accumulation(passes, target.value, forward_calls, facts.parents)
         if isinstance(accumulation, str):
             return accumulation
     ddp_name = _unique_name(ddp_name, facts.names_in_module)
@@ -318,18 +394,35 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
         ctx.need(HVD, "contextlib")
         notes.append(f"backward_passes_per_step={passes} -> no_sync() on the other backward passes")
 
-    lines = [f"{ddp_name} = DDP({model})"]
+    lines = []
+    if options.adasum != "False":
+        where = f"{os.path.basename(ctx.location)}:{facts.positions[call].start.line}"
+        lines.append(_ADASUM_GUARD.format(condition=options.adasum, where=where))
+    # Horovod synced buffers (BatchNorm statistics) once, with broadcast_parameters, and never again;
+    # DDP's default re-broadcasts rank 0's at every forward. forward_sync_buffers=False keeps the
+    # sync at construction only, as Horovod did (so per-rank evaluation gives the same metrics).
+    lines.append(f"{ddp_name} = DDP({model}, forward_sync_buffers=False)\n")
     ctx.need(HVD, "DDP")
-    if fp16:
-        lines.append(f"{ddp_name}.register_comm_hook(None, default_hooks.fp16_compress_hook)")
+    if options.hook_name is not None:
+        lines.append(f"if {options.hook_name} is not None:\n"
+                     f"    {ddp_name}.register_comm_hook(None, {options.hook_name})\n")
+    elif options.fp16 == "True":
+        lines.append(f"{ddp_name}.register_comm_hook(None, default_hooks.fp16_compress_hook)\n")
+    elif options.fp16 != "False":
+        lines.append(f"if {options.fp16}:\n"
+                     f"    {ddp_name}.register_comm_hook(None, default_hooks.fp16_compress_hook)\n")
+    if options.fp16 != "False" or any("fp16" in v for v in options.constants.values()):
         ctx.need(HVD, "default_hooks")
-    statements = [cst.parse_statement(line + "\n") for line in lines]
+    statements = [cst.parse_statement(line) for line in lines]
     statements[0] = statements[0].with_changes(leading_lines=stmt.leading_lines)
-    note = f"-> {ddp_name} = DDP({model}); forward calls of `{model}` now go through {ddp_name}"
-    if fp16:
+    note = f"-> {ddp_name} = DDP({model}, forward_sync_buffers=False); forward calls of `{model}` now go through {ddp_name}"
+    if options.fp16 != "False":
         note += "; fp16 compression -> fp16_compress_hook"
+        if options.fp16 != "True":
+            note += f" when {options.fp16 or options.hook_name + ' is not None'}"
     if notes:
         note += "; " + "; ".join(notes)
+    plan.constants.update(options.constants)
     plan.replace[stmt] = Rewritten(statements, note)
     plan.rename.update(renames)
     for other in _redundant_broadcasts(stmt, model, facts, ctx):
@@ -337,6 +430,16 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     _plan_optimizer_uses(scope, target.value, facts, plan)
     return None
 
+
+#: Where a script chose Adasum at run time: it has no native equivalent, so that choice fails loudly
+#: (the rest of the file still becomes native code).
+_ADASUM_GUARD = """\
+if {condition}:
+    raise NotImplementedError(
+        "{where}: op=hvd.Adasum has no torch.distributed/DDP equivalent; train with averaging "
+        "(and retune the learning rate) or keep this job on horovod-compat. See "
+        "migration_guide/differences.md, 'op=Adasum: no native equivalent'.")
+"""
 
 _GRAD_READ = re.compile(r"clip_grad_\w+|\.grad\b(?!_)")
 

@@ -10,6 +10,15 @@
 * ``driver_log_verbosity`` only chose how much output the driver shows; it is dropped.
 * ``TorchDistributor`` is imported from ``distributor`` (shipped with horovod-compat, PySpark's
   API), which needs no SparkSession for ``local_mode=True``; see ``IMPORT_FOR_NAME``.
+
+``horovod.run(fn, args=(...), kwargs={...}, np=N, ...)`` (Horovod's in-process launcher, which
+returned every rank's value in rank order) becomes
+``distributor.run_function(fn, *args, num_processes=N, return_all=True, **kwargs)``: the engine
+horovod-compat ships, which starts the ranks on this host under the torchrun contract.  Options
+that only chose how Horovod talked (``use_gloo``, ``use_mpi``, ``verbose``, ``disable_cache``,
+``network_interfaces``, ...) are dropped with a note; ``hosts``/``hostfile`` are dropped with a
+note too (every rank starts on this host; several hosts are launched with torchrun on each one,
+see the guide); elastic options (``min_np``, ``max_np``, ``reset_limit``, ``slots``) are flagged.
 """
 from __future__ import annotations
 
@@ -18,6 +27,7 @@ from typing import Optional, Set
 import libcst as cst
 
 from horovod_compat.migrate.context import (
+    HOROVOD,
     RUNNER,
     Flagged,
     Outcome,
@@ -116,3 +126,70 @@ class RunnerVarScan(cst.CSTVisitor):
             for target in node.targets:
                 if isinstance(target.target, cst.Name):
                     self.runner_vars.add(target.target.value)
+
+
+#: horovod.run's parameters in order (Horovod 0.28.1), and what becomes of each.
+_RUN_PARAMETERS = ("func", "args", "kwargs", "np", "min_np", "max_np", "slots", "reset_limit", "hosts",
+                   "hostfile", "start_timeout", "ssh_port", "ssh_identity_file", "disable_cache",
+                   "output_filename", "verbose", "use_gloo", "use_mpi", "mpi_args",
+                   "network_interfaces", "executable")
+_RUN_DROPPED = {"hosts", "hostfile", "ssh_port", "ssh_identity_file", "disable_cache", "output_filename",
+                "verbose", "use_gloo", "use_mpi", "mpi_args", "network_interfaces", "executable"}
+_RUN_ELASTIC = {"min_np", "max_np", "slots", "reset_limit"}
+
+
+def is_horovod_run(call: cst.Call, aliases: Set[str]) -> bool:
+    """True for ``horovod.run(...)`` with ``import horovod`` bound to one of `aliases`."""
+    func = call.func
+    return (isinstance(func, cst.Attribute) and func.attr.value == "run"
+            and isinstance(func.value, cst.Name) and func.value.value in aliases)
+
+
+def rewrite_horovod_run(call: cst.Call, ctx: RewriteContext) -> Outcome:
+    """``horovod.run(fn, args=..., kwargs=..., np=N)`` -> ``distributor.run_function(..., return_all=True)``."""
+    if any(a.star for a in call.args):
+        return Flagged("horovod.run(*args/**kwargs): its arguments cannot be read")
+    given = {}
+    for index, arg in enumerate(call.args):
+        if arg.keyword is None:
+            if index >= len(_RUN_PARAMETERS):
+                return Flagged("horovod.run() has too many positional arguments")
+            given[_RUN_PARAMETERS[index]] = arg.value
+        else:
+            given[arg.keyword.value] = arg.value
+    unknown = set(given) - set(_RUN_PARAMETERS)
+    if unknown or "func" not in given:
+        return Flagged(f"horovod.run() arguments not understood ({', '.join(sorted(unknown)) or 'no function'})")
+    elastic = sorted(k for k in _RUN_ELASTIC & set(given) if code_of(given[k]).strip() != "None")
+    if elastic:
+        return Flagged(f"horovod.run({', '.join(elastic)}=...) is elastic; launch the script with "
+                       "torchrun --nnodes=MIN:MAX --max-restarts=K instead (see the guide)")
+    pieces = [code_of(given["func"]).strip()]
+    args = given.get("args")
+    if isinstance(args, cst.Tuple):
+        pieces += [code_of(e.value).strip() for e in args.elements if not isinstance(e, cst.StarredElement)]
+        if any(isinstance(e, cst.StarredElement) for e in args.elements):
+            return Flagged("horovod.run(args=(*...)) with a starred element is not rewritten")
+    elif args is not None:
+        pieces.append("*" + code_of(args).strip())
+    pieces.append(f"num_processes={code_of(given['np']).strip() if 'np' in given else '1'}")
+    if "start_timeout" in given and code_of(given["start_timeout"]).strip() != "None":
+        timeout = code_of(given["start_timeout"]).strip()
+        pieces.append(f"start_timeout={timeout}" if isinstance(given["start_timeout"], (cst.Integer, cst.Float))
+                      else f"start_timeout={timeout} or 120.0")
+    pieces.append("return_all=True")
+    kwargs = given.get("kwargs")
+    if isinstance(kwargs, cst.Dict) and all(
+            isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
+            and str(e.key.evaluated_value).isidentifier() for e in kwargs.elements):
+        pieces += [f"{e.key.evaluated_value}={code_of(e.value).strip()}" for e in kwargs.elements]
+    elif kwargs is not None and code_of(kwargs).strip() != "None":
+        pieces.append("**" + code_of(kwargs).strip())
+    ctx.need(HOROVOD, "distributor")
+    text = f"distributor.run_function({', '.join(pieces)})"
+    note = "-> " + text + " (every rank's value, in rank order, as horovod.run returned)"
+    dropped = sorted(_RUN_DROPPED & set(given))
+    if dropped:
+        note += (f"; {', '.join(dropped)} dropped: ranks start on this host with gloo (nccl on GPUs); "
+                 "for several hosts run the script under torchrun on each host")
+    return Rewritten(cst.parse_expression(text), note)

@@ -96,7 +96,7 @@ def main():
 
     # Horovod recipe: scale the learning rate by the number of workers.
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05 * dist.get_world_size(), momentum=0.9)
-    ddp_model = DDP(model)
+    ddp_model = DDP(model, forward_sync_buffers=False)
     _native_broadcast_optimizer_state(optimizer, root_rank=0)
 
     step = 0

@@ -79,7 +79,7 @@ def main():
     torch.manual_seed(7)
     model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 3))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    ddp_model = DDP(model)
+    ddp_model = DDP(model, forward_sync_buffers=False)
     _native_broadcast_optimizer_state(optimizer, root_rank=0)
 
     # Each rank draws its own batches.

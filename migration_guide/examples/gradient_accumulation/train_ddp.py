@@ -26,7 +26,7 @@ def main():
     torch.manual_seed(3)
     model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    ddp_model = DDP(model)
+    ddp_model = DDP(model, forward_sync_buffers=False)
 
     gen = torch.Generator().manual_seed(200 + dist.get_rank())
     batches = [(torch.randn(8, 5, generator=gen), torch.randn(8, 1, generator=gen)) for _ in range(12)]

@@ -276,3 +276,47 @@ def test_notebook_model_created_in_another_cell_is_not_wrapped(tmp_path):
     _, _, err = run(path)
     assert f"{path}[cell 1]:4: TODO hvd.DistributedOptimizer: `model` is not bound in this file or cell" in err
     assert "hvd.DistributedOptimizer(" in "".join(json.loads(path.read_text())["cells"][1]["source"])
+
+
+def test_check_json_reports_per_file_what_changes_and_what_needs_a_person(tmp_path):
+    (tmp_path / "a_rewritable.py").write_text(HVD_SCRIPT)
+    (tmp_path / "b_flagged.py").write_text(FLAGGED_SCRIPT)
+    (tmp_path / "c_native.py").write_text(NATIVE_SCRIPT)
+    status, out, err = run("--check", "--format", "json", tmp_path)
+    assert status == 1 and err == ""
+    report = json.loads(out)
+    assert report["status"] == 1
+    files = {Path(f["path"]).name: f for f in report["files"]}
+    assert files["a_rewritable.py"]["would_change"] and files["a_rewritable.py"]["todos"] == []
+    assert {r["name"] for r in files["a_rewritable.py"]["rewrites"]} >= {"hvd.init", "hvd.rank", "hvd.size"}
+    assert [(t["line"], t["name"]) for t in files["b_flagged.py"]["todos"]] == [(5, "hvd.allgather")]
+    assert "dist.all_gather" in files["b_flagged.py"]["todos"][0]["message"]
+    assert files["c_native.py"] == {"path": str(tmp_path / "c_native.py"), "would_change": False,
+                                    "rewrites": [], "todos": []}
+    assert report["summary"] == {"files": 3, "would_change": 2, "rewrites": report["summary"]["rewrites"],
+                                 "todos": 1, "errors": 0}
+    assert (tmp_path / "a_rewritable.py").read_text() == HVD_SCRIPT  # --check writes nothing
+
+
+def test_check_json_on_native_code_passes_and_bad_input_is_listed(tmp_path):
+    (tmp_path / "native.py").write_text(NATIVE_SCRIPT)
+    status, out, _ = run("--check", "--format", "json", tmp_path)
+    assert status == 0 and json.loads(out)["summary"]["would_change"] == 0
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    status, out, _ = run("--check", "--format", "json", tmp_path)
+    report = json.loads(out)
+    assert status == 2 and report["status"] == 2
+    assert len(report["errors"]) == 1 and "broken.py:1" in report["errors"][0]
+    status, out, _ = run("--format", "json", tmp_path / "missing.py")
+    assert status == 2 and "no such file" in json.loads(out)["errors"][0]
+
+
+def test_json_format_refuses_diff(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text(HVD_SCRIPT)
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_info:
+        run("--diff", "--format", "json", script)
+    assert exit_info.value.code == 2
+    assert "cannot be combined with --diff" in capsys.readouterr().err

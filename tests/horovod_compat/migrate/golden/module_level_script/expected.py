@@ -111,8 +111,6 @@ if __name__ == '__main__':
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(dist.destroy_process_group)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     torch.manual_seed(args.seed)
     if args.cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -122,7 +120,7 @@ if __name__ == '__main__':
     lr_scaler = dist.get_world_size() if not args.use_adasum else 1
     optimizer = optim.SGD(model.parameters(), lr=args.lr * lr_scaler, momentum=args.momentum)
     _native_broadcast_optimizer_state(optimizer, root_rank=0)
-    ddp_model = DDP(model)
+    ddp_model = DDP(model, forward_sync_buffers=False)
     for epoch in range(1, args.epochs + 1):
         train(epoch)
         test()

@@ -14,7 +14,7 @@ model = torch.nn.Linear(10, 2)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * dist.get_world_size(), momentum=0.9)
 
 # Horovod: wrap the optimizer, then sync the initial state from rank 0.
-ddp_model = DDP(model)
+ddp_model = DDP(model, forward_sync_buffers=False)
 
 
 def train_step(x, y):

@@ -13,7 +13,7 @@ def main():
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
-    ddp_net = DDP(net)
+    ddp_net = DDP(net, forward_sync_buffers=False)
     ddp_net.register_comm_hook(None, default_hooks.fp16_compress_hook)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3 * dist.get_world_size())
     for _ in range(3):

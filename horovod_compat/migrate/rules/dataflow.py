@@ -1,0 +1,129 @@
+"""Simple data flow for Horovod constants chosen at run time.
+
+Real scripts rarely write ``compression=hvd.Compression.fp16``; they write::
+
+    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    opt = hvd.DistributedOptimizer(..., compression=compression,
+                                   op=hvd.Adasum if args.use_adasum else hvd.Average)
+
+A *choice* is an expression whose every outcome is a Horovod constant: the constant itself, or a
+conditional expression (``a if c else b``, nested) over choices.  An argument is understood when it
+is a choice written in place, or a plain name whose every binding in the same scope is an
+assignment of a choice (one binding, or one per branch of an ``if``) and whose only use is that
+argument.  The rewrite keeps the run-time decision:
+
+* a choice written in place becomes the *condition* under which a given constant is picked
+  (``args.use_adasum`` above), evaluated where the call was;
+* a named choice keeps its name and its bindings, with each constant replaced in place by its
+  native value (``default_hooks.fp16_compress_hook`` / ``None``), so the decision is still made
+  where the script made it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Mapping, Optional, Set, Union
+
+import libcst as cst
+from libcst.metadata import CodeRange, Scope
+
+from horovod_compat.migrate.context import code_of, hvd_attr_name
+
+
+@dataclasses.dataclass
+class Choice:
+    """A run-time choice among Horovod constants.
+
+    `leaves` maps each constant node to its Horovod name (``"Compression.fp16"``); `tree` is the
+    expression (in place) or, for a named choice, None; `name` is the variable for a named choice.
+    """
+
+    leaves: Dict[cst.Attribute, str]
+    tree: Optional[cst.BaseExpression] = None
+    name: Optional[str] = None
+
+    @property
+    def constants(self) -> Set[str]:
+        """The Horovod constants that can be chosen."""
+        return set(self.leaves.values())
+
+
+def _tree_leaves(node: cst.BaseExpression, aliases: Set[str]) -> Optional[Dict[cst.Attribute, str]]:
+    """The constant leaves of a conditional-expression tree, or None when a leaf is not one."""
+    if isinstance(node, cst.IfExp):
+        body = _tree_leaves(node.body, aliases)
+        orelse = _tree_leaves(node.orelse, aliases)
+        return None if body is None or orelse is None else {**body, **orelse}
+    name = hvd_attr_name(node, aliases)
+    if name is None or not isinstance(node, cst.Attribute):
+        return None
+    return {node: name}
+
+
+def resolve(
+    value: cst.BaseExpression,
+    aliases: Set[str],
+    scope: Optional[Scope],
+    parents: Mapping[cst.CSTNode, cst.CSTNode],
+) -> Union[Choice, str, None]:
+    """The Choice `value` makes; a reason (str) when it is a name the rewriter cannot follow;
+    None when `value` is neither a choice nor a name (the caller judges it as written)."""
+    leaves = _tree_leaves(value, aliases)
+    if leaves is not None:
+        return Choice(leaves, tree=value)
+    if not isinstance(value, cst.Name) or scope is None:
+        return None
+    name = value.value
+    assignments = [a for a in scope[name] if hasattr(a, "node")]
+    if not assignments:
+        return f"`{name}` is not bound in this scope"
+    found: Dict[cst.Attribute, str] = {}
+    for assignment in assignments:
+        if assignment.scope is not scope:
+            return f"`{name}` is bound in another scope"
+        target = assignment.node
+        assign = parents.get(target) and parents.get(parents.get(target))
+        if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.targets[0].target is target):
+            return f"`{name}` is bound by something other than a plain assignment"
+        leaves = _tree_leaves(assign.value, aliases)
+        if leaves is None:
+            return f"`{name}` is assigned `{code_of(assign.value).strip()}`, not a Horovod constant"
+        found.update(leaves)
+        for access in assignment.references:
+            if access.node is not value:
+                return f"`{name}` is used elsewhere too; the rewriter only follows a name used once"
+    return Choice(found, name=name)
+
+
+def condition(tree: cst.BaseExpression, chosen: Set[str], leaves: Mapping[cst.Attribute, str]) -> str:
+    """Python source, true exactly when evaluating `tree` picks one of the `chosen` constants.
+
+    Folds constant branches: ``"True"`` / ``"False"`` when the answer does not depend on a test.
+    """
+    if isinstance(tree, cst.IfExp):
+        test = code_of(tree.test).strip()
+        yes = condition(tree.body, chosen, leaves)
+        no = condition(tree.orelse, chosen, leaves)
+        if yes == no:
+            return yes
+        if (yes, no) == ("True", "False"):
+            return test if _atomic(tree.test) else f"({test})"
+        if (yes, no) == ("False", "True"):
+            return f"not {test}" if _atomic(tree.test) else f"not ({test})"
+        parts: List[str] = []
+        wrapped = test if _atomic(tree.test) else f"({test})"
+        if yes != "False":
+            parts.append(wrapped if yes == "True" else f"({wrapped} and {yes})")
+        if no != "False":
+            parts.append(f"not {wrapped}" if no == "True" else f"(not {wrapped} and {no})")
+        return " or ".join(parts)
+    assert isinstance(tree, cst.Attribute)
+    return "True" if leaves[tree] in chosen else "False"
+
+
+def _atomic(node: cst.BaseExpression) -> bool:
+    return isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) and not node.lpar
+
+
+def positions_of(choice: Choice, positions: Mapping[cst.CSTNode, CodeRange]) -> List[int]:
+    """Input lines of the constants of a choice (for notes)."""
+    return sorted({positions[leaf].start.line for leaf in choice.leaves if leaf in positions})
