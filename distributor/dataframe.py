@@ -16,7 +16,7 @@ from .errors import LaunchValidationError
 
 from .shards import ARRAY, SCALAR, VECTOR, ColumnInfo
 #: Target size of one Parquet row group: what a rank holds in memory per row group it reads.
-ROW_GROUP_BYTES = 8 * 1024 * 1024
+ROW_GROUP_BYTES = 4 * 1024 * 1024
 
 
 _NUMPY_TYPES = {
@@ -111,10 +111,17 @@ def select_for_parquet(df: Any, infos: Dict[str, ColumnInfo], extra: Sequence[An
     return df.select(*selected, *extra)
 
 
-def write_parquet(df: Any, path: str, num_files: int, partition_by: Optional[str] = None,
-                  row_group_bytes: int = ROW_GROUP_BYTES) -> None:
-    """Write `df` as about `num_files` Parquet files (per partition value) of small row groups."""
-    writer = df.repartition(num_files).write.mode("overwrite").option("parquet.block.size", row_group_bytes)
+def write_parquet(df: Any, path: str, num_files: int, infos: Dict[str, ColumnInfo],
+                  partition_by: Optional[str] = None, row_group_bytes: int = ROW_GROUP_BYTES) -> None:
+    """Write `df` as at least `num_files` Parquet files (per partition value) of at most about
+    `row_group_bytes` of rows each: a file's rows are the most a rank holds of it at once."""
+    import numpy as np
+
+    row_bytes = sum(info.size * np.dtype(info.dtype).itemsize for info in infos.values()) or 8
+    rows_per_file = max(256, row_group_bytes // row_bytes)
+    writer = (df.repartition(num_files).write.mode("overwrite")
+              .option("maxRecordsPerFile", rows_per_file)
+              .option("parquet.block.size", row_group_bytes))
     if partition_by:
         writer = writer.partitionBy(partition_by)
     writer.parquet(path)
@@ -207,5 +214,5 @@ def prepare_dataframe(df: Any, path: str, num_processes: int, columns: Optional[
             f"The DataFrame has {rows} row(s), fewer than num_processes={num_processes}: every "
             "rank needs at least one row. Use fewer processes or more data."
         )
-    write_parquet(select_for_parquet(df, infos), path, num_processes)
+    write_parquet(select_for_parquet(df, infos), path, num_processes, infos)
     return infos, rows

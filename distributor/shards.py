@@ -226,7 +226,9 @@ class ShardReader:
         for at in range(0, len(order), self.buffer_row_groups):
             window = pa.concat_tables([self._read(self.pieces[i])
                                        for i in order[at:at + self.buffer_row_groups]])
-            yield window.take(pa.array(rng.permutation(window.num_rows)))
+            shuffled = window.take(pa.array(rng.permutation(window.num_rows)))
+            del window  # not held while the consumer works through `shuffled`
+            yield shuffled
 
     def batches(self, epoch: int = 0, as_arrow: bool = False) -> Iterator[Any]:
         import pyarrow as pa

@@ -51,7 +51,7 @@ def write_mnist_libsvm(path: Path, rows: int = 1000, seed: int = 0) -> None:
     path.write_bytes(bz2.compress(("\n".join(lines) + "\n").encode()))
 
 
-def run_example(tmp_path: Path, argv: list, timeout: float = 600) -> str:
+def run_example(tmp_path: Path, argv: list, timeout: float = 800) -> str:
     data_dir, work_dir = tmp_path / "data", tmp_path / "work"
     data_dir.mkdir()
     work_dir.mkdir()
@@ -83,10 +83,12 @@ def run_example(tmp_path: Path, argv: list, timeout: float = 600) -> str:
     return out
 
 
+@pytest.mark.timeout(900)
 def test_pytorch_spark_mnist_on_local_2(tmp_path):
     out = run_example(tmp_path, ["--num-proc", "2"])
     assert float(re.search(r"Test accuracy: ([0-9.]+)", out).group(1)) > 0.3, out[-3000:]
 
 
+@pytest.mark.timeout(900)
 def test_pytorch_spark_mnist_on_a_local_cluster(tmp_path):
     run_example(tmp_path, ["--master", "local-cluster[2,1,1024]", "--num-proc", "2"])

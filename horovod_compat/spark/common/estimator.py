@@ -179,12 +179,12 @@ class HorovodEstimator(Estimator, EstimatorParams):
         val_path = store.get_val_data_path(idx)
         num_files = num_proc * max(1, int(self.getPartitionsPerProcess() or 1))
         if flag is None:
-            write_parquet(select_for_parquet(df, columns), train_path, num_files)
+            write_parquet(select_for_parquet(df, columns), train_path, num_files, columns)
             val_local = None
         else:
             staging = f"{train_path}.staging"
             write_parquet(select_for_parquet(df, columns, [flag.alias(VALIDATION_FLAG)]), staging,
-                          num_files, partition_by=VALIDATION_FLAG)
+                          num_files, columns, partition_by=VALIDATION_FLAG)
             store.move(f"{staging}/{VALIDATION_FLAG}=false", train_path)
             has_val = store.exists(f"{staging}/{VALIDATION_FLAG}=true")
             if has_val:
