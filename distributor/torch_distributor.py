@@ -8,8 +8,10 @@ SparkSession in local mode; and `.run()` of a small job takes about a second les
 from __future__ import annotations
 
 import os
+import shutil
 import sys
-from typing import Any, Optional
+import tempfile
+from typing import Any, Optional, Sequence
 
 from .engine import launch
 from .errors import LaunchValidationError
@@ -57,6 +59,55 @@ class TorchDistributor:
             start_timeout=self.start_timeout, timeout=self.timeout,
         )
         return launch(request, self._placement())
+
+    def train_on_dataframe(self, main: Any, df: Any, *args: Any, batch_size: int = 32,
+                           columns: Optional[Sequence[str]] = None, shuffle: bool = True,
+                           seed: int = 0, path: Optional[str] = None, **kwargs: Any) -> Optional[Any]:
+        """Run `main(shard, *args, **kwargs)` on every rank, where `shard` is the rank's share of
+        `df` as a `DataFrameShard` (`shard.batches(epoch)` yields dicts of tensors by column).
+
+        The DataFrame's `columns` (default: all; numeric, arrays or pyspark.ml vectors) are
+        written as Parquet under `path` (default: a temporary directory on the driver, removed
+        afterwards; on a cluster of several hosts give a directory every executor can read) and
+        every rank streams its own rows. `num_processes` need not equal the DataFrame's
+        partitions. Returns rank 0's value.
+        """
+        return self._run_on_dataframe(main, df, args, kwargs, True, batch_size, columns, shuffle,
+                                      seed, path)
+
+    def _train_on_dataframe(self, train_function: Any, spark_dataframe: Any, *args: Any,
+                            **kwargs: Any) -> Optional[Any]:
+        """PySpark's name: run `train_function(*args, **kwargs)` on every rank; inside it,
+        `distributor.dataframe.current_shard()` is the rank's share of `spark_dataframe` (batches
+        of 32 rows of every column)."""
+        return self._run_on_dataframe(train_function, spark_dataframe, args, kwargs, False, 32,
+                                      None, True, 0, None)
+
+    def _run_on_dataframe(self, main: Any, df: Any, args: tuple, kwargs: dict, pass_shard: bool,
+                          batch_size: int, columns: Optional[Sequence[str]], shuffle: bool,
+                          seed: int, path: Optional[str]) -> Optional[Any]:
+        from .dataframe import ShardSpec, prepare_dataframe, run_on_shard
+
+        if not callable(main):
+            raise LaunchValidationError(
+                f"train_on_dataframe: main must be a function, got {type(main).__name__}."
+            )
+        validate_num_processes(batch_size, "batch_size")
+        scratch = None
+        if path is None:
+            scratch = path = tempfile.mkdtemp(prefix="distributor-dataframe-")
+        try:
+            infos, _ = prepare_dataframe(df, os.path.join(path, "data"), self.num_processes, columns)
+            spec = ShardSpec(os.path.join(path, "data"), tuple(infos), batch_size, shuffle, seed)
+            request = LaunchRequest(
+                FunctionTarget(run_on_shard, (main, spec, pass_shard, *args), dict(kwargs)),
+                self.num_processes, use_gpu=self.use_gpu, start_timeout=self.start_timeout,
+                timeout=self.timeout,
+            )
+            return launch(request, self._placement())
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
 
     def _placement(self) -> Any:
         """This host for `local_mode=True`; one barrier stage of the active SparkSession otherwise."""

@@ -1,0 +1,1 @@
+"""``horovod.spark``: Horovod's Spark APIs on this project's engine."""

@@ -1,0 +1,1 @@
+"""``horovod.spark.common``: the Store and Backend the Spark estimators share."""

@@ -1,0 +1,277 @@
+"""What every rank of a `TorchEstimator` fit runs: the training loop on its shard.
+
+Plain torch.distributed (gloo on CPU, NCCL on GPU), no Horovod runtime: each rank reads its own
+rows (`distributor.shards`), runs forward and backward, and the ranks sum their gradients and
+row counts in one allreduce per optimizer step, so every step is the average over all the rows
+of that step on every rank (ranks whose last batch is smaller or empty weigh less, never wait).
+Rank 0 writes a checkpoint to the store after every epoch: the model's plain state dict (no
+DDP `module.` prefix), the optimizer's, the epoch and the history.
+"""
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+
+@dataclass
+class TrainConfig:
+    """Everything a rank needs; pickled once by the engine and sent to every rank."""
+
+    model: Any
+    optimizer: Any
+    loss_fns: List[Any]
+    loss_weights: Optional[List[float]]
+    metrics: List[Any]
+    feature_cols: List[str]
+    label_cols: List[str]
+    input_shapes: Optional[List[Sequence[int]]]
+    label_shapes: Optional[List[Sequence[int]]]
+    sample_weight_col: Optional[str]
+    batch_size: int
+    val_batch_size: int
+    epochs: int
+    train_steps: Optional[int]
+    val_steps: Optional[int]
+    shuffle: bool
+    seed: int
+    buffer_row_groups: int
+    backward_passes_per_step: int
+    compression: Any
+    transformation_fn: Any
+    data: Any
+    store: Any
+    run_id: str
+    checkpoint: Optional[bytes] = None
+    verbose: int = 1
+    use_gpu: bool = True
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+def to_tensors(batch: Dict[str, np.ndarray], columns: Sequence[str],
+               shapes: Optional[Sequence[Any]] = None, device: Any = None) -> List[Any]:
+    """Tensors of `columns` from a numpy batch; float64 becomes float32 (what models hold),
+    and each is reshaped to its shape in `shapes` when one is given."""
+    import torch
+
+    tensors = []
+    for i, name in enumerate(columns):
+        values = batch[name]
+        if values.dtype == np.float64:
+            values = values.astype(np.float32)
+        tensor = torch.from_numpy(np.ascontiguousarray(values))
+        shape = shapes[i] if shapes is not None and i < len(shapes) else None
+        if shape is not None:
+            tensor = tensor.reshape(list(shape))
+        tensors.append(tensor.to(device) if device is not None else tensor)
+    return tensors
+
+
+def apply_transformation(fn: Any, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """`transformation_fn` on a batch as a pandas DataFrame (one row per row, arrays as cells)."""
+    import pandas as pd
+
+    frame = pd.DataFrame({k: list(v) if v.ndim > 1 else v for k, v in batch.items()})
+    out = fn(frame)
+    return {k: np.stack(out[k].to_numpy()) if out[k].dtype == object else out[k].to_numpy()
+            for k in out.columns}
+
+
+def compute_loss(cfg: TrainConfig, outputs: List[Any], labels: List[Any], weights: Any) -> Any:
+    """The batch's loss: the losses of every output/label pair, weighted by `loss_weights`;
+    with sample weights the per-row losses (reduction='none') are weighted and averaged."""
+    if len(cfg.loss_fns) == 1 and len(outputs) > 1:
+        loss_fns = cfg.loss_fns * len(outputs)
+    else:
+        loss_fns = cfg.loss_fns
+    loss_weights = cfg.loss_weights or [1.0] * len(outputs)
+    total = 0
+    for fn, weight, output, label in zip(loss_fns, loss_weights, outputs, labels):
+        value = fn(output, label)
+        if weights is not None:
+            if value.dim() == 0:
+                raise ValueError(
+                    "sample_weight_col needs per-row losses, but the loss returned one value per "
+                    "batch: construct it with reduction='none' (e.g. nn.MSELoss(reduction='none'))."
+                )
+            value = (value.reshape(len(weights), -1).mean(dim=1) * weights).mean()
+        elif value.dim() != 0:
+            value = value.mean()
+        total = total + weight * value
+    return total
+
+
+def forward(cfg: TrainConfig, model: Any, batch: Dict[str, np.ndarray], device: Any):
+    """(outputs, labels, weights, rows) of one batch."""
+    if cfg.transformation_fn is not None:
+        batch = apply_transformation(cfg.transformation_fn, batch)
+    inputs = to_tensors(batch, cfg.feature_cols, cfg.input_shapes, device)
+    labels = to_tensors(batch, cfg.label_cols, cfg.label_shapes, device)
+    weights = None
+    if cfg.sample_weight_col:
+        weights = to_tensors(batch, [cfg.sample_weight_col], None, device)[0].float()
+    outputs = model(*inputs)
+    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    return outputs, labels, weights, len(labels[0])
+
+
+def _cycle(reader: Any, start_epoch: int) -> Iterator[Dict[str, np.ndarray]]:
+    """The reader's batches, data epoch after data epoch (each reshuffled)."""
+    epoch = start_epoch
+    while True:
+        yield from reader.batches(epoch)
+        epoch += 1
+
+
+def _open_reader(cfg: TrainConfig, path: str, batch_size: int, shuffle: bool, rank: int, world: int):
+    from distributor.shards import open_shard
+
+    columns = list(dict.fromkeys(cfg.feature_cols + cfg.label_cols +
+                                 ([cfg.sample_weight_col] if cfg.sample_weight_col else [])))
+    return open_shard(path, rank, world, columns, batch_size, shuffle, cfg.seed,
+                      cfg.buffer_row_groups, cfg.data.filesystem)
+
+
+def _allreduce_gradients(model: Any, rows: float, compression: Any, dist: Any) -> float:
+    """Sum every rank's gradients and rows in one allreduce; leave the average in `.grad`."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in params] + [torch.tensor([rows], dtype=params[0].dtype,
+                                                       device=params[0].device)])
+    ctx = None
+    if compression is not None:
+        flat, ctx = compression.compress(flat)
+    dist.all_reduce(flat)
+    if compression is not None:
+        flat = compression.decompress(flat, ctx)
+    total = float(flat[-1])
+    flat = flat[:-1] / max(total, 1.0)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset:offset + n].view_as(p).to(p.dtype).clone()
+        offset += n
+    return total
+
+
+def _epoch_sums(cfg: TrainConfig, model: Any, batches: Iterator[Any], steps: int,
+                optimizer: Any, device: Any, dist: Any) -> Dict[str, float]:
+    """Run `steps` steps (training when `optimizer` is given); the mean loss and metrics."""
+    import torch
+
+    training = optimizer is not None
+    model.train(training)
+    sums = np.zeros(2 + len(cfg.metrics))  # loss*rows, rows, metric*rows...
+    pending_rows = 0
+    k = max(1, cfg.backward_passes_per_step) if training else 1
+    with torch.set_grad_enabled(training):
+        if training:
+            optimizer.zero_grad()
+        for step in range(steps):
+            batch = next(batches)
+            rows = len(next(iter(batch.values()))) if batch else 0
+            if rows:
+                outputs, labels, weights, rows = forward(cfg, model, batch, device)
+                loss = compute_loss(cfg, outputs, labels, weights)
+                if training:
+                    (loss * rows).backward()
+                sums[0] += float(loss.detach()) * rows
+                for m, metric in enumerate(cfg.metrics):
+                    sums[2 + m] += float(metric(outputs[0].detach(), labels[0])) * rows
+            sums[1] += rows
+            pending_rows += rows
+            if training and ((step + 1) % k == 0 or step == steps - 1):
+                _allreduce_gradients(model, pending_rows, cfg.compression, dist)
+                optimizer.step()
+                optimizer.zero_grad()
+                pending_rows = 0
+    totals = torch.tensor(sums, dtype=torch.float64)
+    dist.all_reduce(totals)
+    totals = totals.numpy()
+    count = max(totals[1], 1.0)
+    result = {"loss": float(totals[0] / count)}
+    for m, metric in enumerate(cfg.metrics):
+        result[getattr(metric, "__name__", f"metric_{m}")] = float(totals[2 + m] / count)
+    return result
+
+
+def save_checkpoint(model: Any, optimizer: Any, epoch: int, history: List[dict]) -> bytes:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "epoch": epoch, "history": history}, buffer)
+    return buffer.getvalue()
+
+
+def load_checkpoint(data: bytes) -> dict:
+    import torch
+
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+def train(cfg: TrainConfig) -> Optional[bytes]:
+    """A rank's whole fit; rank 0 returns the final checkpoint's bytes."""
+    import torch
+    import torch.distributed as dist
+
+    use_cuda = cfg.use_gpu and torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if use_cuda else None
+    if device is not None:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if use_cuda else "gloo")
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        torch.manual_seed(cfg.seed + rank)
+        model, optimizer = cfg.model, cfg.optimizer  # pickled together: still bound to each other
+        if device is not None:
+            model.to(device)
+        start, history = 0, []
+        if cfg.checkpoint is not None:
+            state = load_checkpoint(cfg.checkpoint)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            start, history = state["epoch"] + 1, list(state["history"])
+            if rank == 0 and cfg.verbose:
+                print(f"Resuming run {cfg.run_id} at epoch {start} from its checkpoint", flush=True)
+        train_reader = _open_reader(cfg, cfg.data.train_path, cfg.batch_size, cfg.shuffle, rank, world)
+        train_batches = _cycle(train_reader, start)
+        val_reader = val_cycle = None
+        if cfg.data.val_path:
+            val_reader = _open_reader(cfg, cfg.data.val_path, cfg.val_batch_size, False, rank, world)
+            val_cycle = _cycle(val_reader, 0) if cfg.val_steps else None
+        checkpoint_file = cfg.store.get_checkpoint_file(cfg.run_id) if cfg.store.saving_runs() else None
+        last = cfg.checkpoint
+        for epoch in range(start, cfg.epochs):
+            entry: Dict[str, Any] = {"epoch": epoch}
+            entry["train"] = _epoch_sums(cfg, model, train_batches, cfg.train_steps or train_reader.steps,
+                                         optimizer, device, dist)
+            if val_reader is not None:
+                batches = val_cycle if val_cycle is not None else val_reader.batches(0)
+                entry["validation"] = _epoch_sums(cfg, model, batches,
+                                                  cfg.val_steps or val_reader.steps, None, device, dist)
+            history.append(entry)
+            if rank == 0:
+                if cfg.verbose:
+                    print(_describe(entry, cfg.epochs), flush=True)
+                last = save_checkpoint(model, optimizer, epoch, history)
+                if checkpoint_file:
+                    cfg.store.write(checkpoint_file, last)
+        if rank == 0 and last is None:  # nothing to train: epochs already done
+            last = save_checkpoint(model, optimizer, cfg.epochs - 1, history)
+        return last if rank == 0 else None
+    finally:
+        dist.destroy_process_group()
+
+
+def _describe(entry: Dict[str, Any], epochs: int) -> str:
+    parts = [f"epoch {entry['epoch'] + 1}/{epochs}"]
+    for phase in ("train", "validation"):
+        for name, value in entry.get(phase, {}).items():
+            parts.append(f"{'val_' if phase == 'validation' else ''}{name}={value:.4f}")
+    return " ".join(parts)

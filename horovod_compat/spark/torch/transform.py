@@ -1,0 +1,110 @@
+"""`TorchModel.transform`: predictions in Arrow batches (`DataFrame.mapInPandas`).
+
+An iterator pandas UDF over the feature columns (vectors turned into arrays, which Arrow carries)
+returns a struct of predictions; the other columns never leave the JVM. The model is pickled once
+and loaded once per task; each Arrow batch of rows is one tensor per feature column and one
+forward pass. A prediction with one value per
+row becomes a double column (a long column for an integer label); any other becomes a
+`DenseVector` column, as in Horovod.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, Tuple
+
+import cloudpickle
+import numpy as np
+import pandas as pd
+
+_INTEGRAL = ("int8", "int16", "int32", "int64")
+
+
+def _predict(model: Any, frame: Any, feature_cols: List[str], shapes: Any) -> List[np.ndarray]:
+    """The model's outputs, one 2-D array (rows x values) per output, for a pandas batch."""
+    import torch
+
+    from .remote import to_tensors
+
+    batch = {}
+    for name in feature_cols:
+        values = frame[name].to_numpy()
+        batch[name] = np.stack(values) if values.dtype == object else values
+    with torch.no_grad():
+        outputs = model(*to_tensors(batch, feature_cols, shapes))
+    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    rows = len(frame)
+    return [o.detach().cpu().reshape(rows, -1).numpy().astype(np.float64) for o in outputs]
+
+
+def predict_dataframe(torch_model: Any, df: Any) -> Any:
+    from pyspark.ml.functions import array_to_vector, vector_to_array
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    from ..common.estimator import EstimatorError
+
+    feature_cols = list(torch_model.getFeatureColumns() or [])
+    label_cols = list(torch_model.getLabelColumns() or [])
+    output_cols = list(torch_model.getOutputCols() or [])
+    shapes = torch_model.getInputShapes()
+    metadata: Dict[str, Any] = torch_model._get_metadata() or {}
+    fields = {f.name: f for f in df.schema.fields}
+    missing = [c for c in feature_cols if c not in fields]
+    if missing:
+        raise EstimatorError(f"transform: the DataFrame has no feature column(s) {missing}; its "
+                             f"columns are {sorted(fields)}.")
+    clash = [c for c in output_cols if c in fields]
+    if clash:
+        raise EstimatorError(f"transform: output column(s) {clash} already exist in the DataFrame; "
+                             "choose other names with setOutputCols([...]).")
+    inputs = []
+    for name in feature_cols:
+        column = F.col(f"`{name}`")
+        is_vector = type(fields[name].dataType).__name__ == "VectorUDT"
+        inputs.append(vector_to_array(column, "float32") if is_vector else column)
+    model = torch_model.getModel()
+    model.eval()
+    model_bytes = cloudpickle.dumps(model)
+    # What each output looks like: from one row, on the driver.
+    sample = df.select(*[c.alias(n) for c, n in zip(inputs, feature_cols)]).limit(1).toPandas()
+    sizes = [o.shape[1] for o in _predict(model, sample, feature_cols, shapes)] if len(sample) else \
+        [1] * len(output_cols)
+    if len(sizes) != len(output_cols):
+        raise EstimatorError(f"transform: the model returns {len(sizes)} output(s) for "
+                             f"{len(output_cols)} output column(s) {output_cols}.")
+    kinds = []
+    for i, size in enumerate(sizes):
+        label = metadata.get(label_cols[i]) if i < len(label_cols) else None
+        if size == 1 and (label is None or label.kind == "scalar"):
+            kinds.append("long" if label is not None and label.dtype in _INTEGRAL else "double")
+        else:
+            kinds.append("vector")
+    struct = T.StructType([
+        T.StructField(f"o{i}", T.LongType() if kind == "long" else
+                      T.DoubleType() if kind == "double" else T.ArrayType(T.DoubleType()))
+        for i, kind in enumerate(kinds)])
+
+    def predict_batches(batches: Iterator[Tuple[pd.Series, ...]]) -> Iterator[pd.DataFrame]:
+        loaded = cloudpickle.loads(model_bytes)
+        for columns in batches:
+            if isinstance(columns, pd.Series):  # a single feature column comes alone
+                columns = (columns,)
+            frame = pd.DataFrame(dict(zip(feature_cols, columns)))
+            outputs = _predict(loaded, frame, feature_cols, shapes) if len(frame) else \
+                [np.zeros((0, s)) for s in sizes]
+            result = {}
+            for i, (kind, values) in enumerate(zip(kinds, outputs)):
+                if kind == "vector":
+                    result[f"o{i}"] = list(values)
+                elif kind == "long":
+                    result[f"o{i}"] = np.rint(values[:, 0]).astype(np.int64)
+                else:
+                    result[f"o{i}"] = values[:, 0]
+            yield pd.DataFrame(result)
+
+    predictions = F.pandas_udf(predict_batches, struct)(*inputs)
+    scratch = "__horovod_predictions"
+    result = df.withColumn(scratch, predictions)
+    for i, (name, kind) in enumerate(zip(output_cols, kinds)):
+        value = F.col(scratch).getField(f"o{i}")
+        result = result.withColumn(name, array_to_vector(value) if kind == "vector" else value)
+    return result.drop(scratch)

@@ -1,0 +1,181 @@
+"""horovod.spark.torch TorchEstimator / TorchModel on a real local[2] Spark: fit and transform
+with vector and array columns, validation by fraction and by column, sample weights, resume
+from a checkpoint, and the bad inputs that must fail before any rank starts."""
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyarrow", reason="the Spark estimators need pyarrow: pip install horovod-compat[spark]")
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
+from spark_clusters import SPARK_TEST_ENV, EnvPatch, start_session, stop_session  # noqa: E402
+
+from horovod.spark.common.backend import Backend, SparkBackend  # noqa: E402
+from horovod.spark.common.store import FilesystemStore, LocalStore, Store  # noqa: E402
+
+import cloudpickle  # noqa: E402
+
+# The ranks cannot import this test module: its model class travels by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def spark():
+    env = EnvPatch(SPARK_TEST_ENV)
+    session = start_session("local[2]", "test_spark_estimator")
+    try:
+        yield session
+    finally:
+        stop_session(session)
+        env.restore()
+
+
+def linear_rows(n=240):
+    """y = 2*a - b + 0.5*c, with (a, b) a vector and c an array of one value."""
+    from pyspark.ml.linalg import Vectors
+
+    rows = []
+    for i in range(n):
+        a, b, c = (i % 7) / 7, (i % 5) / 5, (i % 3) / 3
+        rows.append((i, Vectors.dense([a, b]), [c], 2 * a - b + 0.5 * c, 1.0 + (i % 2), i % 4 == 0))
+    return rows
+
+
+def linear_df(spark, n=240):
+    return spark.createDataFrame(linear_rows(n), ["id", "vec", "arr", "y", "w", "is_val"])
+
+
+class TwoInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 1)
+
+    def forward(self, vec, arr):
+        return self.linear(torch.cat([vec, arr], dim=1))
+
+
+def estimator(store, **overrides):
+    import horovod.spark.torch as hvd
+
+    torch.manual_seed(0)
+    model = TwoInputs()
+    params = dict(backend=SparkBackend(num_proc=2), store=store, model=model,
+                  optimizer=torch.optim.SGD(model.parameters(), lr=0.2),
+                  loss=torch.nn.MSELoss(), feature_cols=["vec", "arr"], label_cols=["y"],
+                  label_shapes=[[-1, 1]], batch_size=8, epochs=3, verbose=1, random_seed=1)
+    params.update(overrides)
+    return hvd.TorchEstimator(**params)
+
+
+def test_fit_transform_validation_fraction_and_resume(spark, tmp_path, capfd):
+    store = Store.create(str(tmp_path / "store"))
+    assert type(store) is FilesystemStore
+    est = estimator(store, validation=0.25, run_id="run_a", epochs=2)
+    assert est.getBatchSize() == 8 and est.getRunId() == "run_a" and est.getValidation() == 0.25
+    model = est.fit(linear_df(spark))
+    history = model.getHistory()
+    assert [h["epoch"] for h in history] == [0, 1]
+    assert history[1]["train"]["loss"] < history[0]["train"]["loss"]
+    assert "validation" in history[0]
+    # The checkpoint: a plain state dict (no DDP "module." prefix) under <prefix>/runs/<run_id>/.
+    path = tmp_path / "store" / "runs" / "run_a" / "checkpoint"
+    state = torch.load(io.BytesIO(path.read_bytes()), weights_only=False)
+    assert set(state["model"]) == set(TwoInputs().state_dict()) and state["epoch"] == 1
+    assert isinstance(model.getOptimizer(), torch.optim.SGD)
+    assert model.getOptimizer().param_groups[0]["params"][0] is next(model.getModel().parameters())
+
+    predicted = model.setOutputCols(["y_hat"]).transform(linear_df(spark)).orderBy("id").collect()
+    assert len(predicted) == 240 and isinstance(predicted[0]["y_hat"], float)
+    err = sum((r["y_hat"] - r["y"]) ** 2 for r in predicted) / len(predicted)
+    expected = model.getModel()(torch.zeros(1, 2), torch.zeros(1, 1)).item()
+    assert predicted[0]["y_hat"] == pytest.approx(expected, abs=1e-5)
+    assert err < 0.5
+
+    # Same run_id, more epochs: resumes after epoch 1 from the checkpoint.
+    capfd.readouterr()
+    resumed = estimator(store, validation=0.25, run_id="run_a", epochs=4).fit(linear_df(spark))
+    out = capfd.readouterr().out
+    assert "Resuming training from last checkpoint" in out
+    assert [h["epoch"] for h in resumed.getHistory()] == [0, 1, 2, 3]
+    assert resumed.getHistory()[:2] == history
+
+
+def test_validation_column_sample_weights_and_sparse_vectors(spark, tmp_path):
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql import functions as F
+
+    to_sparse = F.udf(lambda v: Vectors.sparse(2, {i: x for i, x in enumerate(v) if x}), VectorUDT())
+    df = linear_df(spark).withColumn("vec", to_sparse("vec"))
+    est = estimator(Store.create(f"file://{tmp_path}/store"), validation="is_val",
+                    sample_weight_col="w", loss=torch.nn.MSELoss(reduction="none"), epochs=2)
+    model = est.fit(df)
+    assert "validation" in model.getHistory()[-1]
+    # Validation rows (is_val) were written apart from the training rows.
+    import pyarrow.parquet as pq
+
+    val = list((tmp_path / "store").glob("intermediate_val_data.*"))
+    train = list((tmp_path / "store").glob("intermediate_train_data.*"))
+    assert len(val) == len(train) == 1
+    assert pq.read_table(str(val[0])).num_rows == 60 and pq.read_table(str(train[0])).num_rows == 180
+    out = model.transform(df)
+    assert out.count() == 240 and "y__output" in out.columns
+
+
+def test_classifier_outputs_become_vectors(spark, tmp_path):
+    from pyspark.ml.linalg import DenseVector
+
+    df = linear_df(spark).selectExpr("id", "vec", "arr", "CAST(id % 2 AS LONG) AS cls")
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LogSoftmax(dim=1))
+    import horovod.spark.torch as hvd
+
+    est = hvd.TorchEstimator(num_proc=2, store=LocalStore(str(tmp_path)), model=model,
+                             optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
+                             loss=torch.nn.NLLLoss(), feature_cols=["vec"], label_cols=["cls"],
+                             batch_size=16, epochs=1, metrics=[])
+    row = est.fit(df).transform(df).first()
+    assert isinstance(row["cls__output"], DenseVector) and len(row["cls__output"]) == 2
+
+
+class RecordingBackend(Backend):
+    """A backend that fails the test if training is started."""
+
+    def num_processes(self):
+        return 2
+
+    def run(self, fn, args=(), kwargs=None, env=None):
+        raise AssertionError("training started despite bad input")
+
+
+def bad_estimator(store, **overrides):
+    return estimator(store, backend=RecordingBackend(), **overrides)
+
+
+def test_bad_inputs_fail_before_training(spark, tmp_path):
+    from horovod_compat.spark.common.estimator import EstimatorError
+    from horovod_compat.spark.common.store import StoreError
+
+    df = linear_df(spark, 40).selectExpr("*", "CAST(id AS STRING) AS name")
+    store = Store.create(str(tmp_path / "store"))
+    with pytest.raises(EstimatorError, match=r"no feature column 'missing'.*columns are"):
+        bad_estimator(store, feature_cols=["missing", "arr"]).fit(df)
+    with pytest.raises(EstimatorError, match=r"Feature column 'name' has Spark type string"):
+        bad_estimator(store, feature_cols=["name", "arr"]).fit(df)
+    wide = torch.nn.Linear(2, 3)
+    with pytest.raises(EstimatorError, match=r"output of shape \(2, 3\) does not match label column 'vec'"):
+        bad_estimator(store, model=wide, optimizer=torch.optim.SGD(wide.parameters(), lr=0.1),
+                      feature_cols=["vec"], label_cols=["vec"], label_shapes=None).fit(df)
+    with pytest.raises(EstimatorError, match=r"model failed on a batch of 2 rows"):
+        bad_estimator(store, input_shapes=[[-1, 5], [-1, 1]]).fit(df)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(StoreError, match="cannot write under"):
+        bad_estimator(Store.create(str(blocker / "store"))).fit(df)
+    with pytest.raises(TypeError, match=r"unknown parameter\(s\) 'batchsize' \(did you mean 'batch_size'\?\)"):
+        estimator(store, batchsize=3)
+    with pytest.raises(EstimatorError, match="validation must be a fraction"):
+        bad_estimator(store, validation=1.5).fit(df)
