@@ -11,14 +11,13 @@ import os
 import re
 import shutil
 import sys
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import LaunchValidationError
 from ..rank_env import GPU_IDS_VAR, PER_RANK_VARS, RANK_VAR
 from ..spec import RankSpec
 from ..supervisor import Supervisor
 from .base import EnvFactory, Launcher
-from .remote_shell import task_host
 
 _TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$", re.DOTALL)
 
@@ -72,7 +71,8 @@ class MpirunLauncher(Launcher):
     """Ranks under one `mpirun`.
 
     Local placement: every rank of this host. Spark placement (`spans_tasks`): barrier task 0
-    runs one mpirun for the whole job, naming the tasks as hosts (`task0:2,task1:2`); Open MPI
+    runs one mpirun for the whole job, naming the tasks as hosts (`task0:2,task1:2`; see
+    `task_hosts` for a plan with one node per host); Open MPI
     starts its daemon in each task through `remote_shell`, routed over the driver hub, so every
     rank still runs inside its own Spark task and no ssh is involved.
     """
@@ -105,13 +105,28 @@ class MpirunLauncher(Launcher):
         env = dict(self.shared_env(ranks, env_for))
         env.pop(GPU_IDS_VAR, None)  # each task's daemon passes on that task's own GPUs
         exports = sorted(name for name, value in env.items() if os.environ.get(name) != value)
-        hosts = [(task_host(index), len(specs)) for index, specs in enumerate(task_ranks)]
+        hosts = self.task_hosts(task_ranks)
         agent = f"{self.python} -m distributor.launchers.remote_shell"
         argv = mpirun_command(
             len(ranks), [self.python, "-m", "distributor.rank_entry"], hosts=hosts, export=exports,
             extra_args=["--prtemca", "plm_ssh_agent", agent, *self.extra_args], mpirun=self.mpirun,
         )
         supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged)
+
+    @staticmethod
+    def task_hosts(task_ranks: Sequence[Sequence[RankSpec]]) -> List[Tuple[str, int]]:
+        """mpirun's host list: one entry per node of the plan (`RankSpec.node_rank`), named
+        after the node's first task, with every rank of the node. Planned one node per task,
+        each task hosts its own ranks; planned one node per host, the first task of each host
+        runs the daemon of all that host's ranks, so MPI's local ranks count per host."""
+        from .remote_shell import task_host  # here: `-m remote_shell` must not find itself imported
+
+        nodes: Dict[int, List[int]] = {}
+        for index, specs in enumerate(task_ranks):
+            for spec in specs:
+                entry = nodes.setdefault(spec.node_rank, [index, 0])
+                entry[1] += 1
+        return [(task_host(index), count) for index, count in nodes.values()]
 
     @staticmethod
     def shared_env(ranks: Sequence[RankSpec], env_for: EnvFactory) -> Mapping[str, str]:
