@@ -51,12 +51,14 @@ def mpirun_command(
     export: Sequence[str] = (),
     extra_args: Sequence[str] = (),
     mpirun: Optional[str] = None,
+    binding: Sequence[str] = ("--bind-to", "none"),
 ) -> List[str]:
-    """The mpirun argv that runs `command` on `num_ranks` ranks, filled host by host."""
+    """The mpirun argv that runs `command` on `num_ranks` ranks, filled host by host.
+    `binding` replaces the default of binding no rank to cores."""
     argv = [mpirun or find_mpirun()]
     if os.geteuid() == 0:
         argv.append("--allow-run-as-root")
-    argv += ["-np", str(num_ranks), "--output", "tag", "--bind-to", "none", "--map-by", "slot"]
+    argv += ["-np", str(num_ranks), "--output", "tag", *binding, "--map-by", "slot"]
     if hosts:
         argv += ["--host", ",".join(f"{host}:{slots}" for host, slots in hosts)]
     else:
@@ -80,16 +82,18 @@ class MpirunLauncher(Launcher):
     #: The Spark placement starts this launcher once, in task 0, with every task's ranks.
     spans_tasks = True
 
-    def __init__(self, python: str = sys.executable, extra_args: Sequence[str] = ()) -> None:
+    def __init__(self, python: str = sys.executable, extra_args: Sequence[str] = (),
+                 binding: Optional[Sequence[str]] = None) -> None:
         self.python = python
         self.extra_args = tuple(extra_args)
+        self.binding = ("--bind-to", "none") if binding is None else tuple(binding)
         self.mpirun = find_mpirun()
 
     def start(self, ranks: Sequence[RankSpec], env_for: EnvFactory, supervisor: Supervisor) -> None:
         env = self.shared_env(ranks, env_for)
         argv = mpirun_command(
             len(ranks), [self.python, "-m", "distributor.rank_entry"],
-            extra_args=self.extra_args, mpirun=self.mpirun,
+            extra_args=self.extra_args, mpirun=self.mpirun, binding=self.binding,
         )
         supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged)
 
@@ -110,6 +114,7 @@ class MpirunLauncher(Launcher):
         argv = mpirun_command(
             len(ranks), [self.python, "-m", "distributor.rank_entry"], hosts=hosts, export=exports,
             extra_args=["--prtemca", "plm_ssh_agent", agent, *self.extra_args], mpirun=self.mpirun,
+            binding=self.binding,
         )
         supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged)
 
