@@ -14,7 +14,7 @@ import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import LaunchValidationError
-from ..rank_env import GPU_IDS_VAR, PER_RANK_VARS, RANK_VAR
+from ..rank_env import GPU_IDS_VAR, LAYOUT_VAR, PER_RANK_VARS, RANK_VAR, hosts_layout
 from ..spec import RankSpec
 from ..supervisor import Supervisor
 from .base import EnvFactory, Launcher
@@ -106,15 +106,30 @@ class MpirunLauncher(Launcher):
     ) -> None:
         """From barrier task 0: one mpirun over every task (see the class docstring)."""
         ranks = [spec for specs in task_ranks for spec in specs]
-        env = dict(self.shared_env(ranks, env_for))
-        env.pop(GPU_IDS_VAR, None)  # each task's daemon passes on that task's own GPUs
-        exports = sorted(name for name, value in env.items() if os.environ.get(name) != value)
-        hosts = self.task_hosts(task_ranks)
         agent = f"{self.python} -m distributor.launchers.remote_shell"
+        self._start_spanning(ranks, self.task_hosts(task_ranks),
+                             ["--prtemca", "plm_ssh_agent", agent], env_for, supervisor)
+
+    def start_on_hosts(
+        self, ranks: Sequence[RankSpec], hosts: Sequence[Tuple[str, int]],
+        ssh_args: Sequence[str], env_for: EnvFactory, supervisor: Supervisor,
+    ) -> None:
+        """From the driver: one mpirun over `hosts`, reaching the other hosts with ssh
+        (`ssh_args` such as ``-p 2222 -i key`` are added to each ssh command)."""
+        agent_args = ["--prtemca", "plm_ssh_args", " ".join(ssh_args)] if ssh_args else []
+        self._start_spanning(ranks, hosts, agent_args, env_for, supervisor)
+
+    def _start_spanning(
+        self, ranks: Sequence[RankSpec], hosts: Sequence[Tuple[str, int]],
+        agent_args: Sequence[str], env_for: EnvFactory, supervisor: Supervisor,
+    ) -> None:
+        env = dict(self.shared_env(ranks, env_for))
+        env.pop(GPU_IDS_VAR, None)  # each host's daemon passes on that host's own GPUs
+        env[LAYOUT_VAR] = hosts_layout(hosts)  # each rank's host, local rank and local size
+        exports = sorted(name for name, value in env.items() if os.environ.get(name) != value)
         argv = mpirun_command(
             len(ranks), [self.python, "-m", "distributor.rank_entry"], hosts=hosts, export=exports,
-            extra_args=["--prtemca", "plm_ssh_agent", agent, *self.extra_args], mpirun=self.mpirun,
-            binding=self.binding,
+            extra_args=[*agent_args, *self.extra_args], mpirun=self.mpirun, binding=self.binding,
         )
         supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged)
 

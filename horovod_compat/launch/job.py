@@ -160,8 +160,9 @@ class HorovodJob:
             return None  # the engine's default: this host
         from distributor.placement import HostsPlacement
 
-        return HostsPlacement(self.hosts, ssh_port=self.ssh_port,
-                              ssh_identity_file=self.ssh_identity_file, nics=self.nics)
+        local = hostlib.local_addresses()
+        return HostsPlacement(self.hosts, [h for h, _ in self.hosts if hostlib.is_local(h, local)],
+                              ssh_port=self.ssh_port, ssh_identity_file=self.ssh_identity_file)
 
     def run(self, target: Any, return_all: bool = True, stdout: Any = None, stderr: Any = None) -> Any:
         """Run `target` on every rank; every rank's value in rank order (function targets)."""
