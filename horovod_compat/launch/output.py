@@ -31,13 +31,11 @@ class RankOutput:
         timestamps: bool = False,
         directory: Optional[str] = None,
         size: int = 1,
-        show: bool = True,
     ) -> None:
         self._streams = {"stdout": stdout, "stderr": stderr}
         self._timestamps = timestamps
         self._directory = directory
         self._size = size
-        self._show = show
         self._files: Dict[Tuple[int, str], IO[str]] = {}
         self._lock = threading.Lock()
         if directory:
@@ -58,10 +56,9 @@ class RankOutput:
         stamp = time.asctime() + " " if self._timestamps else ""
         prefix = "[launcher]" if rank is None else f"[rank {rank}]"
         with self._lock:
-            if self._show:
-                target = self._streams.get(stream) or (sys.stdout if stream == "stdout" else sys.stderr)
-                target.write(f"{stamp}{prefix} {line}\n")
-                target.flush()
+            target = self._streams.get(stream) or (sys.stdout if stream == "stdout" else sys.stderr)
+            target.write(f"{stamp}{prefix} {line}\n")
+            target.flush()
             if self._directory and rank is not None:
                 handle = self._file(rank, stream)
                 handle.write(f"{stamp}{line}\n")

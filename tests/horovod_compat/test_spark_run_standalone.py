@@ -9,37 +9,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
-from spark_clusters import (  # noqa: E402
-    SPARK_TEST_ENV,
-    EnvPatch,
-    StandaloneCluster,
-    alive,
-    descendants,
-    start_session,
-    stop_session,
-)
+from spark_clusters import standalone_session  # noqa: E402
 
 import horovod.spark  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hvd-standalone")
-    cluster = StandaloneCluster(root, cores=2, memory="2g")
-    env = EnvPatch({**SPARK_TEST_ENV, "SPARK_HOME": str(cluster.home)})
-    session = None
-    try:
-        session = start_session(cluster.url, "test_spark_run_standalone", executors=1,
-                                conf={"spark.cores.max": "2"})
-        yield cluster, session
-    finally:
-        if session is not None:
-            stop_session(session)
-        pids = [p.pid for p in cluster.procs]
-        family = pids + [d for p in pids for d in descendants(p)]
-        cluster.stop()
-        env.restore()
-        assert not [p for p in family if alive(p)], "standalone JVMs left behind"
+    with standalone_session(tmp_path_factory.mktemp("hvd-standalone"), "test_spark_run_standalone") as both:
+        yield both
 
 
 def where():
