@@ -1,10 +1,12 @@
-"""Launch overhead on a Spark cluster: our TorchDistributor(local_mode=False) vs PySpark's.
+"""Launch overhead on a Spark cluster: every way this project starts ranks on Spark vs PySpark's
+TorchDistributor.
 
-On one warm `local-cluster[2,1,1024]` session (two executor JVMs), it times `.run()` of a trivial
-2-rank job — `init_process_group("gloo")` and one `all_reduce` — with ours and with
-`pyspark.ml.torch.distributor.TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)`,
-alternating which goes first in each round so machine noise hits both alike, and prints the
-medians and their ratio. Then it times the "slots short" failure (3 ranks on 2 slots): ours fails
+On one warm `local-cluster[2,1,1024]` session (two executor JVMs), it times a trivial 2-rank job —
+`init_process_group("gloo")` and one `all_reduce` — run by our `TorchDistributor(local_mode=False)`,
+`horovod.spark.run(num_proc=2)` (direct start and `use_mpi=True`), `HorovodRunner(np=2)` (mpirun
+across the tasks) and `pyspark.ml.torch.distributor.TorchDistributor(num_processes=2,
+local_mode=False, use_gpu=False)`, rotating which goes first in each round so machine noise hits
+all alike, and prints a table of medians and their ratios to PySpark's. Then it times the "slots short" failure (3 ranks on 2 slots): ours fails
 before submitting; PySpark's is watched for a few seconds only (Spark retries such a barrier stage
 for about ten minutes) and then cancelled.
 
@@ -25,7 +27,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -121,6 +123,24 @@ def ours(num_processes: int = 2) -> object:
     return TorchDistributor(num_processes=num_processes, local_mode=False, use_gpu=False).run(trivial_job)
 
 
+def hvd_spark_direct(num_processes: int = 2) -> object:
+    import horovod.spark
+
+    return horovod.spark.run(trivial_job, num_proc=num_processes)[0]
+
+
+def hvd_spark_mpi(num_processes: int = 2) -> object:
+    import horovod.spark
+
+    return horovod.spark.run(trivial_job, num_proc=num_processes, use_mpi=True)[0]
+
+
+def horovod_runner(num_processes: int = 2) -> object:
+    from sparkdl import HorovodRunner
+
+    return HorovodRunner(np=num_processes).run(trivial_job)
+
+
 def pysparks(num_processes: int = 2) -> object:
     from pyspark.ml.torch.distributor import TorchDistributor
 
@@ -164,25 +184,31 @@ def main(argv: Optional[List[str]] = None) -> None:
         print(f"{MASTER} session up in {time.perf_counter() - started:.1f}s; "
               f"{args.rounds} timed rounds after one warm-up run each")
         try:
-            _timed(ours)
+            contenders = [
+                ("TorchDistributor (ours)", ours),
+                ("horovod.spark.run", hvd_spark_direct),
+                ("horovod.spark.run(use_mpi=True)", hvd_spark_mpi),
+                ("HorovodRunner(np=2)", horovod_runner),
+            ]
             if with_pyspark:
-                _timed(pysparks)
-            ours_times: List[float] = []
-            theirs: List[float] = []
+                contenders.append(("PySpark TorchDistributor", pysparks))
+            for _, fn in contenders:
+                _timed(fn)  # warm-up: executors' Python workers and imports
+            times: Dict[str, List[float]] = {name: [] for name, _ in contenders}
             for round_no in range(args.rounds):
-                order = [("ours", ours), ("pyspark", pysparks)] if with_pyspark else [("ours", ours)]
-                if round_no % 2:
-                    order.reverse()
-                for name, fn in order:
-                    (ours_times if name == "ours" else theirs).append(_timed(fn))
-            ours_median = statistics.median(ours_times)
-            print(f"ours    .run() of a trivial 2-rank job: median {ours_median:.2f}s  "
-                  f"(runs: {', '.join(f'{t:.2f}' for t in ours_times)})")
-            if theirs:
-                their_median = statistics.median(theirs)
-                print(f"pyspark .run() of a trivial 2-rank job: median {their_median:.2f}s  "
-                      f"(runs: {', '.join(f'{t:.2f}' for t in theirs)})")
-                print(f"ratio pyspark/ours: {their_median / ours_median:.2f}x")
+                shift = round_no % len(contenders)
+                for name, fn in contenders[shift:] + contenders[:shift]:
+                    times[name].append(_timed(fn))
+            medians = {name: statistics.median(values) for name, values in times.items()}
+            reference = medians.get("PySpark TorchDistributor")
+            print(f"\nwarm .run() of a trivial 2-rank job on {MASTER}, {args.rounds} rounds:")
+            print(f"| {'launcher':<33} | median s | vs PySpark | runs (s)")
+            print(f"|{'-' * 35}|{'-' * 10}|{'-' * 12}|{'-' * 30}")
+            for name, values in times.items():
+                ratio = f"{medians[name] / reference:.2f}x" if reference else "n/a"
+                runs = ", ".join(f"{t:.2f}" for t in values)
+                print(f"| {name:<33} | {medians[name]:8.2f} | {ratio:>10} | {runs}")
+            print()
 
             # ---- slots short: 3 ranks on 2 slots ------------------------------------------
             from distributor import LaunchValidationError

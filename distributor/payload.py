@@ -60,7 +60,7 @@ def warn_if_large(target: Target, data: bytes) -> None:
 def dumps_function(fn: Any, args: tuple, kwargs: dict) -> bytes:
     """Pickle a function call for the ranks, or raise `PayloadPicklingError` naming the culprit."""
     try:
-        with _by_value(fn):
+        with _by_value(fn, *args, *kwargs.values()):
             return cloudpickle.dumps(("function", fn, args, kwargs))
     except Exception as exc:  # noqa: BLE001 - any pickling failure gets the same diagnosis
         culprit = _find_unpicklable(fn, args, kwargs)
@@ -97,7 +97,7 @@ def pickled_size_report(fn: Any, args: tuple, kwargs: dict, top: int = 5) -> Lis
     """The largest pickled pieces of a payload as (description, bytes), largest first."""
     sizes: List[Tuple[str, int]] = []
     for label, obj in _pieces(fn, args, kwargs):
-        with contextlib.suppress(Exception), _by_value(fn):
+        with contextlib.suppress(Exception), _by_value(fn, *args, *kwargs.values()):
             sizes.append((label, len(cloudpickle.dumps(obj))))
     return sorted(sizes, key=lambda item: -item[1])[:top]
 
@@ -119,7 +119,7 @@ def _pieces(fn: Any, args: tuple, kwargs: dict) -> Iterator[Tuple[str, Any]]:
 def _find_unpicklable(fn: Any, args: tuple, kwargs: dict) -> Optional[Tuple[str, Any]]:
     for label, obj in _pieces(fn, args, kwargs):
         try:
-            with _by_value(fn):
+            with _by_value(fn, *args, *kwargs.values()):
                 cloudpickle.dumps(obj)
         except Exception:  # noqa: BLE001
             return label, obj
@@ -146,16 +146,23 @@ def _is_user_module(module: types.ModuleType) -> bool:
 
 
 @contextlib.contextmanager
-def _by_value(fn: Any) -> Iterator[None]:
-    module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    registered = module is not None and _is_user_module(module)
-    if registered:
+def _by_value(fn: Any, *more: Any) -> Iterator[None]:
+    """Pickle by value the user modules of `fn` and of any function among `more` (the call's
+    arguments: a front end may wrap the user's function and pass it as an argument)."""
+    registered = []
+    for obj in (fn, *more):
+        if obj is not fn and not isinstance(obj, types.FunctionType):
+            continue
+        module = sys.modules.get(getattr(obj, "__module__", None) or "")
+        if module is None or module in registered or not _is_user_module(module):
+            continue
         try:
             cloudpickle.register_pickle_by_value(module)
         except ValueError:
-            registered = False
+            continue
+        registered.append(module)
     try:
         yield
     finally:
-        if registered:
+        for module in registered:
             cloudpickle.unregister_pickle_by_value(module)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Dict, Mapping
+from typing import Dict, Mapping, Sequence, Tuple
 
 from .spec import RankSpec
 
@@ -19,7 +19,9 @@ SECRET_VAR = "DISTRIBUTOR_JOB_SECRET"
 RANK_VAR = "DISTRIBUTOR_RANK"
 PARENT_PID_VAR = "DISTRIBUTOR_PARENT_PID"
 GPU_IDS_VAR = "DISTRIBUTOR_GPU_IDS"  # under mpirun: the host's GPUs, cuda:LOCAL_RANK is a rank's
-PRIVATE_VARS = (HUB_ADDRESS_VAR, SECRET_VAR, RANK_VAR, PARENT_PID_VAR, GPU_IDS_VAR)
+#: Under an mpirun over several hosts: every rank's place, host by host (see `hosts_layout`).
+LAYOUT_VAR = "DISTRIBUTOR_HOSTS_LAYOUT"
+PRIVATE_VARS = (HUB_ADDRESS_VAR, SECRET_VAR, RANK_VAR, PARENT_PID_VAR, GPU_IDS_VAR, LAYOUT_VAR)
 
 #: Per-rank variables of the torchrun contract; a launcher that starts several ranks from one
 #: environment (mpirun) leaves them to `from_mpi_environment` in each rank.
@@ -79,13 +81,43 @@ def rank_environment(
     return env
 
 
+def hosts_layout(hosts: Sequence[Tuple[str, int]]) -> str:
+    """`LAYOUT_VAR`'s value for an mpirun that fills `hosts` [(name, ranks)] in order
+    (`--map-by slot`): per host, its rank count."""
+    return ",".join(str(count) for _, count in hosts)
+
+
+def _from_layout(rank: int, layout: str, environ: Mapping[str, str]) -> Dict[str, str]:
+    counts = [int(c) for c in layout.split(",")]
+    node, first = 0, 0
+    while rank >= first + counts[node]:
+        first += counts[node]
+        node += 1
+    env = {
+        "RANK": str(rank), "WORLD_SIZE": str(sum(counts)), "LOCAL_RANK": str(rank - first),
+        "LOCAL_WORLD_SIZE": str(counts[node]), "GROUP_RANK": str(node), "NODE_RANK": str(node),
+        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(sum(counts)),
+        "GROUP_WORLD_SIZE": str(len(counts)),
+    }
+    if environ.get(GPU_IDS_VAR):
+        env["CUDA_VISIBLE_DEVICES"] = environ[GPU_IDS_VAR]
+    return env
+
+
 def from_mpi_environment(environ: Mapping[str, str]) -> Dict[str, str]:
     """The torchrun variables of a rank started by mpirun, from what MPI set.
 
-    Open MPI sets OMPI_COMM_WORLD_*; MPICH and Intel MPI set PMI_RANK/PMI_SIZE (and
-    MPI_LOCALRANKID). Ranks are laid out host by host (`--map-by slot`), so the host index is
-    rank // local size. Returns {} when the process was not started by MPI.
+    With `LAYOUT_VAR` (an mpirun over several hosts, possibly uneven) the rank's place comes from
+    that layout: MPI's own local size is not per host in every version (Open MPI 5 reports the
+    largest host's). Otherwise Open MPI sets OMPI_COMM_WORLD_*; MPICH and Intel MPI set
+    PMI_RANK/PMI_SIZE (and MPI_LOCALRANKID), and ranks are laid out host by host
+    (`--map-by slot`), so the host index is rank // local size. Returns {} when the process was
+    not started by MPI.
     """
+    layout = environ.get(LAYOUT_VAR)
+    mpi_rank = environ.get("OMPI_COMM_WORLD_RANK", environ.get("PMI_RANK"))
+    if layout and mpi_rank is not None:
+        return _from_layout(int(mpi_rank), layout, environ)
     if "OMPI_COMM_WORLD_RANK" in environ:
         rank = int(environ["OMPI_COMM_WORLD_RANK"])
         size = int(environ["OMPI_COMM_WORLD_SIZE"])

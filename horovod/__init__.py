@@ -20,19 +20,36 @@ a mix of files).  Our decision:
   in a separate venv: see ``benchmarks/collectives.py --horovod-python``).
 * If a real Horovod was installed *after* horovod-compat, its ``horovod/__init__.py`` replaced this
   file and the real Horovod is used; ``horovod_compat.torch`` stays importable under its own name.
+
+``horovod.run`` (Horovod's ``horovod.runner.run``) is loaded on first use; ``horovod.spark`` resolves
+to ``horovod_compat.spark``.  ``horovod.tensorflow``, ``horovod.keras``, ``horovod.mxnet`` and
+``horovod.ray`` raise ``ModuleNotFoundError`` saying what this project provides instead
+(``horovod_compat.frameworks``).
 """
 import glob as _glob
 import os as _os
 import warnings as _warnings
 
 from horovod_compat._alias import install as _install
+from horovod_compat.frameworks import unsupported_message as _unsupported_message
+from horovod_compat.frameworks import unsupported_prefix as _unsupported_prefix
 
 __version__ = "0.28.1"  # the Horovod API version this package reproduces
 
 _install("horovod", "horovod_compat",
          {"horovod.common": "horovod_compat.common",
           "horovod.common.exceptions": "horovod_compat.common.exceptions",
-          "horovod.common.util": "horovod_compat.common.util"})
+          "horovod.common.util": "horovod_compat.common.util",
+          "horovod.runner": "horovod_compat.launch"},
+         explain=lambda name: _unsupported_message(name) if _unsupported_prefix(name) else None)
+
+
+def __getattr__(name):
+    if name == "run":  # Horovod's horovod.run(func, ...), imported on first use
+        from horovod_compat.launch import run
+
+        return run
+    raise AttributeError(f"module 'horovod' has no attribute {name!r}")
 
 _here = _os.path.dirname(__file__)
 _leftovers = [p for p in _glob.glob(_os.path.join(_here, "**", "*.so"), recursive=True)]

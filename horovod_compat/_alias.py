@@ -28,7 +28,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 __all__ = ["install", "AliasFinder", "aliases"]
 
@@ -36,6 +36,9 @@ __all__ = ["install", "AliasFinder", "aliases"]
 aliases: Dict[str, str] = {}
 #: exact module names that map elsewhere than the prefix rule, e.g. horovod.common -> ...
 overrides: Dict[str, str] = {}
+#: fullname -> message (or None): explains why an aliased module does not exist here; the import
+#: then raises ModuleNotFoundError with that message instead of a bare "No module named ...".
+explainers: List[Callable[[str], Optional[str]]] = []
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -70,6 +73,10 @@ class AliasFinder(importlib.abc.MetaPathFinder):
         real = self._target(fullname)
         if real is None:
             return None
+        for explain in explainers:
+            message = explain(fullname)
+            if message:
+                raise ModuleNotFoundError(message, name=fullname)
         try:
             found = importlib.util.find_spec(real)
         except (ImportError, ValueError):
@@ -84,15 +91,20 @@ class AliasFinder(importlib.abc.MetaPathFinder):
 _finder = AliasFinder()
 
 
-def install(alias: str, target: str, extra: Optional[Dict[str, str]] = None) -> None:
+def install(alias: str, target: str, extra: Optional[Dict[str, str]] = None,
+            explain: Optional[Callable[[str], Optional[str]]] = None) -> None:
     """Resolve submodules of ``alias`` (a real, thin package) to those of ``target``.
 
     ``extra`` maps exact module names to other targets (``{"horovod.common": "horovod_compat.common"}``).
+    ``explain(fullname)`` may return the message of the ModuleNotFoundError for a submodule this
+    project deliberately does not provide.
     Idempotent; a no-op when ``HOROVOD_COMPAT_DISABLE_ALIAS=1``.
     """
     if os.environ.get("HOROVOD_COMPAT_DISABLE_ALIAS", "0") not in ("", "0"):
         return
     aliases[alias] = target
     overrides.update(extra or {})
+    if explain is not None and explain not in explainers:
+        explainers.append(explain)
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)

@@ -1,111 +1,232 @@
-"""`horovodrun`: run a command on N ranks, with the engine's output prefixing and failure model.
+"""`horovodrun`: run a command on N ranks, with Horovod's options and the engine's failure model.
 
     horovodrun -np 2 python train.py --epochs 3
-    horovodrun -np 2 -H localhost:2 --timeline-filename /tmp/tl.json pytest test_torch.py
+    horovodrun -np 4 -H localhost:2,worker-1:2 -p 2222 -i ~/.ssh/id_ed25519 python train.py
+    horovodrun -np 2 --output-filename logs --timeline-filename /tmp/tl.json pytest test_torch.py
+    horovodrun --check-build
     python -m horovod_compat.run -np 2 python train.py
 
-The common subset of Horovod's CLI. Ranks run on this host (`-H localhost:N`); `--mpi` starts
-them with `mpirun`, `--gloo` (the default) starts each rank directly. Either way `hvd.init()`
-finds its rank and size. The exit status is 0 when every rank succeeded, else the first failing
-rank's status (1 for an exception, 128+N for a signal N).
-In gloo mode every rank also gets Horovod's slot variables (HOROVOD_RANK, HOROVOD_SIZE,
-HOROVOD_LOCAL_RANK/SIZE, HOROVOD_CROSS_RANK/SIZE, HOROVOD_HOSTNAME), set by
-`horovod_compat.run_rank`; `--mpi` runs do not get them, as with Horovod's MPI launcher.
+Horovod's command line: the same options with the same meaning (`horovodrun --help`). Ranks run
+on this host unless `-H`/`--hostfile` name other hosts, which are reached with mpirun over ssh as
+Horovod's MPI launcher does. `--mpi` starts the ranks with `mpirun`; `--gloo` (the default)
+starts each rank directly and gives it Horovod's slot variables (HOROVOD_RANK, HOROVOD_SIZE,
+HOROVOD_LOCAL_RANK/SIZE, HOROVOD_CROSS_RANK/SIZE, HOROVOD_HOSTNAME, set by
+`horovod_compat.run_rank`); `--mpi` runs do not get them, as with Horovod's MPI launcher.
+Tuning flags set the knob this project has (`horovod_compat.launch.knobs`) or print one line
+saying they have no effect here. Elastic flags are checked, then refused (not built yet).
+The exit status is 0 when every rank succeeded, else the first failing rank's status (1 for an
+exception, 128+N for a signal N).
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from distributor import CommandTarget, DistributedRunError, LaunchRequest, RankFailedError, launch
-from distributor.launchers import MpirunLauncher, PythonLauncher
+from distributor import DistributedRunError, RankFailedError
 
+from .launch import knobs
+from .launch.elastic import ElasticLaunchNotAvailable, check_elastic_args, refuse_elastic
+from .launch.job import HorovodJob
 from .runner import horovod_environment
 
-_LOCAL_HOSTS = {"localhost", "127.0.0.1", os.uname().nodename}
+
+class _NicAction(argparse.Action):
+    """--network-interfaces a,b / --network-interface a (repeatable): a set of names."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: Optional[str] = None) -> None:
+        names = set(getattr(namespace, self.dest, None) or ())
+        names.update(v.strip() for v in values.split(",") if v.strip())
+        setattr(namespace, self.dest, names)
+
+
+def _add_knob(group: Any, knob: knobs.Knob) -> None:
+    suffix = "" if knob.env is not None else f" [no effect here: {knob.no_effect}]"
+    if knob.kind is bool:
+        group.add_argument(*knob.flags, dest=knob.dest, action="store_const", const=True,
+                           default=None, help=knob.help + suffix)
+        if knob.negation:
+            group.add_argument(knob.negation, dest=knob.dest, action="store_const", const=False,
+                               default=None, help=argparse.SUPPRESS)
+    else:
+        kwargs: Dict[str, Any] = {"choices": knobs.LOG_LEVELS} if knob.dest == "log_level" else {}
+        group.add_argument(*knob.flags, dest=knob.dest, type=knob.kind, default=None,
+                           help=knob.help + suffix, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import horovod
+
     parser = argparse.ArgumentParser(
-        prog="horovodrun", description="Run a command on N Horovod ranks (horovod-compat).",
-    )
-    parser.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
-                        help="number of ranks to start")
-    parser.add_argument("-H", "--hosts", default=None,
-                        help="host:slots list; only this host is supported (e.g. localhost:2)")
-    parser.add_argument("--timeline-filename", default=None,
-                        help="record a Horovod timeline to this file (sets HOROVOD_TIMELINE)")
-    parser.add_argument("--timeline-mark-cycles", action="store_true",
-                        help="mark cycles in the timeline (HOROVOD_TIMELINE_MARK_CYCLES=1)")
-    parser.add_argument("--start-timeout", type=float, default=120.0,
-                        help="seconds for every rank to start (default 120)")
+        prog="horovodrun", description="Run a command on N Horovod ranks (horovod-compat).")
+    parser.add_argument("-v", "--version", action="version", version=horovod.__version__)
+    parser.add_argument("-np", "--num-proc", dest="np", type=int, default=None,
+                        help="number of ranks to start (required unless --check-build)")
+    parser.add_argument("-cb", "--check-build", action="store_true",
+                        help="show which frameworks, controllers and tensor operations are available")
+    parser.add_argument("--disable-cache", action="store_true",
+                        help="accepted for Horovod's sake; no checks are cached here")
+    parser.add_argument("--start-timeout", type=float, default=None,
+                        help="seconds for every rank to start (default: HOROVOD_START_TIMEOUT, else 120)")
+    parser.add_argument("--network-interfaces", "--network-interface", "--nics", dest="nics",
+                        action=_NicAction, default=None,
+                        help="network interfaces for the ranks' traffic, comma-separated or repeated "
+                             "(GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME; mpirun's btl_tcp_if_include)")
+    parser.add_argument("--output-filename", default=None,
+                        help="also write each rank's output to DIR/rank.<rank>/stdout and .../stderr")
     parser.add_argument("--verbose", action="store_true", help="print the launch plan")
-    backend = parser.add_mutually_exclusive_group()
-    backend.add_argument("--gloo", action="store_true", help="start ranks directly (default)")
-    backend.add_argument("--mpi", action="store_true", help="start ranks with mpirun")
+    parser.add_argument("--config-file", default=None,
+                        help="YAML file with Horovod's knob sections (params, timeline, stall_check, "
+                             "library_options, logging, autotune, controller); flags given on the "
+                             "command line win")
+
+    ssh = parser.add_argument_group("SSH arguments (for hosts other than this one)")
+    ssh.add_argument("-p", "--ssh-port", dest="ssh_port", type=int, default=None,
+                     help="SSH port on all the hosts")
+    ssh.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file", default=None,
+                     help="SSH identity (private key) file")
+
+    tuning = parser.add_argument_group("tuning, timeline, stall check, library and logging knobs")
+    for knob in knobs.KNOBS:
+        _add_knob(tuning, knob)
+    tuning.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp",
+                        dest="prefix_output_with_timestamp", action="store_true",
+                        help="timestamp each line of the ranks' output")
+
+    library = parser.add_argument_group("MPI arguments (with --mpi or remote hosts)")
+    library.add_argument("--mpi-args", dest="mpi_args", default=None,
+                         help='extra arguments for mpirun, e.g. --mpi-args="--map-by ppr:2:node"')
+    library.add_argument("--tcp", dest="tcp_flag", action="store_true",
+                         help="TCP only: NCCL_IB_DISABLE=1 for the ranks")
+    library.add_argument("--binding-args", dest="binding_args", default=None,
+                         help="mpirun process binding arguments (replace --bind-to none)")
+
+    elastic = parser.add_argument_group("elastic arguments (checked; elastic runs are not built yet)")
+    elastic.add_argument("--min-np", "--min-num-proc", dest="min_num_proc", type=int, default=None)
+    elastic.add_argument("--max-np", "--max-num-proc", dest="max_num_proc", type=int, default=None)
+    elastic.add_argument("--slots-per-host", "--slots", dest="slots", type=int, default=None)
+    elastic.add_argument("--elastic-timeout", dest="elastic_timeout", type=int, default=None)
+    elastic.add_argument("--reset-limit", dest="reset_limit", type=int, default=None)
+    elastic.add_argument("--blacklist-cooldown-range", dest="cooldown_range", type=int, nargs=2,
+                         default=None)
+
+    host_group = parser.add_argument_group("host arguments").add_mutually_exclusive_group()
+    host_group.add_argument("-H", "--hosts", default=None,
+                            help="host:slots list, e.g. localhost:2 or host1:2,host2:2")
+    host_group.add_argument("-hostfile", "--hostfile", default=None,
+                            help="file with one 'hostname slots=N' per line")
+    host_group.add_argument("--host-discovery-script", default=None,
+                            help="elastic host discovery script (checked; elastic runs are not built yet)")
+
+    controller = parser.add_argument_group("controller arguments").add_mutually_exclusive_group()
+    controller.add_argument("--gloo", dest="use_gloo", action="store_true",
+                            help="start each rank directly (the default)")
+    controller.add_argument("--mpi", dest="use_mpi", action="store_true",
+                            help="start the ranks with mpirun")
+    controller.add_argument("--jsrun", dest="use_jsrun", action="store_true",
+                            help="IBM LSF jsrun: not supported here")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
     return parser
 
 
-def parse_hosts(spec: str) -> List[Tuple[str, int]]:
-    """`host:slots,host:slots` → [(host, slots)]; a missing slot count means 1."""
-    hosts = []
-    for item in spec.split(","):
-        host, _, slots = item.strip().partition(":")
-        if not host or (slots and not slots.isdigit()):
-            raise ValueError(f"bad host entry {item!r}: expected host:slots, e.g. localhost:2")
-        hosts.append((host, int(slots or 1)))
-    return hosts
+def _load_config(path: str) -> Dict[str, Any]:
+    try:
+        import yaml
+    except ImportError:
+        raise ValueError("--config-file needs PyYAML: pip install pyyaml") from None
+    try:
+        with open(path) as handle:
+            config = yaml.safe_load(handle) or {}
+    except OSError as exc:
+        raise ValueError(f"cannot read --config-file {path!r}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--config-file {path!r} is not valid YAML: {exc}") from None
+    return config
 
 
-def plan(argv: Optional[Sequence[str]] = None) -> Tuple[LaunchRequest, bool, bool]:
-    """Parse and check the command line; returns (request, use mpirun, verbose)."""
+def _apply_config(args: argparse.Namespace) -> None:
+    """Fill knobs (and the controller) from --config-file where the command line set none."""
+    config = _load_config(args.config_file)
+    controller = config.get("controller") if isinstance(config, dict) else None
+    if controller and not (args.use_gloo or args.use_mpi):
+        if str(controller).lower() not in ("gloo", "mpi"):
+            raise ValueError(f"config controller {controller!r} is not supported; use gloo or mpi")
+        setattr(args, f"use_{str(controller).lower()}", True)
+    given = [k.dest for k in knobs.KNOBS if getattr(args, k.dest) is not None]
+    for dest, value in knobs.from_config(config, given).items():
+        setattr(args, dest, value)
+
+
+def plan(argv: Optional[Sequence[str]] = None) -> Tuple[HorovodJob, Any, List[str]]:
+    """Parse and check the command line; returns (job, its target, notes to print).
+
+    Exits through argparse (status 2) on any wrong flag or value, before anything starts.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.check_build:
+        from .launch.check_build import report
+
+        print(report(args.verbose))
+        raise SystemExit(0)
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
+    if args.np is None:
+        parser.error("-np/--num-proc is required, e.g. horovodrun -np 2 python train.py")
     if not command:
         parser.error("no command given; e.g. horovodrun -np 2 python train.py")
-    if args.np < 1:
-        parser.error(f"-np must be at least 1, got {args.np}")
-    if args.hosts:
+    if args.use_jsrun:
+        parser.error("--jsrun (IBM LSF) is not supported; use --mpi or --gloo")
+    try:
+        if args.config_file:
+            _apply_config(args)
+        values = {k.dest: getattr(args, k.dest) for k in knobs.KNOBS}
+        knobs.validate(values)
+        elastic = check_elastic_args(args.np, args.min_num_proc, args.max_num_proc, args.slots,
+                                     args.reset_limit, args.cooldown_range,
+                                     args.host_discovery_script, args.elastic_timeout)
+        env = horovod_environment()
+        knob_env, notes = knobs.environment(values)
+        env.update(knob_env)
+        if args.tcp_flag:
+            env["NCCL_IB_DISABLE"] = "1"
+        if args.disable_cache:
+            notes.append("--disable-cache has no effect here: no checks are cached.")
+        job = HorovodJob.create(
+            args.np, hosts=args.hosts, hostfile=args.hostfile, use_gloo=args.use_gloo,
+            use_mpi=args.use_mpi, env=env, start_timeout=args.start_timeout,
+            mpi_args=args.mpi_args, binding_args=args.binding_args,
+            nics=sorted(args.nics) if args.nics else None, ssh_port=args.ssh_port,
+            ssh_identity_file=args.ssh_identity_file, output_filename=args.output_filename,
+            prefix_output_with_timestamp=args.prefix_output_with_timestamp, verbose=args.verbose,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    if elastic:
         try:
-            hosts = parse_hosts(args.hosts)
-        except ValueError as exc:
+            refuse_elastic("horovodrun")
+        except ElasticLaunchNotAvailable as exc:
             parser.error(str(exc))
-        remote = [h for h, _ in hosts if h not in _LOCAL_HOSTS]
-        if remote:
-            parser.error(f"only this host is supported for now; remove {remote} from -H "
-                         "(use HorovodRunner(np=N) or TorchDistributor(local_mode=False) for a cluster)")
-        slots = sum(s for _, s in hosts)
-        if slots < args.np:
-            parser.error(f"-H offers {slots} slot(s) but -np asks for {args.np}; raise the slot count")
-    if shutil.which(command[0]) is None and not os.path.isfile(command[0]):
+    if not job.remote and shutil.which(command[0]) is None and not os.path.isfile(command[0]):
         parser.error(f"command {command[0]!r} not found on PATH")
-    env = horovod_environment()
-    if args.timeline_filename:
-        env["HOROVOD_TIMELINE"] = os.path.abspath(args.timeline_filename)
-    if args.timeline_mark_cycles:
-        env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
-    if not args.mpi:
-        # As Horovod's gloo launcher: every rank also gets HOROVOD_RANK/SIZE/LOCAL_*/CROSS_*/HOSTNAME.
-        command = [sys.executable, "-m", "horovod_compat.run_rank", *command]
-    request = LaunchRequest(CommandTarget(tuple(command)), args.np, env=env, start_timeout=args.start_timeout)
-    return request, args.mpi, args.verbose
+    if args.log_level:
+        logging.basicConfig(level=logging.DEBUG if args.log_level == "TRACE" else args.log_level)
+    if args.binding_args and not job.use_mpi:
+        notes.append("--binding-args has no effect without --mpi: ranks started directly are not bound.")
+    return job, job.command_target(command), notes
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    request, use_mpi, verbose = plan(argv)
-    launcher = MpirunLauncher() if use_mpi else PythonLauncher()
-    if verbose:
-        print(f"horovodrun: {request.num_processes} rank(s) of {' '.join(request.target.argv)!r} "
-              f"on this host via {'mpirun' if use_mpi else 'direct processes'}", file=sys.stderr)
+    job, target, notes = plan(argv)
+    for note in notes:
+        print(f"horovodrun: {note}", file=sys.stderr)
     try:
-        launch(request, launcher=launcher)
+        job.run(target, return_all=False)
     except RankFailedError as exc:
         print(f"horovodrun: {exc}", file=sys.stderr)
         code = exc.exit_code

@@ -10,14 +10,15 @@ the rank keeps its process (signals and exit status are the command's own).
     python -m horovod_compat.run_rank CMD [ARGS...]
 
 (``horovodrun`` inserts this in front of the command; ``--mpi`` runs do not use it, as Horovod's
-MPI launcher does not set these variables either.)
+MPI launcher does not set these variables either.)  Function targets (``horovod.run``,
+``horovod.spark.run``) get the same variables through `call_with_slot_env`.
 """
 from __future__ import annotations
 
 import os
 import socket
 import sys
-from typing import Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 
 def horovod_slot_env(environ: Mapping[str, str]) -> Dict[str, str]:
@@ -40,6 +41,12 @@ def horovod_slot_env(environ: Mapping[str, str]) -> Dict[str, str]:
         "HOROVOD_CROSS_SIZE": str(cross_size),
         "HOROVOD_HOSTNAME": environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),
     }
+
+
+def call_with_slot_env(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Inside a rank: set Horovod's slot variables, then return ``fn(*args, **kwargs)``."""
+    os.environ.update(horovod_slot_env(os.environ))
+    return fn(*args, **kwargs)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -11,14 +11,13 @@ import os
 import re
 import shutil
 import sys
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import LaunchValidationError
-from ..rank_env import GPU_IDS_VAR, PER_RANK_VARS, RANK_VAR
+from ..rank_env import GPU_IDS_VAR, LAYOUT_VAR, PER_RANK_VARS, RANK_VAR, hosts_layout
 from ..spec import RankSpec
 from ..supervisor import Supervisor
 from .base import EnvFactory, Launcher
-from .remote_shell import task_host
 
 _TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$", re.DOTALL)
 
@@ -52,12 +51,14 @@ def mpirun_command(
     export: Sequence[str] = (),
     extra_args: Sequence[str] = (),
     mpirun: Optional[str] = None,
+    binding: Sequence[str] = ("--bind-to", "none"),
 ) -> List[str]:
-    """The mpirun argv that runs `command` on `num_ranks` ranks, filled host by host."""
+    """The mpirun argv that runs `command` on `num_ranks` ranks, filled host by host.
+    `binding` replaces the default of binding no rank to cores."""
     argv = [mpirun or find_mpirun()]
     if os.geteuid() == 0:
         argv.append("--allow-run-as-root")
-    argv += ["-np", str(num_ranks), "--output", "tag", "--bind-to", "none", "--map-by", "slot"]
+    argv += ["-np", str(num_ranks), "--output", "tag", *binding, "--map-by", "slot"]
     if hosts:
         argv += ["--host", ",".join(f"{host}:{slots}" for host, slots in hosts)]
     else:
@@ -72,7 +73,8 @@ class MpirunLauncher(Launcher):
     """Ranks under one `mpirun`.
 
     Local placement: every rank of this host. Spark placement (`spans_tasks`): barrier task 0
-    runs one mpirun for the whole job, naming the tasks as hosts (`task0:2,task1:2`); Open MPI
+    runs one mpirun for the whole job, naming the tasks as hosts (`task0:2,task1:2`; see
+    `task_hosts` for a plan with one node per host); Open MPI
     starts its daemon in each task through `remote_shell`, routed over the driver hub, so every
     rank still runs inside its own Spark task and no ssh is involved.
     """
@@ -80,16 +82,18 @@ class MpirunLauncher(Launcher):
     #: The Spark placement starts this launcher once, in task 0, with every task's ranks.
     spans_tasks = True
 
-    def __init__(self, python: str = sys.executable, extra_args: Sequence[str] = ()) -> None:
+    def __init__(self, python: str = sys.executable, extra_args: Sequence[str] = (),
+                 binding: Optional[Sequence[str]] = None) -> None:
         self.python = python
         self.extra_args = tuple(extra_args)
+        self.binding = ("--bind-to", "none") if binding is None else tuple(binding)
         self.mpirun = find_mpirun()
 
     def start(self, ranks: Sequence[RankSpec], env_for: EnvFactory, supervisor: Supervisor) -> None:
         env = self.shared_env(ranks, env_for)
         argv = mpirun_command(
             len(ranks), [self.python, "-m", "distributor.rank_entry"],
-            extra_args=self.extra_args, mpirun=self.mpirun,
+            extra_args=self.extra_args, mpirun=self.mpirun, binding=self.binding,
         )
         supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged)
 
@@ -102,16 +106,47 @@ class MpirunLauncher(Launcher):
     ) -> None:
         """From barrier task 0: one mpirun over every task (see the class docstring)."""
         ranks = [spec for specs in task_ranks for spec in specs]
-        env = dict(self.shared_env(ranks, env_for))
-        env.pop(GPU_IDS_VAR, None)  # each task's daemon passes on that task's own GPUs
-        exports = sorted(name for name, value in env.items() if os.environ.get(name) != value)
-        hosts = [(task_host(index), len(specs)) for index, specs in enumerate(task_ranks)]
         agent = f"{self.python} -m distributor.launchers.remote_shell"
+        self._start_spanning(ranks, self.task_hosts(task_ranks),
+                             ["--prtemca", "plm_ssh_agent", agent], env_for, supervisor)
+
+    def start_on_hosts(
+        self, ranks: Sequence[RankSpec], hosts: Sequence[Tuple[str, int]],
+        ssh_args: Sequence[str], env_for: EnvFactory, supervisor: Supervisor,
+    ) -> None:
+        """From the driver: one mpirun over `hosts`, reaching the other hosts with ssh
+        (`ssh_args` such as ``-p 2222 -i key`` are added to each ssh command)."""
+        agent_args = ["--prtemca", "plm_ssh_args", " ".join(ssh_args)] if ssh_args else []
+        self._start_spanning(ranks, hosts, agent_args, env_for, supervisor)
+
+    def _start_spanning(
+        self, ranks: Sequence[RankSpec], hosts: Sequence[Tuple[str, int]],
+        agent_args: Sequence[str], env_for: EnvFactory, supervisor: Supervisor,
+    ) -> None:
+        env = dict(self.shared_env(ranks, env_for))
+        env.pop(GPU_IDS_VAR, None)  # each host's daemon passes on that host's own GPUs
+        env[LAYOUT_VAR] = hosts_layout(hosts)  # each rank's host, local rank and local size
+        exports = sorted(name for name, value in env.items() if os.environ.get(name) != value)
         argv = mpirun_command(
             len(ranks), [self.python, "-m", "distributor.rank_entry"], hosts=hosts, export=exports,
-            extra_args=["--prtemca", "plm_ssh_agent", agent, *self.extra_args], mpirun=self.mpirun,
+            extra_args=[*agent_args, *self.extra_args], mpirun=self.mpirun, binding=self.binding,
         )
         supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged)
+
+    @staticmethod
+    def task_hosts(task_ranks: Sequence[Sequence[RankSpec]]) -> List[Tuple[str, int]]:
+        """mpirun's host list: one entry per node of the plan (`RankSpec.node_rank`), named
+        after the node's first task, with every rank of the node. Planned one node per task,
+        each task hosts its own ranks; planned one node per host, the first task of each host
+        runs the daemon of all that host's ranks, so MPI's local ranks count per host."""
+        from .remote_shell import task_host  # here: `-m remote_shell` must not find itself imported
+
+        nodes: Dict[int, List[int]] = {}
+        for index, specs in enumerate(task_ranks):
+            for spec in specs:
+                entry = nodes.setdefault(spec.node_rank, [index, 0])
+                entry[1] += 1
+        return [(task_host(index), count) for index, count in nodes.values()]
 
     @staticmethod
     def shared_env(ranks: Sequence[RankSpec], env_for: EnvFactory) -> Mapping[str, str]:

@@ -1,6 +1,8 @@
-"""Where ranks run: on this host (`local`) or as a Spark barrier stage (`spark`)."""
+"""Where ranks run: on this host (`local`), on a list of hosts over ssh (`hosts`) or as a Spark
+barrier stage (`spark`)."""
 from .base import JobContext, Placement
+from .hosts import HostsPlacement
 from .local import LocalPlacement
 from .spark import SparkPlacement, SparkPlacementError
 
-__all__ = ["JobContext", "LocalPlacement", "Placement", "SparkPlacement", "SparkPlacementError"]
+__all__ = ["HostsPlacement", "JobContext", "LocalPlacement", "Placement", "SparkPlacement", "SparkPlacementError"]

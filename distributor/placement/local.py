@@ -5,7 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import List, Optional
+from typing import Dict, List, Mapping, Optional
 
 from ..errors import LaunchValidationError
 from ..rank_env import HUB_ADDRESS_VAR, RANK_VAR, SECRET_VAR, free_port, rank_environment
@@ -36,6 +36,26 @@ def _ids_from_visible(count: int) -> List[str]:
     if visible is not None:
         return [d.strip() for d in visible.split(",") if d.strip()][:count] if count else []
     return [str(i) for i in range(count)]
+
+
+def driver_pythonpath(request_env: Mapping[str, str]) -> str:
+    """PYTHONPATH for ranks started from this driver: the caller's own (request env) first, then
+    the driver's import paths (its script's folder, a test root), so that modules the target
+    imports by name resolve in the ranks as they do here."""
+    prefixes = (sys.prefix, sys.base_prefix)
+    user_paths = [p for p in sys.path if p and os.path.isdir(p) and not p.startswith(prefixes)]
+    parts = [request_env.get("PYTHONPATH"), *user_paths, os.environ.get("PYTHONPATH")]
+    return os.pathsep.join(p for p in parts if p)
+
+
+def driver_side_env(job: JobContext, spec: RankSpec, hub_address: str) -> Dict[str, str]:
+    """What a rank started from the driver needs besides the torchrun contract: the way back to
+    the hub, the job secret, its rank, and the driver's import paths."""
+    env = {HUB_ADDRESS_VAR: hub_address, SECRET_VAR: job.secret.hex(), RANK_VAR: str(spec.rank)}
+    pythonpath = driver_pythonpath(job.request.env)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    return env
 
 
 class LocalPlacement(Placement):
@@ -73,21 +93,11 @@ class LocalPlacement(Placement):
             for r in range(n)
         ]
         master_port = free_port()
-        # The driver's own import paths (its script's folder, a test root), so that modules the
-        # target imports by name resolve in the ranks as they do here.
-        prefixes = (sys.prefix, sys.base_prefix)
-        user_paths = [p for p in sys.path if p and os.path.isdir(p) and not p.startswith(prefixes)]
-        pythonpath = os.pathsep.join(
-            user_paths + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
-        )
+        hub = f"{job.hub_address[0]}:{job.hub_address[1]}"
 
         def env_for(spec: RankSpec) -> dict:
             env = rank_environment(spec, "127.0.0.1", master_port, job.run_id, request.env)
-            env[HUB_ADDRESS_VAR] = f"{job.hub_address[0]}:{job.hub_address[1]}"
-            env[SECRET_VAR] = job.secret.hex()
-            env[RANK_VAR] = str(spec.rank)
-            if pythonpath:  # the caller's own PYTHONPATH (request env) keeps precedence
-                env["PYTHONPATH"] = os.pathsep.join(filter(None, [request.env.get("PYTHONPATH"), pythonpath]))
+            env.update(driver_side_env(job, spec, hub))
             return env
 
         self._supervisor = Supervisor(job.sink)

@@ -9,6 +9,7 @@ mirror of the pip pyspark folder).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import pyspark
 
@@ -231,3 +232,37 @@ class StandaloneCluster:
             proc.wait()
         for log in self._logs:
             log.close()
+
+
+@contextlib.contextmanager
+def local_cluster_session(root: Path, app_name: str, master: str = "local-cluster[2,1,1024]",
+                          executors: int = 2) -> Iterator[object]:
+    """A SparkSession on a local-cluster whose executors work under `root`; stopped on exit."""
+    env = EnvPatch({**SPARK_TEST_ENV, "SPARK_HOME": str(mirror_spark_home(root))})
+    session = start_session(master, app_name, executors=executors)
+    try:
+        yield session
+    finally:
+        stop_session(session)
+        env.restore()
+
+
+@contextlib.contextmanager
+def standalone_session(root: Path, app_name: str, cores: int = 2) -> Iterator[tuple]:
+    """(StandaloneCluster, SparkSession) with one worker of `cores` cores under `root`; on exit
+    the session, the worker and the master are stopped and checked gone (by PID)."""
+    cluster = StandaloneCluster(root, cores=cores, memory="2g")
+    env = EnvPatch({**SPARK_TEST_ENV, "SPARK_HOME": str(cluster.home)})
+    session = None
+    try:
+        session = start_session(cluster.url, app_name, executors=1,
+                                conf={"spark.cores.max": str(cores)})
+        yield cluster, session
+    finally:
+        if session is not None:
+            stop_session(session)
+        pids = [p.pid for p in cluster.procs]
+        family = pids + [d for p in pids for d in descendants(p)]
+        cluster.stop()
+        env.restore()
+        assert not [p for p in family if alive(p)], "standalone JVMs left behind"

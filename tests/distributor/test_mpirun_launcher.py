@@ -79,3 +79,29 @@ def test_mpi_environment_mapping():
     assert env["GROUP_WORLD_SIZE"] == "2" and env["CUDA_VISIBLE_DEVICES"] == "5,7"
     assert from_mpi_environment({"PMI_RANK": "0", "PMI_SIZE": "1"})["WORLD_SIZE"] == "1"
     assert from_mpi_environment({}) == {}
+
+
+def test_an_uneven_host_layout_gives_each_rank_its_hosts_local_rank_and_size():
+    from distributor.rank_env import LAYOUT_VAR, hosts_layout
+
+    layout = hosts_layout([("a", 1), ("b", 2)])
+    # Open MPI 5 reports the largest host's local size to every rank; the layout wins.
+    mpi = {"OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", LAYOUT_VAR: layout}
+    places = [from_mpi_environment({**mpi, "OMPI_COMM_WORLD_RANK": str(r)}) for r in range(3)]
+    assert [(p["RANK"], p["LOCAL_RANK"], p["LOCAL_WORLD_SIZE"], p["GROUP_RANK"], p["GROUP_WORLD_SIZE"])
+            for p in places] == [("0", "0", "1", "0", "2"), ("1", "0", "2", "1", "2"),
+                                 ("2", "1", "2", "1", "2")]
+
+
+def test_task_hosts_merge_the_tasks_of_one_node():
+    from distributor.placement.hosts import host_plan
+    from distributor.spec import RankSpec
+
+    def spec(rank, node):
+        return RankSpec(rank, 3, 0, 1, node, 2)
+
+    # Tasks 0 and 2 on one host (node 0), task 1 on another: node 0's daemon runs in task 0.
+    assert MpirunLauncher.task_hosts([[spec(0, 0)], [spec(1, 1)], [spec(2, 0)]]) == [
+        ("task0", 2), ("task1", 1)]
+    assert [(s.rank, s.local_rank, s.local_world_size, s.node_rank)
+            for s in host_plan([("a", 2), ("b", 4)], 3)] == [(0, 0, 2, 0), (1, 1, 2, 0), (2, 0, 1, 1)]

@@ -10,36 +10,13 @@ import pytest
 
 from distributor import TorchDistributor
 
-from spark_clusters import (
-    PYSPARK_DIR,
-    SPARK_TEST_ENV,
-    EnvPatch,
-    StandaloneCluster,
-    alive,
-    descendants,
-    start_session,
-    stop_session,
-)
+from spark_clusters import PYSPARK_DIR, standalone_session
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("standalone")
-    cluster = StandaloneCluster(root, cores=2, memory="2g")
-    env = EnvPatch({**SPARK_TEST_ENV, "SPARK_HOME": str(cluster.home)})
-    session = None
-    try:
-        session = start_session(cluster.url, "test_spark_standalone", executors=1,
-                                conf={"spark.cores.max": "2"})
-        yield cluster, session
-    finally:
-        if session is not None:
-            stop_session(session)
-        pids = [p.pid for p in cluster.procs]
-        family = pids + [d for p in pids for d in descendants(p)]
-        cluster.stop()
-        env.restore()
-        assert not [p for p in family if alive(p)], "standalone JVMs left behind"
+    with standalone_session(tmp_path_factory.mktemp("standalone"), "test_spark_standalone") as both:
+        yield both
 
 
 def _where(tag):

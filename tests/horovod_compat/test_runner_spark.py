@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
-from spark_clusters import SPARK_TEST_ENV, EnvPatch, mirror_spark_home, start_session, stop_session  # noqa: E402
+from spark_clusters import local_cluster_session  # noqa: E402
 
 from distributor import RankFailedError  # noqa: E402
 from horovod_compat.runner import HorovodRunner  # noqa: E402
@@ -18,14 +18,8 @@ from test_runner import _processes_with_marker  # noqa: E402
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hvd-local-cluster")
-    env = EnvPatch({**SPARK_TEST_ENV, "SPARK_HOME": str(mirror_spark_home(root))})
-    session = start_session("local-cluster[2,1,1024]", "test_runner_spark", executors=2)
-    try:
+    with local_cluster_session(tmp_path_factory.mktemp("hvd-local-cluster"), "test_runner_spark") as session:
         yield session
-    finally:
-        stop_session(session)
-        env.restore()
 
 
 def train_hvd(learning_rate):

@@ -1,0 +1,176 @@
+"""One Horovod-style launch on the engine, shared by `horovodrun` and `horovod.run`.
+
+`HorovodJob` holds Horovod's launch settings (hosts, controller, output, NICs, ssh, timeouts) after
+validation; `run(target)` picks the placement and launcher and starts the job:
+
+* hosts that are all this machine (the default ``localhost:<np>``): the local placement;
+* some other host: mpirun over ssh across the hosts, as Horovod's MPI launcher does
+  (`distributor.placement.HostsPlacement`);
+* ``use_mpi``: the ranks are started by ``mpirun`` (Open MPI's variables tell each its rank);
+  otherwise (Horovod's gloo mode) directly, each rank also given Horovod's ``HOROVOD_*`` slot
+  variables, as Horovod's gloo launcher sets them.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from distributor import CommandTarget, FunctionTarget, LaunchRequest, launch
+from distributor.launchers import MpirunLauncher, PythonLauncher
+
+from ..run_rank import call_with_slot_env
+from . import hosts as hostlib
+from .knobs import check_local_nics, nic_environment
+from .output import RankOutput
+
+#: Start timeout (seconds) when neither the argument nor HOROVOD_START_TIMEOUT says otherwise.
+#: Horovod's is 30 s; ranks here must only connect to the driver in that time, but hosts shared
+#: by several jobs can be slow to start processes, so the project keeps its 120 s.
+DEFAULT_START_TIMEOUT = 120.0
+
+
+def start_timeout_from(value: Optional[float], variable: str, default: float) -> float:
+    """`value`, else the environment variable `variable`, else `default`; ValueError if bad."""
+    if value is None:
+        raw = os.environ.get(variable)
+        if raw is None or not raw.strip():
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"{variable}={raw!r} is not a number of seconds") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"start_timeout must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+@dataclass
+class HorovodJob:
+    """Validated launch settings. Construct with `HorovodJob.create(...)`."""
+
+    num_proc: int
+    hosts: List[hostlib.HostSlots]
+    remote: bool
+    use_mpi: bool
+    env: Dict[str, str]
+    start_timeout: float
+    executable: str
+    mpi_args: List[str] = field(default_factory=list)
+    binding_args: Optional[List[str]] = None  # None: mpirun binds no rank
+    nics: List[str] = field(default_factory=list)
+    ssh_port: Optional[int] = None
+    ssh_identity_file: Optional[str] = None
+    output_filename: Optional[str] = None
+    prefix_output_with_timestamp: bool = False
+    verbose: bool = False
+
+    @classmethod
+    def create(
+        cls,
+        num_proc: Any,
+        hosts: Optional[str] = None,
+        hostfile: Optional[str] = None,
+        use_gloo: Optional[bool] = None,
+        use_mpi: Optional[bool] = None,
+        env: Optional[Dict[str, str]] = None,
+        start_timeout: Optional[float] = None,
+        executable: Optional[str] = None,
+        mpi_args: Union[None, str, Sequence[str]] = None,
+        binding_args: Optional[str] = None,
+        nics: Optional[Sequence[str]] = None,
+        ssh_port: Optional[int] = None,
+        ssh_identity_file: Optional[str] = None,
+        output_filename: Optional[str] = None,
+        prefix_output_with_timestamp: bool = False,
+        verbose: bool = False,
+    ) -> "HorovodJob":
+        """Check everything before any process starts; ValueError says what to change."""
+        if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
+            raise ValueError(f"num_proc must be a positive int, got {num_proc!r}")
+        if hosts is not None and hostfile is not None:
+            raise ValueError("Argument hosts and hostfile only allow one provided.")
+        if use_gloo and use_mpi:
+            raise ValueError("Argument use_gloo and use_mpi only allow one set True.")
+        if hostfile is not None:
+            host_list = hostlib.parse_hostfile(hostfile)
+        elif hosts:
+            host_list = hostlib.parse_hosts(hosts)
+        else:
+            host_list = [("localhost", num_proc)]
+        used = hostlib.slots_for(host_list, num_proc)
+        local = hostlib.local_addresses()
+        remote = not all(hostlib.is_local(host, local) for host, _ in used)
+        if ssh_port is not None and (isinstance(ssh_port, bool) or not isinstance(ssh_port, int)
+                                     or not 0 < ssh_port < 65536):
+            raise ValueError(f"ssh_port must be a TCP port number, got {ssh_port!r}")
+        if ssh_identity_file is not None and not os.path.isfile(ssh_identity_file):
+            raise ValueError(f"ssh identity file {ssh_identity_file!r} does not exist")
+        python = executable or sys.executable
+        if not remote and not (os.path.isfile(python) and os.access(python, os.X_OK)):
+            raise ValueError(f"executable {python!r} is not an executable file on this host")
+        nic_list = sorted(set(nics or ()))
+        if nic_list and not remote:
+            check_local_nics(nic_list)
+        job_env = dict(env or {})
+        if nic_list:
+            job_env.update(nic_environment(nic_list))
+        if isinstance(mpi_args, str):
+            mpi_arg_list = shlex.split(mpi_args)
+        else:
+            mpi_arg_list = list(mpi_args or ())
+        return cls(
+            num_proc=num_proc, hosts=used, remote=remote, use_mpi=bool(use_mpi) or remote,
+            env=job_env, start_timeout=start_timeout_from(start_timeout, "HOROVOD_START_TIMEOUT",
+                                                          DEFAULT_START_TIMEOUT),
+            executable=python, mpi_args=mpi_arg_list,
+            binding_args=shlex.split(binding_args) if binding_args else None, nics=nic_list, ssh_port=ssh_port,
+            ssh_identity_file=ssh_identity_file, output_filename=output_filename,
+            prefix_output_with_timestamp=bool(prefix_output_with_timestamp), verbose=bool(verbose),
+        )
+
+    # ---- running ----------------------------------------------------------------------------
+    def describe(self) -> str:
+        where = ",".join(f"{h}:{n}" for h, n in self.hosts)
+        how = "mpirun" + (" over ssh" if self.remote else "") if self.use_mpi else "direct processes"
+        return f"{self.num_proc} process(es) on {where} via {how}"
+
+    def function_target(self, fn: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> FunctionTarget:
+        if self.use_mpi:
+            return FunctionTarget(fn, tuple(args), dict(kwargs))
+        return FunctionTarget(call_with_slot_env, (fn, *args), dict(kwargs))
+
+    def command_target(self, command: Sequence[str]) -> CommandTarget:
+        if self.use_mpi:
+            return CommandTarget(tuple(command))
+        return CommandTarget((self.executable, "-m", "horovod_compat.run_rank", *command))
+
+    def _launcher(self) -> Any:
+        if not self.use_mpi:
+            return PythonLauncher(python=self.executable)
+        extra = list(self.mpi_args)
+        if self.nics:
+            extra += ["--mca", "btl_tcp_if_include", ",".join(self.nics)]
+        return MpirunLauncher(python=self.executable, extra_args=extra, binding=self.binding_args)
+
+    def _placement(self) -> Any:
+        if not self.remote:
+            return None  # the engine's default: this host
+        from distributor.placement import HostsPlacement
+
+        local = hostlib.local_addresses()
+        return HostsPlacement(self.hosts, [h for h, _ in self.hosts if hostlib.is_local(h, local)],
+                              ssh_port=self.ssh_port, ssh_identity_file=self.ssh_identity_file)
+
+    def run(self, target: Any, return_all: bool = True, stdout: Any = None, stderr: Any = None) -> Any:
+        """Run `target` on every rank; every rank's value in rank order (function targets)."""
+        request = LaunchRequest(target, self.num_proc, env=self.env,
+                                start_timeout=self.start_timeout, return_all=return_all)
+        placement = self._placement()
+        if self.verbose:
+            print(f"horovod-compat: launching {self.describe()}", file=sys.stderr, flush=True)
+        with RankOutput(stdout, stderr, timestamps=self.prefix_output_with_timestamp,
+                        directory=self.output_filename, size=self.num_proc) as output:
+            return launch(request, placement=placement, launcher=self._launcher(), output=output)

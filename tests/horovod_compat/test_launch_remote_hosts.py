@@ -1,0 +1,103 @@
+"""Hosts other than this one: mpirun over ssh, as Horovod does, with this machine under another
+name.
+
+There is no ssh server here, so the tests put a stand-in `ssh` first on PATH: it records its
+arguments and runs the command on this machine, as ssh to the host "otherhost" would there.
+Everything else is real: mpirun decides that "otherhost" is remote and starts its daemon through
+that `ssh` (with the -p/-i arguments), the ranks run under it and reach the driver over TCP.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import horovod
+from distributor import LaunchValidationError
+
+FAKE_SSH = textwrap.dedent("""\
+    #!/bin/sh
+    # Stand-in for ssh (tests only): record the arguments, run the command on this machine.
+    echo "$@" >> "$FAKE_SSH_LOG"
+    while [ $# -gt 0 ]; do
+      case "$1" in
+        -p|-i|-o|-l|-F|-E|-J|-b|-c|-m) shift 2 ;;
+        -*) shift ;;
+        *) break ;;
+      esac
+    done
+    if [ "$1" = "unreachable-host" ]; then
+      echo "ssh: Could not resolve hostname unreachable-host: Name or service not known" >&2
+      exit 255
+    fi
+    shift
+    exec /bin/sh -c "$*"
+""")
+
+
+@pytest.fixture()
+def fake_ssh(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(FAKE_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    log = tmp_path / "ssh.log"
+    log.touch()
+    key = tmp_path / "id_test"
+    key.write_text("not a real key\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SSH_LOG", str(log))
+    return log, key
+
+
+def placed():
+    import os
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    return (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
+            os.environ.get("OMPI_COMM_WORLD_RANK"))
+
+
+def test_horovod_run_across_this_host_and_another_over_ssh(fake_ssh):
+    log, key = fake_ssh
+    results = horovod.run(placed, num_proc=3, hosts="localhost:1,otherhost:2", ssh_port=2222,
+                          ssh_identity_file=str(key))
+    # Ranks fill the hosts in order; local ranks count per host.
+    assert results == [(0, 3, 0, 1, 0, "0"), (1, 3, 0, 2, 1, "1"), (2, 3, 1, 2, 1, "2")]
+    calls = log.read_text().splitlines()
+    assert any(c.startswith("-o BatchMode=yes") and c.endswith(f"-p 2222 -i {key} otherhost true")
+               for c in calls), calls  # the reachability check
+    daemon = [c for c in calls if "prted" in c]
+    assert len(daemon) == 1 and f"-p 2222 -i {key} otherhost " in daemon[0], calls
+    assert not any(" localhost " in c for c in calls), "this host was reached over ssh"
+
+
+def test_horovodrun_with_a_remote_host(fake_ssh, tmp_path):
+    log, key = fake_ssh
+    script = tmp_path / "where.py"
+    script.write_text("import os\nprint('local', os.environ['OMPI_COMM_WORLD_LOCAL_RANK'], "
+                      "os.environ['OMPI_COMM_WORLD_LOCAL_SIZE'])\n")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("otherhost slots=2\n")
+    done = subprocess.run([sys.executable, "-m", "horovod_compat.run", "-np", "2", "--hostfile",
+                           str(hostfile), "-p", "2200", "-i", str(key), sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "[rank 0] local 0 2" in done.stdout and "[rank 1] local 1 2" in done.stdout
+    assert any(f"-p 2200 -i {key} otherhost" in c and "prted" in c
+               for c in log.read_text().splitlines())
+
+
+def test_an_unreachable_host_fails_before_anything_starts(fake_ssh):
+    log, _key = fake_ssh
+    with pytest.raises(LaunchValidationError) as info:
+        horovod.run(placed, num_proc=2, hosts="localhost:1,unreachable-host:1")
+    message = str(info.value)
+    assert "unreachable-host: ssh: Could not resolve hostname" in message
+    assert "-p" in message and "-i" in message  # says what to check
+    assert not any("prted" in c for c in log.read_text().splitlines()), "mpirun was started"

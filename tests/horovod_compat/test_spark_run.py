@@ -1,0 +1,103 @@
+"""horovod.spark.run on a real local-cluster (two executor JVMs on this host)."""
+from __future__ import annotations
+
+import io
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
+from spark_clusters import local_cluster_session  # noqa: E402
+
+import horovod.spark  # noqa: E402
+from distributor import LaunchValidationError, RankFailedError  # noqa: E402
+from test_runner import _processes_with_marker  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    with local_cluster_session(tmp_path_factory.mktemp("hvd-spark-run"), "test_spark_run") as session:
+        yield session
+
+
+def train(scale):
+    import os
+    import sys
+
+    import torch
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    print(f"out of rank {hvd.rank()}")
+    print(f"err of rank {hvd.rank()}", file=sys.stderr)
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
+    return {"rank": hvd.rank(), "size": hvd.size(), "local": (hvd.local_rank(), hvd.local_size()),
+            "sum": total * scale, "slot_rank": os.environ.get("HOROVOD_RANK"),
+            "env": os.environ.get("SPARK_RUN_ENV"), "mpi": "OMPI_COMM_WORLD_RANK" in os.environ}
+
+
+@pytest.mark.parametrize("use_mpi", [False, True], ids=["direct", "mpirun"])
+def test_results_in_rank_order_local_ranks_per_host_output_and_env(spark, use_mpi):
+    out, err = io.StringIO(), io.StringIO()
+    results = horovod.spark.run(train, args=(10,), use_mpi=use_mpi, env={"SPARK_RUN_ENV": "yes"},
+                                stdout=out, stderr=err, prefix_output_with_timestamp=True)
+    assert len(results) == spark.sparkContext.defaultParallelism == 2  # num_proc's default
+    assert [r["rank"] for r in results] == [0, 1]
+    assert {r["size"] for r in results} == {2} and {r["sum"] for r in results} == {30.0}
+    # Both executors are on 127.0.0.1: one host, so local ranks 0 and 1 of local size 2.
+    assert [r["local"] for r in results] == [(0, 2), (1, 2)]
+    assert {r["env"] for r in results} == {"yes"}
+    assert [r["mpi"] for r in results] == [use_mpi, use_mpi]
+    assert [r["slot_rank"] for r in results] == ([None, None] if use_mpi else ["0", "1"])
+    for rank in (0, 1):
+        line = next(l for l in out.getvalue().splitlines() if l.endswith(f"out of rank {rank}"))
+        assert line.endswith(f"[rank {rank}] out of rank {rank}")
+        assert line[:3] in ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"), line
+        assert f"[rank {rank}] err of rank {rank}" in err.getvalue()
+        assert f"out of rank {rank}" not in err.getvalue()
+
+
+def fail_on_rank_1():
+    import horovod.torch as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise ZeroDivisionError("rank 1 divided by zero")
+    hvd.barrier()
+
+
+def test_a_failing_rank_reaches_the_driver_quickly_and_nothing_is_left(spark, monkeypatch):
+    marker = f"HOROVOD_TEST_MARKER_{uuid.uuid4().hex}"
+    monkeypatch.setenv("HOROVOD_TEST_MARKER", marker)  # driver HOROVOD_* reach every rank
+    with pytest.raises(RankFailedError) as info:
+        horovod.spark.run(fail_on_rank_1, num_proc=2, stdout=io.StringIO(), stderr=io.StringIO())
+    error = info.value
+    assert error.rank == 1 and error.exc_type == "ZeroDivisionError"
+    assert "rank 1 divided by zero" in error.traceback and "fail_on_rank_1" in error.traceback
+    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    deadline = time.monotonic() + 15
+    while _processes_with_marker(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_with_marker(marker) == [], "a rank outlived the job"
+
+
+def test_more_ranks_than_slots_fails_before_submitting(spark):
+    # A validation error: raised before any Spark job was submitted (Horovod waits out 600 s).
+    with pytest.raises(LaunchValidationError, match="only 2 task slot"):
+        horovod.spark.run(fail_on_rank_1, num_proc=3, start_timeout=600)
+    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+
+
+def test_run_elastic_has_horovods_signature_and_says_it_is_not_built(spark):
+    import inspect
+
+    params = list(inspect.signature(horovod.spark.run_elastic).parameters)
+    assert params == ["fn", "args", "kwargs", "num_proc", "min_num_proc", "max_num_proc",
+                      "start_timeout", "elastic_timeout", "reset_limit", "env", "stdout", "stderr",
+                      "verbose", "nics", "prefix_output_with_timestamp", "min_np", "max_np"]
+    with pytest.raises(NotImplementedError, match="issue 16"):
+        horovod.spark.run_elastic(fail_on_rank_1, num_proc=2, min_num_proc=1)
