@@ -132,8 +132,11 @@ def _store_for(info: Dict[str, Any]) -> dist.Store:
     if _base_store is not None and _base_store_key == key:
         return _base_store
     timeout = timedelta(seconds=float(os.environ.get("HOROVOD_COMPAT_INIT_TIMEOUT", "300")))
-    if info["source"] == "torchrun" and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
-        # env:// honours TORCHELASTIC_USE_AGENT_STORE, i.e. reuses torchrun's agent store.
+    under_agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    if ((info["source"] == "torchrun" or under_agent)
+            and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
+        # env:// honours TORCHELASTIC_USE_AGENT_STORE, i.e. reuses torchrun's agent store (which
+        # owns MASTER_PORT: under torchrun that is the store, whatever other variables say).
         store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
     else:
         url = f"tcp://{info['addr']}:{info['port']}?rank={info['rank']}&world_size={info['size']}"
