@@ -1,8 +1,8 @@
-"""Test helper: run a command under the project's `horovodrun` with a hard timeout.
+"""Test helper: run a command on N ranks under `horovodrun` or `torchrun` with a hard timeout.
 
-A hang must fail the test that met it, not block CI: past the timeout `horovodrun` gets SIGTERM
-(it stops its ranks), then SIGKILL; its ranks die with it (the engine starts them with a
-parent-death signal), so nothing is left behind.
+A hang must fail the test that met it, not block CI: past the timeout the launcher's process group
+gets SIGTERM (both launchers stop their ranks on it), then SIGKILL; ranks of the project's
+horovodrun also die with it (the engine starts them with a parent-death signal).
 """
 from __future__ import annotations
 
@@ -36,13 +36,23 @@ class Launch:
 
 
 def horovodrun(np: int, command: Sequence[str], *, timeout: float, env: Optional[Mapping[str, str]] = None,
-               cwd: Optional[str] = None, options: Sequence[str] = ()) -> Launch:
-    """`horovodrun -np N [options] command...`, killed (and reported as timed out) after `timeout` s."""
+               cwd: Optional[str] = None) -> Launch:
+    """`horovodrun -np N command...`, killed (and reported as timed out) after `timeout` s."""
+    return _launch([sys.executable, "-m", "horovod_compat.run", "-np", str(np), *command], timeout, env, cwd)
+
+
+def torchrun(np: int, command: Sequence[str], *, timeout: float, env: Optional[Mapping[str, str]] = None,
+             cwd: Optional[str] = None) -> Launch:
+    """`torchrun --standalone --nproc-per-node N command...` (output not prefixed), with a hard timeout."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={np}", *command]
+    return _launch(argv, timeout, env, cwd)
+
+
+def _launch(argv: Sequence[str], timeout: float, env: Optional[Mapping[str, str]], cwd: Optional[str]) -> Launch:
     full_env: Dict[str, str] = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.update(env or {})
-    argv = [sys.executable, "-m", "horovod_compat.run", "-np", str(np), *options, *command]
-    proc = subprocess.Popen(argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(list(argv), env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -59,7 +69,7 @@ def horovodrun(np: int, command: Sequence[str], *, timeout: float, env: Optional
 
 def _signal(pgid: int, sig: int) -> None:
     try:
-        os.killpg(pgid, sig)  # horovodrun leads the session started above
+        os.killpg(pgid, sig)  # the launcher leads the session started above
     except ProcessLookupError:
         pass
 
