@@ -41,6 +41,11 @@ import horovod.torch as hvd
 INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 FLOAT_DTYPES = (torch.float16, torch.float32, torch.float64)
 ALL_DTYPES = INT_DTYPES + FLOAT_DTYPES
+# each op's four forms: sync, async, in place, async in place
+ALLREDUCE_FORMS = (hvd.allreduce, hvd.allreduce_async, hvd.allreduce_, hvd.allreduce_async_)
+GROUPED_ALLREDUCE_FORMS = (hvd.grouped_allreduce, hvd.grouped_allreduce_async, hvd.grouped_allreduce_,
+                           hvd.grouped_allreduce_async_)
+BROADCAST_FORMS = (hvd.broadcast, hvd.broadcast_async, hvd.broadcast_, hvd.broadcast_async_)
 OP_NAMES = {"Average": hvd.Average, "Sum": hvd.Sum, "Min": hvd.Min, "Max": hvd.Max,
             "Product": hvd.Product}
 
@@ -245,16 +250,9 @@ class Soak:
             original = mine.clone()
             expected = self.reduce(inputs, op, dtype, len(members), pre, post)  # before `mine` changes
             kw = dict(name=name, op=OP_NAMES[op], prescale_factor=pre, postscale_factor=post, process_set=ps)
-            if variant == "sync":
-                out = hvd.allreduce(mine, **kw)
-            elif variant == "async":
-                out = hvd.synchronize(self.poll_some(hvd.allreduce_async(mine, **kw)))
-            elif variant == "inplace":
-                out = hvd.allreduce_(mine, **kw)
+            out = self.call(variant, ALLREDUCE_FORMS, mine, kw)
+            if variant == "inplace":
                 self.check(self.where + " (returns its input)", out is mine, True)
-            else:
-                hvd.synchronize(hvd.allreduce_async_(mine, **kw))
-                out = mine
             self.check(self.where, out, expected)
             if variant in ("sync", "async"):
                 self.check(self.where + " (input untouched)", mine, original)
@@ -276,15 +274,7 @@ class Soak:
             expected = [self.reduce([per_rank[r][i] for r in members], op, dtype, len(members))
                         for i in range(len(shapes))]  # before `mine` changes
             kw = dict(name=name, op=OP_NAMES[op], process_set=ps)
-            if variant == "sync":
-                outs = hvd.grouped_allreduce(mine, **kw)
-            elif variant == "async":
-                outs = hvd.synchronize(self.poll_some(hvd.grouped_allreduce_async(mine, **kw)))
-            elif variant == "inplace":
-                outs = hvd.grouped_allreduce_(mine, **kw)
-            else:
-                hvd.synchronize(hvd.grouped_allreduce_async_(mine, **kw))
-                outs = mine
+            outs = self.call(variant, GROUPED_ALLREDUCE_FORMS, mine, kw)
             self.check(self.where + " (count)", len(outs), len(shapes))
             for i, out in enumerate(outs):
                 self.check(f"{self.where} [{i}]", out, expected[i])
@@ -343,15 +333,7 @@ class Soak:
             self.where += f" root={root}"
             mine = self.data("bc" + tag, self.rank, shape, dtype, 0, 100)
             expected = self.data("bc" + tag, root, shape, dtype, 0, 100)
-            if variant == "sync":
-                out = hvd.broadcast(mine, root, name=name, process_set=ps)
-            elif variant == "async":
-                out = hvd.synchronize(self.poll_some(hvd.broadcast_async(mine, root, name=name, process_set=ps)))
-            elif variant == "inplace":
-                out = hvd.broadcast_(mine, root, name=name, process_set=ps)
-            else:
-                hvd.synchronize(hvd.broadcast_async_(mine, root, name=name, process_set=ps))
-                out = mine
+            out = self.call(variant, BROADCAST_FORMS, mine, dict(root_rank=root, name=name, process_set=ps))
             self.check(self.where, out, expected)
 
         return self.on_sets(plan, "broadcast", label, body)
@@ -712,6 +694,18 @@ class Soak:
         self.check("is_initialized() after shutdown", hvd.is_initialized(), False)
         self.init()
         self.check("size after re-init", hvd.size(), _launch_size())
+
+    def call(self, variant: str, forms, arg, kw):
+        """Run one of an op's four forms (sync, async, inplace, async_inplace); return the output."""
+        sync, start, inplace, start_inplace = forms
+        if variant == "sync":
+            return sync(arg, **kw)
+        if variant == "async":
+            return hvd.synchronize(self.poll_some(start(arg, **kw)))
+        if variant == "inplace":
+            return inplace(arg, **kw)
+        hvd.synchronize(self.poll_some(start_inplace(arg, **kw)))
+        return arg
 
     def poll_some(self, handle):
         """Poll a handle a few times (never required to turn true) before synchronizing it."""
