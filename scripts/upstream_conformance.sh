@@ -13,8 +13,9 @@
 # Environment knobs:
 #   LAUNCHER=torchrun|horovodrun|mpirun  how to start the 2 ranks (default horovodrun: our gloo-mode
 #                               launcher sets HOROVOD_RANK etc., so upstream takes its gloo paths and
-#                               re-initialises between tests; under mpirun and torchrun the gloo-only
-#                               tests (reinit, is_initialized) skip)
+#                               re-initialises between tests; under torchrun the plugin below sets
+#                               HOROVOD_RANK/SIZE from torchrun's variables, with the same effect;
+#                               under mpirun the gloo-only tests (reinit, is_initialized) skip)
 #   REPEAT=N                    N consecutive whole-file launches (default 1), then a table: launch,
 #                               passed / failed / skipped per rank, crashed/hung, exit code, seconds
 #   LAUNCH_TIMEOUT=1800         seconds one whole-file launch may take; past it the launch is killed
@@ -40,7 +41,9 @@
 #
 # Helpers that upstream's common.py imports but that are not part of horovod.torch (the `mock`
 # backport, horovod.runner.util.threads.in_thread) and inspect.getargspec (removed in Python 3.11,
-# used by older test files) are provided by a small pytest plugin this script writes to OUT_DIR.
+# used by older test files) are provided by a small pytest plugin this script writes to OUT_DIR;
+# under torchrun it also tells upstream's helpers the rank (they read only MPI's or horovodrun's
+# variables).
 #
 # Yardstick (Horovod 0.28.1's file, 115 tests; torch 2.13 CPU, Python 3.11): a real Horovod 0.28.1
 # passes 102, skips 10 (8 need a GPU, 2 are disabled upstream) and fails 3 -- test_broadcast_state,
@@ -110,6 +113,15 @@ except ImportError:
 
 if not hasattr(inspect, "getargspec"):
     inspect.getargspec = inspect.getfullargspec
+
+# Upstream's helpers learn the launcher's rank and size only from MPI's variables or horovodrun's
+# HOROVOD_RANK/HOROVOD_SIZE (else they assume a 1-rank MPI job). Under torchrun, give them torchrun's,
+# as horovodrun would (hvd.init still rendezvouses through torchrun's agent store).
+import os
+if (os.environ.get("TORCHELASTIC_RUN_ID") and "HOROVOD_RANK" not in os.environ
+        and "RANK" in os.environ and "WORLD_SIZE" in os.environ):
+    os.environ["HOROVOD_RANK"] = os.environ["RANK"]
+    os.environ["HOROVOD_SIZE"] = os.environ["WORLD_SIZE"]
 EOF
 
 # What every rank runs: pytest over TARGET, its output in TAG.rank<r>.log and its exit status in

@@ -26,9 +26,6 @@ UPSTREAM = Path(os.environ.get("HOROVOD_UPSTREAM_DIR", ROOT.parent / "shared" / 
 EXAMPLES = UPSTREAM / "examples" / "pytorch"
 
 
-@pytest.mark.xfail(reason="issue 14: the longer rank's last optimizer.step() waits in the shared-memory reducer "
-                          "(_GradReducer.synchronize -> _shm.PeerWatch.wait) for the rank sitting in hvd.join()",
-                   strict=False)
 def test_uneven_data_with_join_and_distributed_optimizer():
     run = horovodrun(2, [sys.executable, str(HERE / "uneven_join_train.py")], timeout=180)
     assert not run.timed_out, "uneven data + hvd.join() + DistributedOptimizer hung:\n" + run.tail()

@@ -21,14 +21,7 @@ CHECKS = ("alltoall_async_returns_output_and_splits", "completed_name_reusable_b
           "different_submission_orders_paired_by_name", "async_op_on_either_side_of_a_barrier")
 # Issue 14 is open: both fail on the runtime this was written against. Remove a mark once its case
 # passes (strict=False: an unexpected pass shows as XPASS).
-_KNOWN = "issue 14: synchronize(alltoall_async(t)) returns a tensor; a completed op's name stays taken " \
-         "until its handle is synchronized (ValueError)"
-_KNOWN_GLOO = _KNOWN + "; on gloo, different submission orders raise 'Mismatched ALLREDUCE tensor names' " \
-                       "and an async op across a barrier aborts a rank (SIGABRT in gloo)"
-
-
-@pytest.mark.parametrize("shm", [pytest.param("shm-on", marks=pytest.mark.xfail(reason=_KNOWN, strict=False)),
-                                 pytest.param("shm-off", marks=pytest.mark.xfail(reason=_KNOWN_GLOO, strict=False))])
+@pytest.mark.parametrize("shm", ["shm-on", "shm-off"])
 def test_coordination_by_name_under_torchrun(shm):
     run = torchrun(2, [str(PROGRAM)], timeout=240,
                    env={**(SHM_OFF if shm == "shm-off" else SHM_ON), "HOROVOD_COMPAT_OP_TIMEOUT": "30"})

@@ -26,18 +26,7 @@ ROUNDS = int(os.environ.get("SOAK_ROUNDS", "6" if CI else "30"))
 SEED = int(os.environ.get("SOAK_SEED", "20260"))
 
 
-# Issue 14 is open: on the runtime this was written against every configuration fails. Remove a
-# mark once its configuration passes (strict=False: an unexpected pass shows as XPASS).
-_ALLTOALL = "synchronize(alltoall_async(t)) without splits returns a tensor, not (output, received_splits)"
-_KNOWN = {
-    "shm-on": "issue 14: DistributedOptimizer.step() with a rank that joined early hangs on 2 ranks "
-              "(_shm.PeerWatch.wait); " + _ALLTOALL,
-    "shm-off": "issue 14: named async ops submitted in a different order per rank are paired by position "
-               "('Mismatched collective operations'); a duplicate name before a barrier aborts the rank "
-               "in gloo (SIGABRT); DistributedOptimizer with an early join hangs; " + _ALLTOALL,
-}
-CONFIGS = [pytest.param(np, shm, id=f"np{np}-{shm}", marks=pytest.mark.xfail(reason=_KNOWN[shm], strict=False))
-           for np in (2, 3) for shm in ("shm-on", "shm-off")]
+CONFIGS = [pytest.param(np, shm, id=f"np{np}-{shm}") for np in (2, 3) for shm in ("shm-on", "shm-off")]
 
 
 def _hard_timeout(np: int) -> float:

@@ -27,23 +27,11 @@ LAUNCH_TIMEOUT = 1500
 # Stop a rank's pytest after this many failures: real Horovod fails 3 here, and once ranks fall out
 # of step every later test waits for a collective timeout, which would hold the suite for an hour.
 MAX_FAIL = 6
-# Issue 14 is open: both fail on the runtime this was written against. Remove a mark once its case
-# passes (strict=False: an unexpected pass shows as XPASS).
-_KNOWN = {
-    "shm-on": "issue 14: under torchrun, test_horovod_allreduce_duplicate_name_error's async op submitted "
-              "before hvd.barrier() on rank 0 only is paired with the barrier ('Mismatched collective "
-              "operations: ALLREDUCE ... BARRIER'), and the ranks fall out of step for the rest of the file",
-    "shm-off": "issue 14: on gloo the ranks abort (SIGABRT in gloo all_gather from negotiation."
-               "_exchange_descs) at the duplicate-name tests",
-}
-
-
 @pytest.mark.skipif(not TEST_FILE.is_file(),
                     reason=f"Horovod's upstream test file is not here ({TEST_FILE}); it is not part of this "
                            "repository: set HOROVOD_UPSTREAM_DIR to a Horovod 0.28.1 checkout to run it")
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 120)
-@pytest.mark.parametrize("shm", [pytest.param(shm, marks=pytest.mark.xfail(reason=_KNOWN[shm], strict=False))
-                                 for shm in ("shm-on", "shm-off")])
+@pytest.mark.parametrize("shm", ["shm-on", "shm-off"])
 def test_whole_upstream_file_in_one_torchrun_launch(shm, tmp_path):
     env = dict(os.environ, LAUNCHER="torchrun", REPEAT="1", PYTHON=sys.executable,
                LAUNCH_TIMEOUT=str(LAUNCH_TIMEOUT), PYTEST_ARGS=f"--maxfail={MAX_FAIL}",
