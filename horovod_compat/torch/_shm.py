@@ -271,7 +271,7 @@ class Transport:
     def __init__(self, reducer: SharedMemoryAllreduce) -> None:
         self.reducer = reducer
 
-    def allreduce(self, pairs: List[tuple], op: int, inline: bool = True) -> _Done:
+    def allreduce(self, pairs: List[tuple], op: int) -> _Done:
         """``dst = op(src over ranks)`` for every ``(src, dst)`` pair, now, in this thread."""
         for src, dst in pairs:
             self.reducer.allreduce(src, dst, op)

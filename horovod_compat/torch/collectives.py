@@ -196,7 +196,7 @@ _CPU = torch.device("cpu")
 class _AllreducePlan(Plan):
     """One or more tensors reduced with the same op (``allreduce`` and ``grouped_allreduce``)."""
 
-    __slots__ = ("srcs", "bufs", "outs", "op", "postscale", "st", "single", "inline", "fused",
+    __slots__ = ("srcs", "bufs", "outs", "op", "postscale", "st", "single", "fused",
                  "_gathered")
 
     def launch(self, agr: Agreement) -> List[Any]:
@@ -211,7 +211,7 @@ class _AllreducePlan(Plan):
                 fused = torch.cat([self.srcs[i].reshape(-1) for i in group])
                 pairs.append((fused, fused))
                 self.fused.append((group, fused))
-        return _reduce_pairs(self.st, self.desc, pairs, self.inline)
+        return _reduce_pairs(self.st, self.desc, pairs)
 
     def transport(self) -> Optional[str]:
         return "SHM" if self.op != Adasum and _via_shm(self.st, self.desc) else None
@@ -256,15 +256,15 @@ def _allreduce_dummy(agr: Agreement, st: SetState) -> List[Any]:
         fill = 0 if joined else _identity(d.op, dtype)
         bufs.append(torch.full((sum(_numel(d.shapes[i]) for i in group),), fill, dtype=dtype,
                                device=_dev(d)))
-    return _reduce_pairs(st, d, [(b, b) for b in bufs], inline=False)
+    return _reduce_pairs(st, d, [(b, b) for b in bufs])
 
 
 def _reduce_pairs(st: SetState, d: Desc, pairs: List[Tuple[torch.Tensor, torch.Tensor]],
-                  inline: bool) -> List[Any]:
+                  ) -> List[Any]:
     """Start ``dst = op(src over ranks)`` for every pair, on the transport descriptor ``d`` picks
     (the gloo path reduces ``dst`` in place: its pairs have ``src is dst``)."""
     if _via_shm(st, d):
-        return [st.shm.allreduce(pairs, d.op, inline)]
+        return [st.shm.allreduce(pairs, d.op)]
     opts = _AR_OPTS[d.op]
     return [st.pg.allreduce([dst], opts) for _src, dst in pairs]
 
@@ -462,10 +462,9 @@ def _scale_(b: torch.Tensor, factor: float) -> None:
 
 def _submit_allreduce(tensors: Sequence[torch.Tensor], outs: Optional[Sequence[torch.Tensor]],
                       name: Optional[str], op: int, prescale: float, postscale: float,
-                      process_set: Optional[ProcessSet], kind: str, sync: bool = False,
-                      traced: bool = True) -> Any:
+                      process_set: Optional[ProcessSet], kind: str, traced: bool = True) -> Any:
     """Submit an allreduce of ``tensors`` (into ``outs`` in place, or into new tensors when None).
-    ``sync``: the caller waits right away (shared-memory transfers then run in its thread)."""
+    ``traced=False``: no timeline events (the optimizer reports its buckets per parameter)."""
     st = _set_state(process_set)
     if not tensors:
         return _Empty()
@@ -477,7 +476,6 @@ def _submit_allreduce(tensors: Sequence[torch.Tensor], outs: Optional[Sequence[t
     plan.op = op
     plan.postscale = float(postscale)
     plan.single = kind == "allreduce"
-    plan.inline = sync
     extra = (float(prescale), float(postscale)) if (prescale != 1.0 or postscale != 1.0) else ()
     if len(tensors) == 1:  # the hot case: no generators
         t0 = tensors[0]
@@ -551,13 +549,13 @@ def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optio
     """Reduce ``tensor`` in place over all ranks and return it."""
     op = _resolve_op(average, op)
     return _submit_allreduce([tensor], [tensor], name, op, prescale_factor, postscale_factor,
-                             process_set, "allreduce", sync=True).wait()
+                             process_set, "allreduce").wait()
 
 
 def _allreduce_nograd(tensor: torch.Tensor, name: Optional[str], op: int, prescale: float,
                       postscale: float, process_set: Optional[ProcessSet]) -> torch.Tensor:
     return _submit_allreduce([tensor], None, name, op, prescale, postscale, process_set,
-                             "allreduce", sync=True).wait()
+                             "allreduce").wait()
 
 
 class _AllreduceFn(torch.autograd.Function):
@@ -621,7 +619,7 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] 
     op = _resolve_op(average, op)
     tensors = list(tensors)
     return _submit_allreduce(tensors, tensors, name, op, prescale_factor, postscale_factor,
-                             process_set, "grouped_allreduce", sync=True).wait()
+                             process_set, "grouped_allreduce").wait()
 
 
 class _GroupedAllreduceFn(torch.autograd.Function):
@@ -629,13 +627,13 @@ class _GroupedAllreduceFn(torch.autograd.Function):
     def forward(ctx, name, op, prescale, postscale, process_set, *tensors):  # type: ignore[override]
         ctx.args = (op, prescale, postscale, process_set)
         return tuple(_submit_allreduce(list(tensors), None, name, op, prescale, postscale,
-                                       process_set, "grouped_allreduce", sync=True).wait())
+                                       process_set, "grouped_allreduce").wait())
 
     @staticmethod
     def backward(ctx, *grads):  # type: ignore[override]
         op, prescale, postscale, process_set = ctx.args
         out = _submit_allreduce([g.contiguous() for g in grads], None, None, op, prescale,
-                                postscale, process_set, "grouped_allreduce", sync=True).wait()
+                                postscale, process_set, "grouped_allreduce").wait()
         return (None, None, None, None, None, *out)
 
 
@@ -653,7 +651,7 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] =
                                               process_set, *ts))
     else:
         outs = _submit_allreduce(ts, None, name, op, prescale_factor, postscale_factor,
-                                 process_set, "grouped_allreduce", sync=True).wait()
+                                 process_set, "grouped_allreduce").wait()
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 
@@ -793,7 +791,7 @@ class _AllgatherFn(torch.autograd.Function):
         me = _set_state(ctx.process_set).me
         reduce_kind = "allreduce" if ctx.kind == "allgather" else "grouped_allreduce"
         reduced = _submit_allreduce([g.contiguous() for g in grads], None, None, Average, 1.0, 1.0,
-                                    ctx.process_set, reduce_kind, sync=True).wait()
+                                    ctx.process_set, reduce_kind).wait()
         if ctx.kind == "allgather":
             reduced = [reduced]
         rows = [r[sum(dims[:me]): sum(dims[:me + 1])] for r, dims in zip(reduced, ctx.dims)]

@@ -23,7 +23,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from . import collectives, lifecycle
+from . import collectives, runtime
 from .exceptions import HorovodInternalError
 from .process_sets import ProcessSet, global_process_set
 
@@ -31,7 +31,7 @@ __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_objec
 
 
 def _set_size(process_set: ProcessSet) -> int:
-    lifecycle._check()
+    runtime.current()  # Horovod's ValueError before init
     n = process_set.size()
     if n is None:
         raise ValueError(f"{process_set} has not been registered (hvd.init / hvd.add_process_set)")
@@ -108,7 +108,7 @@ def broadcast_parameters(params: Union[Mapping[str, torch.Tensor], List[Any]], r
     order), or a list of ``(name, tensor)`` pairs (``list(model.named_parameters())``) or of tensors.
     Anything else -- e.g. a bare generator -- is a ``ValueError``, as in Horovod.
     """
-    lifecycle._check()
+    runtime.current()
     if isinstance(params, dict):
         items = sorted(params.items())
     elif isinstance(params, list):
@@ -206,7 +206,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     effect on the weights is undone).  ``torch.optim.LBFGS`` keeps state that cannot be broadcast and
     is a ``ValueError``, as in Horovod.  ``model`` is accepted for Horovod compatibility.
     """
-    lifecycle._check()
+    runtime.current()
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     if not optimizer.state_dict()["state"]:

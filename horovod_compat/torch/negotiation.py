@@ -200,13 +200,13 @@ class SetState:
     Created when the set is registered (collective over its ranks), closed by ``close()``.
     """
 
-    def __init__(self, ps: Any) -> None:
-        self.ps = ps
-        self.pg = ps._pg
-        self.ctl = ps._ctl
-        self.n = len(ps.ranks)
-        self.me = ps._my_index
-        self.ranks = list(ps.ranks)
+    def __init__(self, set_id: int, ranks: Sequence[int], me: int, pg: Any, ctl: Any) -> None:
+        self.set_id = set_id
+        self.pg = pg                  # data group
+        self.ctl = ctl                # gloo control group
+        self.n = len(ranks)
+        self.me = me                  # this rank's index in ``ranks``
+        self.ranks = list(ranks)
         self.inflight: Dict[str, float] = {}       # name -> submission time (stall inspector)
         self.lock = threading.Lock()               # guards the local queue below
         self.drive_lock = threading.Lock()         # held by the one thread running rounds
@@ -266,7 +266,7 @@ class SetState:
         """Make sure the background thread looks at the queue (called with ``lock`` held)."""
         if self.thread is None:
             self.thread = threading.Thread(target=self._background, daemon=True,
-                                           name=f"horovod_compat-coordinator-{self.ps.process_set_id}")
+                                           name=f"horovod_compat-coordinator-{self.set_id}")
             self.thread.start()
         self.cv.notify()
 

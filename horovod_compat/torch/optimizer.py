@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from . import collectives as _collectives
 from . import hooks as _hooks
-from . import lifecycle, ops
+from . import ops, runtime
 from .compression import Compression
 from .functions import allgather_object
 from .exceptions import (HorovodInternalError, STEP_AFTER_SYNC as _STEP_AFTER_SYNC,
@@ -698,7 +698,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     ``sparse_as_dense`` (reduce sparse gradients densely).  Returns an instance of a subclass of
     ``type(optimizer)`` with the same name.
     """
-    lifecycle._check()
+    runtime.current()  # Horovod's ValueError before init
     if op is None:
         op = ops.Average
     if compression is None:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from .exceptions import NOT_INITIALIZED
 from .negotiation import SetState
 
-__all__ = ["ProcessSet", "global_process_set", "Registry", "torch_group", "require_member"]
+__all__ = ["ProcessSet", "global_process_set", "torch_group"]  # Registry, require_member: internal
 
 
 class ProcessSet:
@@ -116,7 +116,8 @@ class Registry:
         ps._pg = pg if ps._my_index >= 0 else None
         ps._ctl = ctl if ps._my_index >= 0 else None
         ps.process_set_id = ps_id
-        ps.negotiation = SetState(ps) if ps._my_index >= 0 else None
+        ps.negotiation = (SetState(ps_id, ps.ranks, ps._my_index, pg, ctl)
+                          if ps._my_index >= 0 else None)
         self.sets[ps_id] = ps
 
     def setup(self, comm_ranks: Optional[List[int]], initial: Sequence[ProcessSet]) -> None:
