@@ -51,16 +51,17 @@ def _gloo_timeout_env(seconds: int) -> Dict[str, str]:
 
 
 _ALGORITHMS = "torch.distributed (gloo, NCCL) chooses its own collective algorithms"
-_NO_CYCLE = "the shim has no background cycle: each collective starts when it is submitted"
 
 KNOBS: Tuple[Knob, ...] = (
     Knob("fusion_threshold_mb", ("--fusion-threshold-mb",), int,
          "fusion buffer size in MB; DistributedOptimizer's gradient buckets (HOROVOD_FUSION_THRESHOLD)",
          env=_set("HOROVOD_FUSION_THRESHOLD", lambda mb: int(mb) * 1024 * 1024)),
-    Knob("cycle_time_ms", ("--cycle-time-ms",), float, "Horovod's fusion cycle time",
-         no_effect=_NO_CYCLE),
-    Knob("cache_capacity", ("--cache-capacity",), int, "Horovod's response cache size",
-         no_effect="there is no response cache to size"),
+    Knob("cycle_time_ms", ("--cycle-time-ms",), float,
+         "how long async ops gather before the coordinator negotiates them (HOROVOD_CYCLE_TIME)",
+         env=_set("HOROVOD_CYCLE_TIME", lambda ms: float(ms))),
+    Knob("cache_capacity", ("--cache-capacity",), int,
+         "the coordinator's response cache size (HOROVOD_CACHE_CAPACITY)",
+         env=_set("HOROVOD_CACHE_CAPACITY", lambda n: int(n))),
     Knob("hierarchical_allreduce", ("--hierarchical-allreduce",), bool, "hierarchical allreduce",
          no_effect=_ALGORITHMS, negation="--no-hierarchical-allreduce"),
     Knob("hierarchical_allgather", ("--hierarchical-allgather",), bool, "hierarchical allgather",

@@ -511,7 +511,7 @@ def reduce_in_place(tensors: Sequence[torch.Tensor], name: str, op: int,
         return None
     kind = "allreduce" if len(tensors) == 1 else "grouped_allreduce"
     return _submit_allreduce(tensors, tensors, name, op, 1.0, 1.0, process_set, kind,
-                             traced=False).detach()
+                             traced=False).detach(cycle=False)
 
 
 def transport_name(tensor: torch.Tensor, op: int, process_set: Optional[ProcessSet]) -> Optional[str]:

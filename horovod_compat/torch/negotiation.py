@@ -27,9 +27,9 @@ runs its data transfer (``Plan.launch`` / ``finish``, or the kind's dummy on a j
 order, in the thread that drives the round.
 
 Who drives: the thread that waits for an op (``Pending.wait``) runs rounds until its op is done; a
-background thread per set runs them for async ops (``Pending.detach``: handles, the optimizer's
-buckets), so they progress while the caller computes, and for ops not claimed within ``_GRACE``
-seconds.  A rank with nothing to
+background thread per set runs them for async ops (``Pending.detach``: handles after one
+``HOROVOD_CYCLE_TIME``, the optimizer's buckets at once), so they progress while the caller
+computes, and for ops not claimed within ``_GRACE`` seconds.  A rank with nothing to
 do takes part in no round; a peer that needs it waits in the exchange, which is what Horovod's stall
 inspector reports.
 
@@ -67,6 +67,10 @@ JOINED = 1
 #: How long a synchronous op is left to the thread that submitted it before the background thread
 #: drives it (that thread normally calls ``wait`` right away).
 _GRACE = 0.002
+#: Horovod's cycle time (``HOROVOD_CYCLE_TIME``, ms): how long the background thread lets async ops
+#: accumulate before it starts negotiating them (ops submitted back to back go out in one message,
+#: and a name submitted twice in a row is still in flight the second time, as in Horovod).
+_CYCLE = float(os.environ.get("HOROVOD_CYCLE_TIME", "1")) / 1000.0
 #: Response cache capacity (Horovod's ``HOROVOD_CACHE_CAPACITY``, default 1024; 0 disables it).
 _CACHE_CAPACITY = int(os.environ.get("HOROVOD_CACHE_CAPACITY", "1024"))
 
@@ -146,7 +150,7 @@ class Pending:
     """A submitted collective: ``poll()`` without blocking, ``wait()`` for its result."""
 
     __slots__ = ("st", "plan", "key", "t_us", "done", "result", "err", "agr", "event", "t_submit",
-                 "detached", "traced")
+                 "detached", "traced", "start_at")
 
     def __init__(self, st: "SetState", plan: Plan, key: tuple) -> None:
         self.st, self.plan, self.key = st, plan, key
@@ -158,13 +162,16 @@ class Pending:
         self.agr: Optional[Agreement] = None
         self.event = threading.Event()
         self.detached = False
+        self.start_at = self.t_submit + _GRACE  # when the background thread may drive it
         self.traced = True  # timeline events (the optimizer's buckets report their own)
 
-    def detach(self) -> "Pending":
+    def detach(self, cycle: bool = True) -> "Pending":
         """The caller will not wait right away (an async handle): let the background thread drive
-        the op now, so it progresses while the caller computes."""
+        the op after one cycle time (``cycle``; at once without it, for the optimizer's buckets),
+        so it progresses while the caller computes."""
         if not self.detached and not self.done:
             self.detached = True
+            self.start_at = self.t_submit + (_CYCLE if cycle else 0.0)
             with self.st.lock:
                 self.st._wake()
         return self
@@ -296,9 +303,10 @@ class SetState:
                     self.cv.wait()
                 if self.closed:
                     return
-                # an op not detached is normally driven by its own thread: give it a moment
-                if self.fresh and not any(q.detached for q in self.fresh) and not self.mine:
-                    left = self.fresh[0].t_submit + _GRACE - time.monotonic()
+                # ops not announced yet wait for their start time: a synchronous op is normally
+                # driven by its own thread, async ones gather for one cycle
+                if self.fresh and not self.mine:
+                    left = min(q.start_at for q in self.fresh) - time.monotonic()
                     if left > 0:
                         self.cv.wait(left)
                         continue
