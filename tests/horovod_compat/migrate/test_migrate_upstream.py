@@ -180,16 +180,18 @@ def test_check_json_over_the_upstream_examples_lists_only_the_allowed_todos():
         assert {t["name"] for t in entry["todos"]} == ALLOWED_TODOS.get(script, set()), entry["todos"]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "not yet explained: the rewritten script and the unchanged one on the shim are each deterministic "
-    "run to run but their checkpoints differ (max |dw| ~0.18 on conv1 after 2 steps), with "
-    "--batches-per-allreduce 1 as well, so not the no_sync() rewrite; one SGD step of ResNet-50 with "
-    "hvd.DistributedOptimizer on the shim vs DDP agrees exactly, and the MNIST scripts agree"))
 def test_pytorch_imagenet_resnet50_rewritten_trains_like_the_unchanged_script_on_the_shim(tmp_path):
     """ResNet-50 on a tiny synthetic ImageFolder, 1 epoch, 2 sub-batches per step
     (--batches-per-allreduce 2: the no_sync() rewrite): the checkpoint rank 0 saves after the epoch
     holds the same weights and optimizer state as the unchanged script's on the shim (the script
-    prints its metrics only to a progress bar; the weights are the stronger check)."""
+    prints its metrics only to a progress bar; the weights are the stronger check).
+
+    --wd 0: with weight decay the two runs legitimately differ.  Horovod's
+    broadcast_optimizer_state takes one step on zero gradients to create the optimizer's state,
+    and with weight decay that step moves the weights (by lr * wd * w); the rewrite keeps that
+    (_native_broadcast_optimizer_state), while the shim deliberately puts the weights back
+    (horovod_compat/torch/functions.py, _materialize_state).  ResNet-50 with one image per rank
+    and step amplifies that 1e-6 nudge into visibly different weights within a few steps."""
     import torch
 
     pytest.importorskip("tensorboard", reason="Horovod's ImageNet example imports torch.utils.tensorboard, "
@@ -205,7 +207,7 @@ def test_pytorch_imagenet_resnet50_rewritten_trains_like_the_unchanged_script_on
         out = tmp_path / name
         out.mkdir()
         argv = ["--train-dir", str(images), "--val-dir", str(images), "--epochs", "1", "--batch-size", "1",
-                "--batches-per-allreduce", "2", "--val-batch-size", "2", "--warmup-epochs", "1",
+                "--batches-per-allreduce", "2", "--val-batch-size", "2", "--warmup-epochs", "1", "--wd", "0",
                 "--log-dir", str(out / "logs"), "--checkpoint-format", str(out / "checkpoint-{epoch}.pth.tar")]
         run_ranks(path, argv, {"OMP_NUM_THREADS": "1"}, timeout=900)
         saved[name] = torch.load(out / "checkpoint-1.pth.tar", weights_only=False)
