@@ -11,7 +11,6 @@ committed here, and the tests skip with the reason when they are absent.
 from __future__ import annotations
 
 import ast
-import os
 from pathlib import Path
 
 import pytest
