@@ -204,7 +204,7 @@ def test_pytorch_imagenet_resnet50_rewritten_trains_like_the_unchanged_script_on
                         "which needs the tensorboard package")
     from upstream import write_image_folder
 
-    images = write_image_folder(tmp_path / "images", classes=2, per_class=4, size=64)
+    images = write_image_folder(tmp_path / "images", classes=2, per_class=2, size=64)  # one step per rank
     native = tmp_path / "imagenet_native.py"
     native.write_text(_rewrite(script).source)
     extra = ["--batches-per-commit", "1"] if "elastic" in script else []
