@@ -11,6 +11,7 @@ committed here, and the tests skip with the reason when they are absent.
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from horovod_compat.migrate import Kind, migrate_source
 from horovod_compat.migrate.report import TODO_MARKER
 from upstream import (
     MISSING,
+    ROOT,
     SCRIPTS,
     UPSTREAM,
     assert_same_metrics,
@@ -86,6 +88,16 @@ def test_pytorch_mnist_rewritten_trains_like_the_unchanged_script_on_the_shim(tm
     want = metrics(run_ranks(UPSTREAM / "examples/pytorch/pytorch_mnist.py", argv, env), prefixes)
     assert any(line.startswith("Test set") for line in want)
     assert_same_metrics(got, want)
+    # --num-proc 2: the script's own launcher path, horovod.run -> distributor.run_function.
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(native), "--num-proc", "2"] + argv, cwd=tmp_path,
+                          env={**os.environ, **env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rank0 = [line[len("[rank 0] "):] for line in proc.stdout.splitlines() if line.startswith("[rank 0] ")]
+    assert_same_metrics(metrics(rank0, prefixes), want)
 
 
 BENCHMARK_ARGS = ["--model", "squeezenet1_1", "--batch-size", "2", "--num-warmup-batches", "1",
