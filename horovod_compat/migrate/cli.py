@@ -4,7 +4,8 @@
 * ``-o OUT`` writes every input's result under OUT instead (a file path when there is a single
   input file and OUT is not an existing directory; otherwise a directory mirroring the inputs).
 * ``--diff`` prints a unified diff and writes nothing (unless ``-o`` is also given).
-* ``--check`` writes nothing and exits 1 when any file would change or has a TODO (for CI).
+* ``--check`` writes nothing, names each file that would be rewritten (with its counts) and
+  exits 1 when any file would change or has a TODO (for CI).
 * The report (TODOs with file:line, ``-v`` adds every rewrite) goes to stderr; with
   ``--format json`` a JSON document goes to stdout instead, one entry per file: whether it would
   change, every rewrite and every TODO with its line (for CI; see ``json_report``).
@@ -156,6 +157,10 @@ def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = sys.stdout, stde
             for label, old, new in pieces:
                 _diff(label, old, new, stdout)
         if args.check:
+            if changed and not as_json:
+                record = records[-1]
+                stderr.write(f"{path}: would be rewritten ({len(record['rewrites'])} rewrite(s), "
+                             f"{len(record['todos'])} TODO(s))\n")
             continue
         if out is not None:
             target = _output_path(out, rel, single_file)

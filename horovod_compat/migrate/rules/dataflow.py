@@ -24,7 +24,7 @@ import dataclasses
 from typing import Dict, List, Mapping, Optional, Set, Union
 
 import libcst as cst
-from libcst.metadata import CodeRange, Scope
+from libcst.metadata import Scope
 
 from horovod_compat.migrate.context import code_of, hvd_attr_name
 
@@ -123,7 +123,3 @@ def condition(tree: cst.BaseExpression, chosen: Set[str], leaves: Mapping[cst.At
 def _atomic(node: cst.BaseExpression) -> bool:
     return isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) and not node.lpar
 
-
-def positions_of(choice: Choice, positions: Mapping[cst.CSTNode, CodeRange]) -> List[int]:
-    """Input lines of the constants of a choice (for notes)."""
-    return sorted({positions[leaf].start.line for leaf in choice.leaves if leaf in positions})

@@ -23,7 +23,7 @@ from typing import Optional
 
 import libcst as cst
 
-from horovod_compat.migrate.context import Flagged, Outcome, RewriteContext, Rewritten, code_of, keyword_args
+from horovod_compat.migrate.context import HVD, Flagged, Outcome, RewriteContext, Rewritten, code_of, keyword_args
 
 UPGRADE_NOTES = "https://lightning.ai/docs/pytorch/stable/upgrade/migration_guide.html"
 
@@ -97,7 +97,7 @@ def rewrite_trainer(call: cst.Call, ctx: RewriteContext) -> Outcome:
         cst.Arg(cst.parse_expression(_LOCAL), keyword=cst.Name("devices")),
         cst.Arg(cst.parse_expression(_NODES), keyword=cst.Name("num_nodes")),
     ]
-    ctx.need("hvd", "os")
+    ctx.need(HVD, "os")
     # The new arguments take the layout of the first original one (one per line in most scripts).
     first = call.args[0].comma if call.args else cst.MaybeSentinel.DEFAULT
     comma = first if isinstance(first, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))

@@ -64,8 +64,9 @@ def test_verbose_lists_rewrites(tmp_path):
 def test_check_fails_without_writing_when_work_remains(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(HVD_SCRIPT)
-    status, out, _ = run("--check", script)
+    status, out, err = run("--check", script)
     assert status == 1 and out == ""
+    assert f"{script}: would be rewritten (" in err and ", 0 TODO(s))" in err
     assert script.read_text() == HVD_SCRIPT
 
 
