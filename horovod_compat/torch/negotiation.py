@@ -460,8 +460,9 @@ class SetState:
             if p is not None:
                 self._execute(p, agr, ticks)
             else:  # joined: contribute the kind's zeros
-                for w in _KINDS[agr.template(self.me).kind][1](agr, self):
-                    w.wait()
+                with torch.no_grad():
+                    for w in _KINDS[agr.template(self.me).kind][1](agr, self):
+                        w.wait()
         return bool(ready)
 
     def _execute(self, p: Pending, agr: Agreement, ticks: List[Optional[int]]) -> None:
@@ -471,10 +472,13 @@ class SetState:
             hooks.emit(hooks.ALL_READY, plan.name, ranks=self.ranks, ready_us=ticks)
             _emit_start(plan)
         try:
-            works = plan.launch(agr)
-            for w in works:
-                w.wait()
-            result = plan.finish(agr)
+            # grad mode is per thread and the driving thread may be the background one: data
+            # movement never records autograd history (the autograd Functions wrap the ops)
+            with torch.no_grad():
+                works = plan.launch(agr)
+                for w in works:
+                    w.wait()
+                result = plan.finish(agr)
         except HorovodInternalError as exc:
             p._finish(err=exc)
             return

@@ -273,8 +273,10 @@ def _semantics():
     hvd.grouped_allreduce_(ts, op=hvd.Sum)
     rep.close("grouped_allreduce_", ts[0], torch.tensor([9.0, 12.0]))
     h = hvd.alltoall_async(torch.arange(2.0) + 2 * r)
-    rep.close("alltoall default splits", hvd.synchronize(h),
+    out, received = hvd.synchronize(h)  # Horovod: (output, received_splits), splits or not
+    rep.close("alltoall default splits", out,
               torch.tensor([0.0, 2.0]) if r == 0 else torch.tensor([1.0, 3.0]))
+    rep.equal("alltoall default received splits", received, torch.tensor([1, 1], dtype=torch.int32))
     # edge cases: scalars, empty tensors, empty groups, non-contiguous in-place, bool
     rep.close("scalar allreduce", hvd.allreduce(torch.tensor(float(r + 1))), torch.tensor(1.5))
     rep.equal("empty allreduce", hvd.allreduce(torch.ones(0)), torch.ones(0))
