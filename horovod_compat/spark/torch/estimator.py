@@ -118,15 +118,6 @@ class TorchEstimator(HorovodEstimator):
                 "model's output and the label columns fit the loss."
             ) from exc
 
-    def _read_checkpoint(self, run_id: str) -> Optional[bytes]:
-        store = self.getStore()
-        path = store.get_checkpoint_file(run_id) if store.saving_runs() else None
-        if not path or not store.exists(path):
-            return None
-        if self.getVerbose():
-            print(f"Resuming training from last checkpoint: {path}", flush=True)
-        return store.read(path)
-
     def _fit_on_prepared_data(self, backend: Any, data: PreparedData, run_id: str) -> "TorchModel":
         checkpoint = self._read_checkpoint(run_id)
         config = self._config(data, run_id, checkpoint)
