@@ -94,6 +94,8 @@ def bench_data_path(df, folder: str) -> List[tuple]:
     _, rows = prepare_dataframe(df, path, 2)
     files = list_parquet_files(path)
     results = []
+    import torch  # noqa: F401 - imported before timing (DataFrameShard yields tensors)
+
     for shuffle in (True, False):
         shard = ShardSpec(path, ("features", "y"), BATCH, shuffle=shuffle).open(0, 1)
         start = time.perf_counter()

@@ -9,6 +9,7 @@ mirror of the pip pyspark folder).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -104,6 +105,18 @@ def start_session(master: str, app_name: str, conf: Optional[Dict[str, str]] = N
             raise RuntimeError(f"{executors} executors did not register with {master} in {timeout}s")
         time.sleep(0.2)
     return spark
+
+
+@contextlib.contextmanager
+def local_spark(app_name: str, master: str = "local[2]"):
+    """A SparkSession on `master` with the tests' environment, stopped (JVM too) afterwards."""
+    env = EnvPatch(SPARK_TEST_ENV)
+    session = start_session(master, app_name)
+    try:
+        yield session
+    finally:
+        stop_session(session)
+        env.restore()
 
 
 def stop_session(spark) -> None:

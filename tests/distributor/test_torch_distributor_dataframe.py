@@ -16,7 +16,7 @@ import cloudpickle  # noqa: E402
 
 from distributor import LaunchValidationError, TorchDistributor  # noqa: E402
 
-from spark_clusters import SPARK_TEST_ENV, EnvPatch, start_session, stop_session  # noqa: E402
+from spark_clusters import local_spark  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 LARGE_ROWS = 200_000 if os.environ.get("CI") == "true" else 1_000_000
@@ -27,13 +27,8 @@ BOUND = 96 * 2**20
 
 @pytest.fixture(scope="module")
 def spark():
-    env = EnvPatch(SPARK_TEST_ENV)
-    session = start_session("local[2]", "test_torch_distributor_dataframe")
-    try:
+    with local_spark("test_torch_distributor_dataframe") as session:
         yield session
-    finally:
-        stop_session(session)
-        env.restore()
 
 
 def _rss_bytes() -> int:

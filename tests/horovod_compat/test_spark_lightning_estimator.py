@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 import cloudpickle  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
-from spark_clusters import SPARK_TEST_ENV, EnvPatch, start_session, stop_session  # noqa: E402
+from spark_clusters import local_spark  # noqa: E402
 
 from horovod.spark.common.backend import SparkBackend  # noqa: E402
 from horovod.spark.common.store import Store  # noqa: E402
@@ -62,13 +62,8 @@ def make_module(pl):
 
 @pytest.fixture(scope="module")
 def spark():
-    env = EnvPatch(SPARK_TEST_ENV)
-    session = start_session("local[2]", "test_spark_lightning_estimator")
-    try:
+    with local_spark("test_spark_lightning_estimator") as session:
         yield session
-    finally:
-        stop_session(session)
-        env.restore()
 
 
 def regression_df(spark, n=200):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numbers
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 from pyspark.ml import Estimator, Model
 

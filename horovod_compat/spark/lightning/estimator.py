@@ -9,7 +9,7 @@ ranks with Lightning's DDP, passing `callbacks` (e.g. ModelCheckpoint, EarlyStop
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional
+from typing import Any
 
 from ..common.estimator import EstimatorError, HorovodEstimator, PreparedData, as_list
 from ..common.params import declare

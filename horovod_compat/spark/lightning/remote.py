@@ -13,25 +13,13 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ..torch.remote import load_checkpoint
+from ..torch.remote import RunConfig, load_checkpoint
 
 
 @dataclass
-class LightningConfig:
-    model: Any
-    feature_cols: List[str]
-    label_cols: List[str]
-    sample_weight_col: Optional[str]
-    batch_size: int
-    val_batch_size: int
-    epochs: int
-    train_steps: Optional[int]
-    val_steps: Optional[int]
-    shuffle: bool
-    seed: int
-    data: Any
-    store: Any
-    run_id: str
+class LightningConfig(RunConfig):
+    """A LightningModule's run: the Trainer's extras too."""
+
     callbacks: List[Any]
     profiler: Any
     logger: Any

@@ -10,10 +10,7 @@ predicts in Arrow batches with a pandas UDF.
 from __future__ import annotations
 
 import copy
-import io
-from typing import Any, Dict, List, Optional
-
-import cloudpickle
+from typing import Any, List, Optional
 
 from ..common.estimator import EstimatorError, HorovodEstimator, HorovodModel, PreparedData, as_list
 from ..common.params import declare
@@ -68,7 +65,7 @@ class TorchEstimator(HorovodEstimator):
             val_batch_size=self.getValBatchSize() or self.getBatchSize(), epochs=self.getEpochs(),
             train_steps=self.getTrainStepsPerEpoch(), val_steps=self.getValidationStepsPerEpoch(),
             shuffle=bool(self.getShuffle()) and buffer != 0, seed=seed if seed is not None else 0,
-            buffer_row_groups=4, backward_passes_per_step=self.getBackwardPassesPerStep(),
+            backward_passes_per_step=self.getBackwardPassesPerStep(),
             compression=self.getGradientCompression(), transformation_fn=self.getTransformationFn(),
             data=data, store=self.getStore(), run_id=run_id, checkpoint=checkpoint,
             verbose=self.getVerbose(), use_gpu=bool(self.getUseGpu()),
