@@ -239,10 +239,18 @@ class ShardReader:
             parts = [to_numpy(self._read(self.pieces[i]), self.columns)
                      for i in order[at:at + self.buffer_row_groups]]
             rows = sum(len(next(iter(p.values()))) for p in parts) if self.columns else 0
-            permutation = rng.permutation(rows)
-            window = {name: np.concatenate([p[name] for p in parts])[permutation]
-                      for name in self.columns}
-            del parts  # the unshuffled copy is not held while `window` is consumed
+            places = rng.permutation(rows)  # where each row of the window goes
+            window = {}
+            for name in self.columns:
+                first = parts[0][name]
+                out = np.empty((rows,) + first.shape[1:], dtype=first.dtype)
+                at = 0
+                for part in parts:  # one scattered copy, no concatenated one
+                    n = len(part[name])
+                    out[places[at:at + n]] = part[name]
+                    at += n
+                window[name] = out
+            del parts  # the row groups are not held while `window` is consumed
             yield window
 
     def batches(self, epoch: int = 0) -> Iterator[Batch]:
