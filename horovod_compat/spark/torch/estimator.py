@@ -5,7 +5,7 @@ predicts with it.
 on two rows, so a model whose output does not fit the labels fails there), writes the data to
 the store, trains on `num_proc` ranks (see `remote.py`) and returns a `TorchModel`. A `run_id`
 whose run already has a checkpoint in the store resumes from it. `TorchModel.transform(df)`
-predicts in Arrow batches with a pandas UDF.
+predicts in Arrow batches (see `transform.py`).
 """
 from __future__ import annotations
 
