@@ -170,7 +170,8 @@ class DataFrameShard:
         import torch
 
         for batch in self.reader.batches(epoch):
-            yield {name: torch.from_numpy(values) for name, values in batch.items()}
+            yield {name: torch.from_numpy(values if values.flags.writeable else values.copy())
+                   for name, values in batch.items()}
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         return self.batches(0)

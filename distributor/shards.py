@@ -20,12 +20,15 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+
 #: Numpy arrays of one batch, by column name.
 Batch = Dict[str, np.ndarray]
 SCALAR, ARRAY, VECTOR = "scalar", "array", "vector"
 
 
 @dataclass(frozen=True)
+
+
 class ColumnInfo:
     """How a column reaches the ranks: `kind` (scalar, array or vector), values per row, dtype."""
 
@@ -62,7 +65,10 @@ def parquet_columns(path: str, columns: Sequence[str], filesystem: Any = None) -
             infos[name] = ColumnInfo(name, SCALAR, 1, arrow_type.to_pandas_dtype().__name__)
     return infos
 
+
 @dataclass(frozen=True)
+
+
 class Piece:
     """Rows [start, stop) of row group `row_group` of the Parquet file `path`."""
 
@@ -75,12 +81,14 @@ class Piece:
     def num_rows(self) -> int:
         return self.stop - self.start
 
+
 def _open(path: str, filesystem: Any):
     import pyarrow.parquet as pq
 
     if filesystem is None:
         return pq.ParquetFile(path)
     return pq.ParquetFile(filesystem.open(path, "rb"))
+
 
 def list_parquet_files(path: str, filesystem: Any = None) -> List[str]:
     """The data files of a Parquet dataset directory (Spark's output), sorted; or `[path]`."""
@@ -105,6 +113,7 @@ def list_parquet_files(path: str, filesystem: Any = None) -> List[str]:
         return [path]
     return sorted(p for p in filesystem.find(path) if is_data(p) and "/_" not in p[len(path):])
 
+
 def row_groups(paths: Sequence[str], filesystem: Any = None) -> List[Tuple[str, int, int]]:
     """(path, row group index, rows) of every non-empty row group, in file order."""
     found = []
@@ -115,6 +124,7 @@ def row_groups(paths: Sequence[str], filesystem: Any = None) -> List[Tuple[str, 
             if rows:
                 found.append((path, index, rows))
     return found
+
 
 def plan_shards(groups: Sequence[Tuple[str, int, int]], world_size: int) -> List[List[Piece]]:
     """Cut the rows of `groups` into `world_size` contiguous shards of equal size (within one)."""
@@ -130,9 +140,11 @@ def plan_shards(groups: Sequence[Tuple[str, int, int]], world_size: int) -> List
         offset += rows
     return shards
 
+
 def steps_per_epoch(shard_rows: Sequence[int], batch_size: int) -> int:
     """Steps every rank takes in an epoch: enough for the largest shard."""
     return max(math.ceil(max(shard_rows) / batch_size), 1) if shard_rows else 0
+
 
 def batch_sizes(rows: int, steps: int, batch_size: int) -> List[int]:
     """`steps` batch sizes summing to `rows`: full batches first, the shortfall taken from the
@@ -148,6 +160,7 @@ def batch_sizes(rows: int, steps: int, batch_size: int) -> List[int]:
                 sizes[i] -= cut
                 excess -= cut
     return sizes
+
 
 def column_to_numpy(column: Any) -> np.ndarray:
     """A pyarrow column as numpy: scalars as 1-D, fixed-size lists (arrays, vectors) as 2-D."""
@@ -168,6 +181,7 @@ def column_to_numpy(column: Any) -> np.ndarray:
             )
         return values.reshape(rows, values.size // rows)
     return column.to_numpy(zero_copy_only=False)
+
 
 class ShardReader:
     """Batches of one rank's shard, epoch after epoch.
@@ -213,49 +227,64 @@ class ShardReader:
         schema = _open(self.pieces[0].path, self.filesystem).schema_arrow
         return schema.empty_table().select(self.columns)
 
-    def _tables(self, rng: Optional[np.random.Generator]) -> Iterator[Any]:
-        """The shard's rows as a stream of tables (shuffled within each window)."""
-        import pyarrow as pa
-
-        order = list(range(len(self.pieces)))
+    def _blocks(self, rng: Optional[np.random.Generator]) -> Iterator[Batch]:
+        """The shard's rows as numpy blocks: row groups in order, or windows of
+        `buffer_row_groups` row groups in a random order with their rows permuted."""
         if rng is None:
-            for i in order:
-                yield self._read(self.pieces[i])
+            for piece in self.pieces:
+                yield to_numpy(self._read(piece), self.columns)
             return
-        rng.shuffle(order)
+        order = rng.permutation(len(self.pieces))
         for at in range(0, len(order), self.buffer_row_groups):
-            window = pa.concat_tables([self._read(self.pieces[i])
-                                       for i in order[at:at + self.buffer_row_groups]])
-            shuffled = window.take(pa.array(rng.permutation(window.num_rows)))
-            del window  # not held while the consumer works through `shuffled`
-            yield shuffled
+            parts = [to_numpy(self._read(self.pieces[i]), self.columns)
+                     for i in order[at:at + self.buffer_row_groups]]
+            rows = sum(len(next(iter(p.values()))) for p in parts) if self.columns else 0
+            places = rng.permutation(rows)  # where each row of the window goes
+            window = {}
+            for name in self.columns:
+                first = parts[0][name]
+                out = np.empty((rows,) + first.shape[1:], dtype=first.dtype)
+                at = 0
+                for part in parts:  # one scattered copy, no concatenated one
+                    n = len(part[name])
+                    out[places[at:at + n]] = part[name]
+                    at += n
+                window[name] = out
+            del parts  # the row groups are not held while `window` is consumed
+            yield window
 
-    def batches(self, epoch: int = 0, as_arrow: bool = False) -> Iterator[Any]:
-        import pyarrow as pa
-
+    def batches(self, epoch: int = 0) -> Iterator[Batch]:
+        """The epoch's `steps` batches, each a dict of numpy arrays by column (rows first)."""
         rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
-        tables = self._tables(rng)
-        pending: List[Any] = []
-        held = 0
+        blocks = self._blocks(rng)
+        block: Batch = {}
+        offset = available = 0
         for size in batch_sizes(self.num_rows, self.steps, self.batch_size):
-            while held < size:
-                table = next(tables)
-                pending.append(table)
-                held += table.num_rows
-            if not pending:  # an empty last step of a shard smaller than the others
-                yield self._empty() if as_arrow else to_numpy(self._empty(), self.columns)
-                continue
-            joined = pa.concat_tables(pending) if len(pending) != 1 else pending[0]
-            batch, rest = joined.slice(0, size), joined.slice(size)
-            pending, held = ([rest] if rest.num_rows else []), rest.num_rows
-            yield batch if as_arrow else to_numpy(batch, self.columns)
+            parts = []
+            needed = size
+            while needed:
+                if available == 0:
+                    block = next(blocks)
+                    offset, available = 0, len(next(iter(block.values())))
+                    continue
+                take = min(needed, available)
+                parts.append({k: v[offset:offset + take] for k, v in block.items()})
+                offset, available, needed = offset + take, available - take, needed - take
+            if not parts:  # an empty last step of a shard smaller than the others
+                yield to_numpy(self._empty(), self.columns)
+            elif len(parts) == 1:
+                yield parts[0]
+            else:
+                yield {k: np.concatenate([p[k] for p in parts]) for k in self.columns}
 
     def __iter__(self) -> Iterator[Any]:
         return self.batches(0)
 
+
 def to_numpy(table: Any, columns: Sequence[str]) -> Batch:
     """A pyarrow table's columns as numpy arrays (see `column_to_numpy`)."""
     return {name: column_to_numpy(table.column(name)) for name in columns}
+
 
 def open_shard(
     path: str,

@@ -107,6 +107,18 @@ def start_session(master: str, app_name: str, conf: Optional[Dict[str, str]] = N
     return spark
 
 
+@contextlib.contextmanager
+def local_spark(app_name: str, master: str = "local[2]"):
+    """A SparkSession on `master` with the tests' environment, stopped (JVM too) afterwards."""
+    env = EnvPatch(SPARK_TEST_ENV)
+    session = start_session(master, app_name)
+    try:
+        yield session
+    finally:
+        stop_session(session)
+        env.restore()
+
+
 def stop_session(spark) -> None:
     """Stop the session and its JVM (by PID), so that the next module can start another."""
     from pyspark import SparkContext

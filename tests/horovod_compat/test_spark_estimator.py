@@ -13,7 +13,7 @@ pytest.importorskip("pyarrow", reason="the Spark estimators need pyarrow: pip in
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
-from spark_clusters import SPARK_TEST_ENV, EnvPatch, start_session, stop_session  # noqa: E402
+from spark_clusters import local_spark  # noqa: E402
 
 from horovod.spark.common.backend import Backend, SparkBackend  # noqa: E402
 from horovod.spark.common.store import FilesystemStore, LocalStore, Store  # noqa: E402
@@ -26,13 +26,8 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 @pytest.fixture(scope="module")
 def spark():
-    env = EnvPatch(SPARK_TEST_ENV)
-    session = start_session("local[2]", "test_spark_estimator")
-    try:
+    with local_spark("test_spark_estimator") as session:
         yield session
-    finally:
-        stop_session(session)
-        env.restore()
 
 
 def linear_rows(n=240):

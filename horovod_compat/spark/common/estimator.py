@@ -10,7 +10,7 @@ from __future__ import annotations
 import numbers
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 from pyspark.ml import Estimator, Model
 
@@ -88,6 +88,15 @@ class HorovodEstimator(Estimator, EstimatorParams):
         data = self._counted(PreparedData(train, val if has_val else None, fs, columns, 0, 0),
                              backend.num_processes())
         return self._fit_on_prepared_data(backend, data, self._run_id())
+
+    def _read_checkpoint(self, run_id: str) -> Optional[bytes]:
+        store = self.getStore()
+        path = store.get_checkpoint_file(run_id) if store.saving_runs() else None
+        if not path or not store.exists(path):
+            return None
+        if self.getVerbose():
+            print(f"Resuming training from last checkpoint: {path}", flush=True)
+        return store.read(path)
 
     def _run_id(self) -> str:
         return self.getRunId() or f"pytorch_{uuid.uuid4().hex[:10]}"

@@ -5,15 +5,12 @@ predicts with it.
 on two rows, so a model whose output does not fit the labels fails there), writes the data to
 the store, trains on `num_proc` ranks (see `remote.py`) and returns a `TorchModel`. A `run_id`
 whose run already has a checkpoint in the store resumes from it. `TorchModel.transform(df)`
-predicts in Arrow batches with a pandas UDF.
+predicts in Arrow batches (see `transform.py`).
 """
 from __future__ import annotations
 
 import copy
-import io
-from typing import Any, Dict, List, Optional
-
-import cloudpickle
+from typing import Any, List, Optional
 
 from ..common.estimator import EstimatorError, HorovodEstimator, HorovodModel, PreparedData, as_list
 from ..common.params import declare
@@ -68,7 +65,7 @@ class TorchEstimator(HorovodEstimator):
             val_batch_size=self.getValBatchSize() or self.getBatchSize(), epochs=self.getEpochs(),
             train_steps=self.getTrainStepsPerEpoch(), val_steps=self.getValidationStepsPerEpoch(),
             shuffle=bool(self.getShuffle()) and buffer != 0, seed=seed if seed is not None else 0,
-            buffer_row_groups=4, backward_passes_per_step=self.getBackwardPassesPerStep(),
+            backward_passes_per_step=self.getBackwardPassesPerStep(),
             compression=self.getGradientCompression(), transformation_fn=self.getTransformationFn(),
             data=data, store=self.getStore(), run_id=run_id, checkpoint=checkpoint,
             verbose=self.getVerbose(), use_gpu=bool(self.getUseGpu()),
@@ -117,15 +114,6 @@ class TorchEstimator(HorovodEstimator):
                 f"({type(exc).__name__}: {exc}); (output, label) shapes: {shapes}. Make the "
                 "model's output and the label columns fit the loss."
             ) from exc
-
-    def _read_checkpoint(self, run_id: str) -> Optional[bytes]:
-        store = self.getStore()
-        path = store.get_checkpoint_file(run_id) if store.saving_runs() else None
-        if not path or not store.exists(path):
-            return None
-        if self.getVerbose():
-            print(f"Resuming training from last checkpoint: {path}", flush=True)
-        return store.read(path)
 
     def _fit_on_prepared_data(self, backend: Any, data: PreparedData, run_id: str) -> "TorchModel":
         checkpoint = self._read_checkpoint(run_id)

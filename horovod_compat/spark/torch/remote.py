@@ -11,25 +11,20 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
 
 @dataclass
-class TrainConfig:
-    """Everything a rank needs; pickled once by the engine and sent to every rank."""
+class RunConfig:
+    """What every estimator's ranks need: the model, the data and the run; pickled once by the
+    engine and sent to every rank."""
 
     model: Any
-    optimizer: Any
-    loss_fns: List[Any]
-    loss_weights: Optional[List[float]]
-    metrics: List[Any]
     feature_cols: List[str]
     label_cols: List[str]
-    input_shapes: Optional[List[Sequence[int]]]
-    label_shapes: Optional[List[Sequence[int]]]
     sample_weight_col: Optional[str]
     batch_size: int
     val_batch_size: int
@@ -38,17 +33,28 @@ class TrainConfig:
     val_steps: Optional[int]
     shuffle: bool
     seed: int
-    buffer_row_groups: int
-    backward_passes_per_step: int
-    compression: Any
-    transformation_fn: Any
     data: Any
     store: Any
     run_id: str
+
+
+@dataclass
+class TrainConfig(RunConfig):
+    """A torch model's run: its optimizer, losses and metrics too."""
+
+    optimizer: Any
+    loss_fns: List[Any]
+    loss_weights: Optional[List[float]]
+    metrics: List[Any]
+    input_shapes: Optional[List[Sequence[int]]]
+    label_shapes: Optional[List[Sequence[int]]]
+    backward_passes_per_step: int
+    compression: Any
+    transformation_fn: Any
     checkpoint: Optional[bytes] = None
     verbose: int = 1
     use_gpu: bool = True
-    extra: Dict[str, Any] = field(default_factory=dict)
+    buffer_row_groups: int = 4
 
 
 def to_tensors(batch: Dict[str, np.ndarray], columns: Sequence[str],
@@ -62,6 +68,8 @@ def to_tensors(batch: Dict[str, np.ndarray], columns: Sequence[str],
         values = batch[name]
         if values.dtype == np.float64:
             values = values.astype(np.float32)
+        elif not values.flags.writeable:  # a view of Arrow's memory
+            values = values.copy()
         tensor = torch.from_numpy(np.ascontiguousarray(values))
         shape = shapes[i] if shapes is not None and i < len(shapes) else None
         if shape is not None:

@@ -1,7 +1,8 @@
 """`TorchModel.transform`: predictions in Arrow batches (`DataFrame.mapInPandas`).
 
-An iterator pandas UDF over the feature columns (vectors turned into arrays, which Arrow carries)
-returns a struct of predictions; the other columns never leave the JVM. The model is pickled once
+An iterator Arrow UDF (pyspark >= 4.1; a pandas UDF before) over the feature columns (vectors
+turned into arrays, which Arrow carries) returns a struct of predictions; the other columns never
+leave the JVM. The model is pickled once
 and loaded once per task; each Arrow batch of rows is one tensor per feature column and one
 forward pass. A prediction with one value per
 row becomes a double column (a long column for an integer label); any other becomes a
@@ -14,25 +15,49 @@ from typing import Any, Dict, Iterator, List, Tuple
 import cloudpickle
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 _INTEGRAL = ("int8", "int16", "int32", "int64")
 
 
-def _predict(model: Any, frame: Any, feature_cols: List[str], shapes: Any) -> List[np.ndarray]:
-    """The model's outputs, one 2-D array (rows x values) per output, for a pandas batch."""
+def _predict(model: Any, batch: Dict[str, np.ndarray], feature_cols: List[str], shapes: Any
+             ) -> List[np.ndarray]:
+    """The model's outputs, one 2-D float64 array (rows x values) per output, for a batch of
+    numpy feature arrays."""
     import torch
 
     from .remote import to_tensors
 
+    with torch.no_grad():
+        outputs = model(*to_tensors(batch, feature_cols, shapes))
+    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    rows = len(batch[feature_cols[0]])
+    return [o.detach().cpu().reshape(rows, -1).numpy().astype(np.float64) for o in outputs]
+
+
+def _from_pandas(frame: Any, feature_cols: List[str]) -> Dict[str, np.ndarray]:
     batch = {}
     for name in feature_cols:
         values = frame[name].to_numpy()
         batch[name] = np.stack(values) if values.dtype == object else values
-    with torch.no_grad():
-        outputs = model(*to_tensors(batch, feature_cols, shapes))
-    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-    rows = len(frame)
-    return [o.detach().cpu().reshape(rows, -1).numpy().astype(np.float64) for o in outputs]
+    return batch
+
+
+def _arrow_predictions(outputs: List[np.ndarray], kinds: List[str]) -> Any:
+    """The outputs as one Arrow struct array (fields o0, o1, ...)."""
+    import pyarrow as pa
+
+    fields = []
+    for kind, values in zip(kinds, outputs):
+        if kind == "vector":
+            rows, width = values.shape
+            offsets = pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32))
+            fields.append(pa.ListArray.from_arrays(offsets, pa.array(values.reshape(-1))))
+        elif kind == "long":
+            fields.append(pa.array(np.rint(values[:, 0]).astype(np.int64)))
+        else:
+            fields.append(pa.array(values[:, 0]))
+    return pa.StructArray.from_arrays(fields, names=[f"o{i}" for i in range(len(fields))])
 
 
 def predict_dataframe(torch_model: Any, df: Any) -> Any:
@@ -66,8 +91,9 @@ def predict_dataframe(torch_model: Any, df: Any) -> Any:
     model_bytes = cloudpickle.dumps(model)
     # What each output looks like: from one row, on the driver.
     sample = df.select(*[c.alias(n) for c, n in zip(inputs, feature_cols)]).limit(1).toPandas()
-    sizes = [o.shape[1] for o in _predict(model, sample, feature_cols, shapes)] if len(sample) else \
-        [1] * len(output_cols)
+    sizes = [1] * len(output_cols)
+    if len(sample):
+        sizes = [o.shape[1] for o in _predict(model, _from_pandas(sample, feature_cols), feature_cols, shapes)]
     if len(sizes) != len(output_cols):
         raise EstimatorError(f"transform: the model returns {len(sizes)} output(s) for "
                              f"{len(output_cols)} output column(s) {output_cols}.")
@@ -83,25 +109,34 @@ def predict_dataframe(torch_model: Any, df: Any) -> Any:
                       T.DoubleType() if kind == "double" else T.ArrayType(T.DoubleType()))
         for i, kind in enumerate(kinds)])
 
-    def predict_batches(batches: Iterator[Tuple[pd.Series, ...]]) -> Iterator[pd.DataFrame]:
-        loaded = cloudpickle.loads(model_bytes)
-        for columns in batches:
-            if isinstance(columns, pd.Series):  # a single feature column comes alone
-                columns = (columns,)
-            frame = pd.DataFrame(dict(zip(feature_cols, columns)))
-            outputs = _predict(loaded, frame, feature_cols, shapes) if len(frame) else \
-                [np.zeros((0, s)) for s in sizes]
-            result = {}
-            for i, (kind, values) in enumerate(zip(kinds, outputs)):
-                if kind == "vector":
-                    result[f"o{i}"] = list(values)
-                elif kind == "long":
-                    result[f"o{i}"] = np.rint(values[:, 0]).astype(np.int64)
-                else:
-                    result[f"o{i}"] = values[:, 0]
-            yield pd.DataFrame(result)
+    def outputs_of(model: Any, batch: Dict[str, np.ndarray]) -> List[np.ndarray]:
+        if len(batch[feature_cols[0]]):
+            return _predict(model, batch, feature_cols, shapes)
+        return [np.zeros((0, s)) for s in sizes]
 
-    predictions = F.pandas_udf(predict_batches, struct)(*inputs)
+    if hasattr(F, "arrow_udf"):  # pyspark >= 4.1: Arrow arrays in and out, no pandas
+        from distributor.shards import column_to_numpy
+
+        def predict_arrow(batches: Iterator[Tuple[pa.Array, ...]]) -> Iterator[pa.Array]:
+            loaded = cloudpickle.loads(model_bytes)
+            for columns in batches:
+                columns = columns if isinstance(columns, tuple) else (columns,)
+                batch = {n: column_to_numpy(c) for n, c in zip(feature_cols, columns)}
+                yield _arrow_predictions(outputs_of(loaded, batch), kinds)
+
+        predictions = F.arrow_udf(predict_arrow, struct)(*inputs)
+    else:
+        def predict_pandas(batches: Iterator[Tuple[pd.Series, ...]]) -> Iterator[pd.DataFrame]:
+            loaded = cloudpickle.loads(model_bytes)
+            for columns in batches:
+                columns = columns if isinstance(columns, tuple) else (columns,)
+                frame = pd.DataFrame(dict(zip(feature_cols, columns)))
+                outputs = outputs_of(loaded, _from_pandas(frame, feature_cols))
+                yield pd.DataFrame({f"o{i}": list(v) if kind == "vector" else
+                                    np.rint(v[:, 0]).astype(np.int64) if kind == "long" else v[:, 0]
+                                    for i, (kind, v) in enumerate(zip(kinds, outputs))})
+
+        predictions = F.pandas_udf(predict_pandas, struct)(*inputs)
     scratch = "__horovod_predictions"
     result = df.withColumn(scratch, predictions)
     for i, (name, kind) in enumerate(zip(output_cols, kinds)):

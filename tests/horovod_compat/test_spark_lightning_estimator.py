@@ -1,0 +1,113 @@
+"""horovod.spark.lightning TorchEstimator on a real local[2] Spark, with a LightningModule of
+either flavour (pytorch_lightning.LightningModule and lightning.pytorch.LightningModule),
+callbacks (ModelCheckpoint, EarlyStopping) and a profiler."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyarrow", reason="the Spark estimators need pyarrow: pip install horovod-compat[spark]")
+torch = pytest.importorskip("torch")
+
+import cloudpickle  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
+from spark_clusters import local_spark  # noqa: E402
+
+from horovod.spark.common.backend import SparkBackend  # noqa: E402
+from horovod.spark.common.store import Store  # noqa: E402
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+FLAVOURS = {
+    "pytorch_lightning": "pytorch_lightning",
+    "lightning.pytorch": "lightning.pytorch",
+}
+
+
+def flavour(name):
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        pytest.skip(f"{name} is not installed (pip install {name.split('.')[0].replace('_', '-')})")
+
+
+def make_module(pl):
+    class Regressor(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 1)
+
+        def forward(self, vec):
+            return self.linear(vec)
+
+        def training_step(self, batch, batch_idx):
+            loss = torch.nn.functional.mse_loss(self(batch["vec"]).squeeze(1), batch["y"])
+            self.log("train_loss", loss, sync_dist=True)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            loss = torch.nn.functional.mse_loss(self(batch["vec"]).squeeze(1), batch["y"])
+            self.log("val_loss", loss, sync_dist=True)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.2)
+
+    return Regressor
+
+
+@pytest.fixture(scope="module")
+def spark():
+    with local_spark("test_spark_lightning_estimator") as session:
+        yield session
+
+
+def regression_df(spark, n=200):
+    from pyspark.ml.linalg import Vectors
+
+    rows = [(Vectors.dense([(i % 7) / 7, (i % 5) / 5]), 2 * (i % 7) / 7 - (i % 5) / 5) for i in range(n)]
+    return spark.createDataFrame(rows, ["vec", "y"])
+
+
+@pytest.mark.parametrize("package", list(FLAVOURS))
+def test_lightning_module_fit_callbacks_profiler_and_transform(spark, tmp_path, package):
+    pl = flavour(package)
+    import horovod.spark.lightning as hvd
+
+    torch.manual_seed(0)
+    callbacks = [pl.callbacks.ModelCheckpoint(monitor="val_loss", mode="min", save_top_k=1),
+                 pl.callbacks.EarlyStopping(monitor="val_loss", patience=5, mode="min")]
+    est = hvd.TorchEstimator(backend=SparkBackend(num_proc=2), store=Store.create(str(tmp_path)),
+                             model=make_module(pl)(), feature_cols=["vec"], label_cols=["y"],
+                             batch_size=10, epochs=3, validation=0.2, callbacks=callbacks,
+                             profiler="simple", run_id="lit", random_seed=3)
+    model = est.fit(regression_df(spark))
+    history = model.getHistory()
+    assert [h["epoch"] for h in history] == [0, 1, 2]
+    assert "val_loss" in history[-1] and history[-1]["train_loss"] < history[0]["train_loss"]
+    run = tmp_path / "runs" / "lit"
+    assert (run / "checkpoint").is_file()
+    assert list(run.rglob("*.ckpt")), f"ModelCheckpoint's file was not copied to the run: {list(run.rglob('*'))}"
+    rows = model.transform(regression_df(spark, 20)).collect()
+    assert len(rows) == 20 and all(isinstance(r["y__output"], float) for r in rows)
+    assert sum((r["y__output"] - r["y"]) ** 2 for r in rows) / 20 < 0.5
+
+
+def test_lightning_1_hooks_and_plain_modules_are_refused_before_training(spark, tmp_path):
+    pl = flavour("lightning.pytorch")
+    import horovod.spark.lightning as hvd
+    from horovod_compat.spark.common.estimator import EstimatorError
+
+    class Legacy(make_module(pl)):
+        def validation_epoch_end(self, outputs):
+            pass
+
+    common = dict(num_proc=2, store=Store.create(str(tmp_path)), feature_cols=["vec"], label_cols=["y"])
+    with pytest.raises(EstimatorError, match=r"validation_epoch_end is Lightning 1 API.*on_validation_epoch_end"):
+        hvd.TorchEstimator(model=Legacy(), **common).fit(regression_df(spark, 10))
+    with pytest.raises(EstimatorError, match="trains a LightningModule"):
+        hvd.TorchEstimator(model=torch.nn.Linear(2, 1), **common).fit(regression_df(spark, 10))
