@@ -51,6 +51,7 @@ def __getattr__(name):
         return run
     raise AttributeError(f"module 'horovod' has no attribute {name!r}")
 
+
 _here = _os.path.dirname(__file__)
 _leftovers = [p for p in _glob.glob(_os.path.join(_here, "**", "*.so"), recursive=True)]
 if _leftovers and _os.environ.get("HOROVOD_COMPAT_DISABLE_ALIAS", "0") in ("", "0"):
