@@ -30,9 +30,11 @@ MAX_FAIL = 6
 # Issue 14 is open: both fail on the runtime this was written against. Remove a mark once its case
 # passes (strict=False: an unexpected pass shows as XPASS).
 _KNOWN = {
-    "shm-on": "issue 14: under torchrun, test_horovod_allreduce_duplicate_name_error's async op submitted "
-              "before hvd.barrier() on rank 0 only is paired with the barrier ('Mismatched collective "
-              "operations: ALLREDUCE ... BARRIER'), and the ranks fall out of step for the rest of the file",
+    "shm-on": "issue 14: without a re-init between tests (torchrun), the 'duplicate_name' allgather that "
+              "test_horovod_allgather_duplicate_name_error completed but never synchronized keeps its name taken, "
+              "so rank 0's first allreduce_async(name='duplicate_name') in the next test raises ValueError, it "
+              "skips its barrier, and the ranks fall out of step ('Mismatched collective operations: ALLREDUCE "
+              "... BARRIER') for the rest of the file",
     "shm-off": "issue 14: on gloo the ranks abort (SIGABRT in gloo all_gather from negotiation."
                "_exchange_descs) at the duplicate-name tests",
 }
