@@ -24,7 +24,8 @@ import torch
 
 from . import collectives, ops
 from ._optim_util import explicit_groups as _explicit_groups, synchronize_skipped as _synchronize_skipped
-from .exceptions import STEP_AFTER_SYNC as _STEP_AFTER_SYNC, ZERO_GRAD_PENDING as _ZERO_GRAD_PENDING
+from .exceptions import (STEP_AFTER_SYNC as _STEP_AFTER_SYNC, TOO_MANY_BACKWARDS as _TOO_MANY_BACKWARDS,
+                         ZERO_GRAD_PENDING as _ZERO_GRAD_PENDING)
 from .process_sets import require_member
 
 
