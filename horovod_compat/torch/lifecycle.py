@@ -26,7 +26,6 @@ import ctypes
 import os
 import socket
 import threading
-import warnings
 from datetime import timedelta
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -34,7 +33,6 @@ import torch
 import torch.distributed as dist
 
 from . import runtime, stall, timeline
-from .exceptions import NOT_INITIALIZED
 from .process_sets import ProcessSet, global_process_set
 
 __all__ = [
