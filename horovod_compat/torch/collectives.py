@@ -517,10 +517,9 @@ def reduce_in_place(tensors: Sequence[torch.Tensor], name: str, op: int,
 def transport_name(tensor: torch.Tensor, op: int, process_set: Optional[ProcessSet]) -> Optional[str]:
     """The timeline's name for what moves an allreduce of ``tensor`` with ``op`` ("SHM" when the set's
     shared memory does), None for the set's backend."""
-    st = _set_state(process_set)
-    if st.shm is not None and tensor.device.type == "cpu" and _shm.eligible(tensor.dtype, op):
-        return "SHM"
-    return None
+    d = Desc("allreduce", "", op, _dtype_name(tensor.dtype), (tuple(tensor.shape),), (),
+             tensor.device.type)
+    return "SHM" if _via_shm(_set_state(process_set), d) else None
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
