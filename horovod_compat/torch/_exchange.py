@@ -13,10 +13,16 @@ when it is registered; the coordinator (``negotiation``) cannot tell them apart:
   Waiting spins, then yields, then sleeps (``_shm.PeerWatch``), checking that the peers' processes
   are alive and that none has left the job (its ``bye`` word), so a dead or departed peer raises
   ``HorovodInternalError`` within a fraction of a second.
-* ``GlooExchange`` -- any placement (ranks on several hosts, or ``HOROVOD_COMPAT_SHM_CONTROL=0``):
-  one ``all_gather_into_tensor`` of the fixed-size word vector on the set's control group, and a
-  second one for the blobs only in rounds where some rank has one.  A peer that died breaks gloo's
-  connection: the gather raises and the coordinator turns that into ``HorovodInternalError``.
+* ``TcpExchange`` -- ranks on several hosts (or ``HOROVOD_COMPAT_SHM_CONTROL=0``), sets of up to
+  ``_mesh.MAX_RANKS`` ranks: one frame to and from every peer over the set's authenticated TCP mesh
+  (``_mesh``), tens of microseconds where a gloo all-gather costs a few hundred.  A peer that exits,
+  is killed or leaves closes its connections: the others read end of file and raise
+  ``HorovodInternalError`` at once.
+* ``GlooExchange`` -- larger sets (a full mesh would hold too many connections) or
+  ``HOROVOD_COMPAT_TCP_CONTROL=0``: one ``all_gather_into_tensor`` of the
+  fixed-size word vector on the set's control group, and a second one for the blobs only in rounds
+  where some rank has one.  A peer that died breaks gloo's connection: the gather raises and the
+  coordinator turns that into ``HorovodInternalError``.
 
 Memory ordering of the shared rows relies on x86-64's total store order (data stores, then the
 sequence store), as the shared-memory data transport does.
@@ -26,15 +32,16 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import struct
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
-from . import _shm
+from . import _mesh, _shm
 from .exceptions import HorovodInternalError
 
-__all__ = ["WORDS", "Message", "GlooExchange", "ShmExchange", "create"]
+__all__ = ["WORDS", "Message", "GlooExchange", "ShmExchange", "TcpExchange", "create"]
 
 #: int64 words in one rank's message (header + entries); the coordinator packs at most this many.
 WORDS = 3 + 3 * 48
@@ -80,6 +87,42 @@ class GlooExchange:
     def close(self) -> None:
         pass
 
+
+class TcpExchange:
+    """All-gather of the messages over the set's TCP mesh (``_mesh``).
+
+    Frame: ``<u32 word count><u32 blob bytes>``, the words (int64, little-endian), the blob."""
+
+    blob_capacity = BLOB_BYTES
+    _HEAD = struct.Struct("<II")
+
+    def __init__(self, mesh: _mesh.Mesh) -> None:
+        self.mesh = mesh
+
+    def gather(self, words: Sequence[int], blob: bytes) -> List[Message]:
+        nw = len(words)
+        frame = self._HEAD.pack(nw, len(blob)) + struct.pack(f"<{nw}q", *words) + blob
+        frames = self.mesh.exchange(frame, self._HEAD.size, self._body_size)
+        out: List[Message] = []
+        for j, f in enumerate(frames):
+            if f is None:
+                out.append((list(words), blob))
+                continue
+            cw, _cb = self._HEAD.unpack_from(f)
+            end = self._HEAD.size + 8 * cw
+            out.append((list(struct.unpack_from(f"<{cw}q", f, self._HEAD.size)), f[end:]))
+        return out
+
+    def _body_size(self, head: bytearray) -> int:
+        cw, cb = self._HEAD.unpack(head)
+        return 8 * cw + cb
+
+    def leave(self) -> None:
+        """Shut the mesh down: peers waiting for this rank read end of file and raise."""
+        self.mesh.leave()
+
+    def close(self) -> None:
+        self.mesh.close()
 
 class ShmExchange:
     """All-gather of the messages through a shared segment (every rank on this host)."""
@@ -162,17 +205,24 @@ def shm_allowed() -> bool:
             and platform.machine().lower() in ("x86_64", "amd64"))
 
 
-def create(st: Any) -> Tuple[Any, Optional[List[int]]]:
-    """The exchange for set ``st`` (collective over its control group) and, when its ranks share
-    this host, their process ids (the shared-memory data transport watches them too)."""
+def create(st: Any) -> Tuple[Any, Optional[List[int]], Optional[_mesh.Mesh]]:
+    """The exchange for set ``st`` (collective over its control group); when its ranks share this
+    host, their process ids (the shared-memory data transport watches them too); the set's TCP mesh
+    when it negotiates over one and every rank lets allreduce data move over it too (the exchange
+    owns the mesh: its ``leave``/``close`` shut it)."""
     info: List[Any] = [None] * st.n
-    dist.all_gather_object(info, (socket.gethostname(), shm_allowed(), os.getpid()), group=st.ctl)
+    dist.all_gather_object(info, (socket.gethostname(), shm_allowed(), os.getpid(),
+                                  _mesh.allowed(st.n), _mesh.data_allowed()), group=st.ctl)
     same_host = len({i[0] for i in info}) == 1
     pids = [i[2] for i in info] if same_host else None
-    if not (same_host and all(i[1] for i in info)):
-        return GlooExchange(st.ctl, st.n), pids
-    try:
-        mm = _shm.map_segment(st, ShmExchange.size(st.n))
-    except OSError:
-        return GlooExchange(st.ctl, st.n), pids
-    return ShmExchange(mm, st.n, st.me, pids), pids
+    if same_host and all(i[1] for i in info):
+        try:
+            mm = _shm.map_segment(st, ShmExchange.size(st.n))
+        except OSError:
+            pass  # every rank's mapping failed alike (collective): fall through to the network
+        else:
+            return ShmExchange(mm, st.n, st.me, pids), pids, None
+    if all(i[3] for i in info):
+        mesh = _mesh.Mesh.build(st.me, st.n, same_host, st.ctl)
+        return TcpExchange(mesh), pids, mesh if all(i[4] for i in info) else None
+    return GlooExchange(st.ctl, st.n), pids, None

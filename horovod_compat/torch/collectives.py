@@ -214,7 +214,7 @@ class _AllreducePlan(Plan):
         return _reduce_pairs(self.st, self.desc, pairs)
 
     def transport(self) -> Optional[str]:
-        return "SHM" if self.op != Adasum and _via_shm(self.st, self.desc) else None
+        return _data_path(self.st, self.desc) if self.op != Adasum else None
 
     def finish(self, agr: Agreement) -> Any:
         n = self.st.n
@@ -263,8 +263,11 @@ def _reduce_pairs(st: SetState, d: Desc, pairs: List[Tuple[torch.Tensor, torch.T
                   ) -> List[Any]:
     """Start ``dst = op(src over ranks)`` for every pair, on the transport descriptor ``d`` picks
     (the gloo path reduces ``dst`` in place: its pairs have ``src is dst``)."""
-    if _via_shm(st, d):
+    path = _data_path(st, d)
+    if path == "SHM":
         return [st.shm.allreduce(pairs, d.op)]
+    if path == "TCP":
+        return st.mesh.allreduce(pairs, d.op)
     opts = _AR_OPTS[d.op]
     return [st.pg.allreduce([dst], opts) for _src, dst in pairs]
 
@@ -292,22 +295,26 @@ def _fusion_groups(d: Desc) -> List[List[int]]:
     return alone + list(by_dtype.values())
 
 
-_SHM_OK: Dict[Tuple[str, int], bool] = {}
+_OURS_OK: Dict[Tuple[str, int], bool] = {}
 
 
-def _via_shm(st: SetState, d: Desc) -> bool:
-    """Whether the data of allreduce ``d`` moves through the set's shared memory (``_shm``).
+def _data_path(st: SetState, d: Desc) -> Optional[str]:
+    """What moves the data of allreduce ``d``: ``"SHM"`` (the set's shared memory, ``_shm``),
+    ``"TCP"`` (the set's TCP mesh, ``_mesh``) or None (the set's process group: gloo, or NCCL for
+    CUDA tensors).  The timeline shows this name.
 
     Decided from the agreed descriptor alone, so every rank -- and a rank joining with a dummy --
     picks the same transport."""
-    if st.shm is None or d.device != "cpu":
-        return False
+    if d.device != "cpu" or (st.shm is None and st.mesh is None):
+        return None
     key = (d.dtype, d.op)
-    ok = _SHM_OK.get(key)
+    ok = _OURS_OK.get(key)
     if ok is None:
         wire = [_REDUCE_WIRE.get(_DTYPES_BY_NAME[n], _DTYPES_BY_NAME[n]) for n in d.dtype.split(",")]
-        ok = _SHM_OK[key] = all(_shm.eligible(w, d.op) for w in wire)
-    return ok
+        ok = _OURS_OK[key] = all(_shm.eligible(w, d.op) for w in wire)
+    if not ok:
+        return None
+    return "SHM" if st.shm is not None else "TCP"
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -484,9 +491,9 @@ def _submit_allreduce(tensors: Sequence[torch.Tensor], outs: Optional[Sequence[t
     else:
         plan.desc = Desc(kind, name or "", op, ",".join(_dtype_name(t.dtype) for t in tensors),
                          tuple(_desc_shape(t) for t in tensors), extra, tensors[0].device.type)
-    if (not inplace and prescale == 1.0 and _via_shm(st, plan.desc)
+    if (not inplace and prescale == 1.0 and _data_path(st, plan.desc) is not None
             and all(t.is_contiguous() and t.dtype not in _REDUCE_WIRE for t in tensors)):
-        # shared memory reduces from the input straight into the output: no copy of the input
+        # our transports reduce from the input into the output: no copy of the input here
         plan.srcs = list(tensors)
         plan.bufs = plan.outs = [_new_buffer(t) for t in tensors]
     else:
@@ -515,11 +522,11 @@ def reduce_in_place(tensors: Sequence[torch.Tensor], name: str, op: int,
 
 
 def transport_name(tensor: torch.Tensor, op: int, process_set: Optional[ProcessSet]) -> Optional[str]:
-    """The timeline's name for what moves an allreduce of ``tensor`` with ``op`` ("SHM" when the set's
-    shared memory does), None for the set's backend."""
+    """The timeline's name for what moves an allreduce of ``tensor`` with ``op`` ("SHM" or "TCP"
+    when one of our transports does, ``_data_path``), None for the set's backend."""
     d = Desc("allreduce", "", op, _dtype_name(tensor.dtype), (tuple(tensor.shape),), (),
              tensor.device.type)
-    return "SHM" if _via_shm(_set_state(process_set), d) else None
+    return _data_path(_set_state(process_set), d)
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,

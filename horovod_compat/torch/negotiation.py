@@ -18,7 +18,7 @@ order.  What follows from it, on every launcher and transport:
 * the stall inspector and the timeline see every op (``inflight``; ``hooks`` events).
 
 A round (``SetState._round``): each rank sends one message (``_exchange``: shared memory on one host,
-gloo otherwise) listing the ops it submitted since its last message, and its flags (joined).  An op
+the set's TCP mesh across hosts, gloo for sets too large for a mesh) listing the ops it submitted since its last message, and its flags (joined).  An op
 whose descriptor is in the *response cache* is sent as its cache id (3 words); others travel as full
 descriptors (JSON, never pickle) and are added to the cache by every rank in the same order, so the
 caches stay identical and the steady state costs one small message per op.  Every rank then computes
@@ -49,7 +49,7 @@ from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Seque
 
 import torch
 
-from . import _exchange, _shm, hooks
+from . import _exchange, _mesh, _shm, hooks
 from .exceptions import HorovodInternalError
 
 __all__ = ["Desc", "Agreement", "SetState", "Plan", "Pending", "register_kind", "submit", "join",
@@ -239,9 +239,10 @@ class SetState:
         self.thread: Optional[threading.Thread] = None
         self.exchange: Any = None
         self.shm: Optional[_shm.Transport] = None
+        self.mesh: Optional[_mesh.Mesh] = None      # allreduce data over the TCP mesh
         self.pids: Optional[List[int]] = None
         if self.n > 1:
-            self.exchange, self.pids = _exchange.create(self)
+            self.exchange, self.pids, self.mesh = _exchange.create(self)
             # data through shared memory only with the shared-memory exchange (so
             # HOROVOD_COMPAT_SHM_CONTROL=0 turns both off, as documented)
             if isinstance(self.exchange, _exchange.ShmExchange):

@@ -277,7 +277,7 @@ def _late_rank_job(delay: float) -> str:
     return control
 
 
-@pytest.mark.parametrize("shm, control", [("1", "ShmExchange"), ("0", "GlooExchange")])
+@pytest.mark.parametrize("shm, control", [("1", "ShmExchange"), ("0", "TcpExchange")])
 def test_negotiation_shows_each_ranks_readiness(tmp_path: Any, shm: str, control: str) -> None:
     """Rank 0's file (the only one written) holds one tick per rank in every NEGOTIATE span of the
     late tensor, rank 1's as late as rank 1 really was, over either control transport."""
@@ -294,8 +294,8 @@ def test_negotiation_shows_each_ranks_readiness(tmp_path: Any, shm: str, control
     seq = [e for e in ev if e.get("pid") == pid and e["ph"] != "M"]
     spans = [i for i, e in enumerate(seq) if e["ph"] == "B" and e["name"] == "NEGOTIATE_ALLREDUCE"]
     assert len(spans) == 2
-    # the data moved through shared memory with the shared-memory control, else through gloo
-    activity = "SHM_ALLREDUCE" if shm == "1" else "GLOO_ALLREDUCE"
+    # the data moved through shared memory with the shared-memory control, else over the TCP mesh
+    activity = "SHM_ALLREDUCE" if shm == "1" else "TCP_ALLREDUCE"
     assert [e["name"] for e in seq if e["ph"] == "B" and e["name"].endswith("_ALLREDUCE")
             and not e["name"].startswith("NEGOTIATE")] == [activity] * 2
     for i in spans:

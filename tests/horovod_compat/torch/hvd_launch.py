@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-# The two transports: shared memory (ranks on one host, the default) and gloo (what ranks on
-# several hosts use), forced on one host by turning shared memory off for data and coordination.
+# The transports: shared memory (ranks on one host, the default); the TCP mesh (what ranks on
+# several hosts use), forced on one host by turning shared memory off for data and coordination;
+# gloo for both (what sets larger than the mesh's limit use), forced by turning the mesh off too.
 SHM_ON = {"HOROVOD_COMPAT_SHM_DATA": "1", "HOROVOD_COMPAT_SHM_CONTROL": "1"}
 SHM_OFF = {"HOROVOD_COMPAT_SHM_DATA": "0", "HOROVOD_COMPAT_SHM_CONTROL": "0"}
+GLOO_ONLY = {**SHM_OFF, "HOROVOD_COMPAT_TCP_CONTROL": "0", "HOROVOD_COMPAT_TCP_DATA": "0"}
 
 
 @dataclass

@@ -109,11 +109,18 @@ def _mismatches():
     return out
 
 
-@pytest.mark.parametrize("control", ["shm", "shm-control-gloo-data", "gloo"])
+# shm: one host (the default); tcp: ranks on several hosts (TCP mesh for control and data); gloo:
+# sets larger than the mesh allows, forced here with HOROVOD_COMPAT_TCP_CONTROL=0
+CONTROLS = {"shm": ({}, "ShmExchange"),
+            "shm-control-gloo-data": ({"HOROVOD_COMPAT_SHM_DATA": "0"}, "ShmExchange"),
+            "tcp": ({"HOROVOD_COMPAT_SHM_CONTROL": "0"}, "TcpExchange"),
+            "gloo": ({"HOROVOD_COMPAT_SHM_CONTROL": "0", "HOROVOD_COMPAT_TCP_CONTROL": "0"},
+                     "GlooExchange")}
+
+
+@pytest.mark.parametrize("control", list(CONTROLS))
 def test_mismatches_fail_on_every_rank_and_job_keeps_working(control):
-    env = {"HOROVOD_COMPAT_SHM_CONTROL": "0" if control == "gloo" else "1"}
-    if control == "shm-control-gloo-data":
-        env["HOROVOD_COMPAT_SHM_DATA"] = "0"
+    env, exchange = CONTROLS[control]
     reports = run_function(_mismatches, num_processes=2, return_all=True, timeout=120, env=env)
     r0, r1 = (dict(rep) for rep in reports)
     want = {
@@ -147,7 +154,7 @@ def test_mismatches_fail_on_every_rank_and_job_keeps_working(control):
         assert rep["cached new shape value"] == [2.0] * 6
         assert [rep[f"alternating {i}"] for i in range(4)] == [[2.0] * 2, [2.0] * 3] * 2
         assert rep["verification rounds in steady state"] == 0
-        assert rep["control"] == ("GlooExchange" if control == "gloo" else "ShmExchange")
+        assert rep["control"] == exchange
         assert rep["names paired"] == [[2.0, 2.0], [2.0, 2.0]]
         assert rep["async reverse"] == [2.0 * i for i in reversed(range(50))]
         assert rep["different wait orders"] == [2.0 * i for i in range(6)]

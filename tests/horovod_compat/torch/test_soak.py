@@ -1,6 +1,7 @@
 """The randomized soak (soak_program.py) in ONE horovodrun launch per configuration.
 
-2 and 3 ranks, shared memory on and off (off: the gloo path that ranks on several hosts take).
+2 and 3 ranks, shared memory on and off (off: the TCP mesh that ranks on several hosts use), and
+2 ranks on gloo alone (what sets larger than the mesh's limit use).
 Every rank checks every result against a value it computes locally; the program prints a
 ``SOAK SUMMARY`` line per rank (rounds, ops, checks, failures) that the test echoes.
 
@@ -19,14 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from hvd_launch import CI, SHM_OFF, SHM_ON, horovodrun, marked_lines, parse_fields
+from hvd_launch import CI, GLOO_ONLY, SHM_OFF, SHM_ON, horovodrun, marked_lines, parse_fields
 
 PROGRAM = Path(__file__).with_name("soak_program.py")
 ROUNDS = int(os.environ.get("SOAK_ROUNDS", "6" if CI else "30"))
 SEED = int(os.environ.get("SOAK_SEED", "20260"))
 
 
+ENVS = {"shm-on": SHM_ON, "shm-off": SHM_OFF, "gloo-only": GLOO_ONLY}
 CONFIGS = [pytest.param(np, shm, id=f"np{np}-{shm}") for np in (2, 3) for shm in ("shm-on", "shm-off")]
+CONFIGS.append(pytest.param(2, "gloo-only", id="np2-gloo-only"))
 
 
 def _hard_timeout(np: int) -> float:
@@ -36,7 +39,7 @@ def _hard_timeout(np: int) -> float:
 @pytest.mark.timeout(_hard_timeout(3) + 60)
 @pytest.mark.parametrize("np, shm", CONFIGS)
 def test_soak(np, shm):
-    env = SHM_OFF if shm == "shm-off" else SHM_ON
+    env = ENVS[shm]
     hang = 90.0
     run = horovodrun(np, [sys.executable, str(PROGRAM), "--seed", str(SEED), "--rounds", str(ROUNDS),
                           "--reinit-every", str(max(2, ROUNDS // 4)), "--hang-timeout", str(hang)],

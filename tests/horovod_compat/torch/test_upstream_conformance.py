@@ -1,7 +1,8 @@
 """Horovod's own test_torch.py, the whole file in ONE torchrun launch on 2 ranks, as users run it.
 
 Runs scripts/upstream_conformance.sh (LAUNCHER=torchrun) with shared memory on, and with it off
-(HOROVOD_COMPAT_SHM_DATA=0 HOROVOD_COMPAT_SHM_CONTROL=0: the gloo path of ranks on several hosts).
+(HOROVOD_COMPAT_SHM_DATA=0 HOROVOD_COMPAT_SHM_CONTROL=0: the TCP-mesh path of ranks on several
+hosts).
 Every rank must pass at least 102 tests (real Horovod 0.28.1 passes 102 of the 115 here; see the
 script's header) with no rank dying and no hang. The upstream files are not in this repository:
 the test skips, saying so, when ../shared/upstream/horovod-0.28.1 (or $HOROVOD_UPSTREAM_DIR) is

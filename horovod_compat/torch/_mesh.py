@@ -1,0 +1,329 @@
+"""An authenticated TCP mesh between the ranks of a process set: the set's negotiation messages and
+its allreduce data when its ranks do not share a host (or shared memory is turned off).
+
+Why not gloo for these: a gloo collective from Python goes through the process group's work queue,
+a worker thread and a future, a few hundred microseconds even for eight bytes; a negotiation round
+over the mesh is one ``send`` and one ``recv`` per peer (tens of microseconds), and a ring allreduce
+driven from the coordinator's thread skips the same hand-offs for the data (``benchmarks/
+collectives.py`` prints both against ``dist.all_reduce``).
+
+Set-up (``Mesh.build``, collective over the set's gloo control group): every rank listens on an
+ephemeral port (loopback when the set is on one host, else on all interfaces, advertising its
+address on the route to the rendezvous host); the set's first rank draws a random secret, handed to
+the others over the job's control group with the addresses; then every rank connects to each lower
+rank and accepts each higher one.  Each connection passes ``distributor.protocol``'s mutual HMAC
+challenge before a byte of it is read, and nothing is ever unpickled from it: control frames are
+int64 words and JSON, data are raw tensor bytes.
+
+Use: only the thread that drives the set's rounds touches the sockets, and every rank moves the
+same byte counts in the agreed order, so the streams stay aligned without headers on the data.  A
+failed transfer (a peer that exited, was killed or called ``shutdown()`` closes its sockets, so its
+peers read end of file; keep-alive probes notice a vanished host) breaks the mesh: that op and every
+later one raise ``HorovodInternalError``, as misaligned streams cannot be trusted again.
+
+Ring allreduce (``allreduce``): the tensor is cut into one chunk per rank; n - 1 reduce-scatter
+steps (send a chunk to the right neighbour while receiving one from the left and combining it), then
+n - 1 all-gather steps, as in Baidu's and Horovod's ring; sends and receives of a step interleave on
+non-blocking sockets, so no rank waits for a peer's buffer to drain.
+"""
+from __future__ import annotations
+
+import os
+import select
+import socket
+import struct
+import time
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from distributor import protocol
+
+from . import ops
+from .exceptions import HorovodInternalError
+
+__all__ = ["Mesh", "MAX_RANKS", "allowed", "data_allowed"]
+
+#: Largest set that builds a mesh (n * (n - 1) / 2 connections); larger sets negotiate over gloo.
+MAX_RANKS = 64
+_CONNECT_TIMEOUT = 60.0
+_BUF = 4 << 20  # socket buffer size asked for (the kernel caps it)
+
+
+def allowed(n: int) -> bool:
+    """Whether a set of ``n`` ranks may negotiate over a mesh (``HOROVOD_COMPAT_TCP_CONTROL=0``:
+    over gloo)."""
+    return 1 < n <= MAX_RANKS and os.environ.get("HOROVOD_COMPAT_TCP_CONTROL", "1") != "0"
+
+
+def data_allowed() -> bool:
+    """Whether allreduce data may move over the mesh (``HOROVOD_COMPAT_TCP_DATA=0``: over gloo)."""
+    return os.environ.get("HOROVOD_COMPAT_TCP_DATA", "1") != "0"
+
+
+class Mesh:
+    """One connection to every other rank of a set; see the module docstring."""
+
+    def __init__(self, me: int, socks: List[Optional[socket.socket]]) -> None:
+        self.me, self.n = me, len(socks)
+        self.socks = socks
+        self.peers = [(j, s) for j, s in enumerate(socks) if s is not None]
+        self.leaving = False
+        self.broken: Optional[str] = None
+        self.timeout = float(os.environ.get("HOROVOD_COMPAT_OP_TIMEOUT", "1800"))
+        self._scratch = torch.empty(0, dtype=torch.uint8)
+
+    # -- set-up -------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, me: int, n: int, same_host: bool, ctl: Any) -> "Mesh":
+        """Collective over control group ``ctl``: listen, swap addresses and the secret, connect."""
+        ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            ls.bind(("127.0.0.1" if same_host else "0.0.0.0", 0))
+            ls.listen(n)
+            addr = "127.0.0.1" if same_host else _routable_address()
+            mine = (addr, ls.getsockname()[1], protocol.new_secret() if me == 0 else None)
+            info: List[Any] = [None] * n
+            dist.all_gather_object(info, mine, group=ctl)
+            return cls._connect(ls, me, [(a, p) for a, p, _ in info], info[0][2])
+        finally:
+            ls.close()
+
+    @classmethod
+    def _connect(cls, ls: socket.socket, me: int, addrs: List[Tuple[str, int]],
+                 secret: bytes) -> "Mesh":
+        n = len(addrs)
+        socks: List[Optional[socket.socket]] = [None] * n
+        try:
+            for j in range(me):
+                s = socket.create_connection(addrs[j], timeout=_CONNECT_TIMEOUT)
+                protocol.client_handshake(s, secret)
+                s.sendall(struct.pack("<I", me))
+                socks[j] = s
+            ls.settimeout(_CONNECT_TIMEOUT)
+            waiting = n - me - 1
+            while waiting:
+                s, _addr = ls.accept()
+                try:
+                    protocol.server_handshake(s, secret)  # nothing is read before this succeeds
+                except protocol.AuthenticationError:
+                    s.close()  # not one of the set's ranks: ignore it, keep waiting for them
+                    continue
+                s.settimeout(_CONNECT_TIMEOUT)
+                j = struct.unpack("<I", _read_exact(s, 4))[0]
+                if not me < j < n or socks[j] is not None:
+                    raise protocol.AuthenticationError(f"unexpected rank index {j} in the mesh")
+                socks[j] = s
+                waiting -= 1
+        except BaseException:
+            for s in socks:
+                if s is not None:
+                    s.close()
+            raise
+        for s in socks:
+            if s is not None:
+                _tune(s)
+        return cls(me, socks)
+
+    # -- transfers ----------------------------------------------------------------------------
+    def exchange(self, frame: bytes, head_size: int,
+                 body_size: Callable[[bytearray], int]) -> List[Optional[bytes]]:
+        """Send ``frame`` to every peer and read one frame from each: its first ``head_size``
+        bytes, then ``body_size(head)`` more.  Returns the peers' frames (None at this rank's
+        index)."""
+        self._check()
+        out: List[Optional[bytes]] = [None] * self.n
+        try:
+            out_mv = memoryview(frame)
+            for _j, s in self.peers:
+                self._move(s, out_mv, None, None)
+            for j, s in self.peers:
+                head = bytearray(head_size)
+                self._move(None, None, s, memoryview(head))
+                body = bytearray(body_size(head))
+                if body:
+                    self._move(None, None, s, memoryview(body))
+                out[j] = bytes(head + body)
+        except HorovodInternalError as exc:
+            self._fail(str(exc))
+        return out
+
+    def allreduce(self, pairs: Sequence[Tuple[torch.Tensor, torch.Tensor]], op: int) -> List[Any]:
+        """``dst = op(src over the ranks)`` for each pair of contiguous CPU tensors (one dtype and
+        numel per pair; ``dst`` may be ``src``), now, in this thread.  Returns no works to wait
+        on."""
+        self._check()
+        combine = ops.COMBINE[op]
+        try:
+            for src, dst in pairs:
+                if dst is not src:
+                    dst.copy_(src)
+                self._ring(dst.detach().reshape(-1), combine)
+        except HorovodInternalError as exc:
+            self._fail(str(exc))
+        return []
+
+    def _ring(self, flat: torch.Tensor, combine: Any) -> None:
+        n, me = self.n, self.me
+        total = flat.numel()
+        if total == 0:
+            return
+        bounds = [total * j // n for j in range(n + 1)]
+        raw = flat.view(torch.uint8) if flat.element_size() > 1 else flat
+        size = flat.element_size()
+        right, left = self.socks[(me + 1) % n], self.socks[(me - 1) % n]
+        largest = max(bounds[j + 1] - bounds[j] for j in range(n))
+        if self._scratch.numel() < largest * size:
+            self._scratch = torch.empty(largest * size, dtype=torch.uint8)
+
+        def part(c: int) -> Tuple[int, int]:
+            return bounds[c], bounds[c + 1]
+
+        def mv(c: int) -> memoryview:
+            lo, hi = part(c)
+            return memoryview(raw[lo * size:hi * size].numpy())
+
+        for s in range(n - 1):  # reduce-scatter: after it, rank r owns chunk (r + 1) % n
+            send_c, recv_c = (me - s) % n, (me - s - 1) % n
+            lo, hi = part(recv_c)
+            tmp = self._scratch[:(hi - lo) * size]
+            self._move(right, mv(send_c), left, memoryview(tmp.numpy()))
+            if hi > lo:
+                mine = flat[lo:hi]
+                combine(mine, tmp.view(flat.dtype), out=mine)
+        for s in range(n - 1):  # all-gather of the reduced chunks
+            send_c, recv_c = (me + 1 - s) % n, (me - s) % n
+            self._move(right, mv(send_c), left, mv(recv_c))
+
+    def _move(self, out_s: Optional[socket.socket], out_mv: Optional[memoryview],
+              in_s: Optional[socket.socket], in_mv: Optional[memoryview]) -> None:
+        """Send all of ``out_mv`` on ``out_s`` while reading exactly ``len(in_mv)`` bytes from
+        ``in_s`` (either side may be None)."""
+        sent, got, deadline = 0, 0, 0.0
+        ns = len(out_mv) if out_mv is not None else 0
+        nr = len(in_mv) if in_mv is not None else 0
+        while sent < ns or got < nr:
+            progressed = False
+            if sent < ns:
+                try:
+                    sent += out_s.send(out_mv[sent:])
+                    progressed = True
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError as exc:
+                    raise self._lost(out_s, exc) from exc
+            if got < nr:
+                try:
+                    k = in_s.recv_into(in_mv[got:])
+                except (BlockingIOError, InterruptedError):
+                    k = -1
+                except OSError as exc:
+                    raise self._lost(in_s, exc) from exc
+                if k == 0:
+                    raise self._lost(in_s, None)
+                if k > 0:
+                    got += k
+                    progressed = True
+            if progressed:
+                deadline = 0.0  # the timeout counts time without any progress
+            else:
+                now = time.monotonic()
+                deadline = deadline or now + self.timeout
+                if now >= deadline:
+                    raise HorovodInternalError(
+                        f"no progress from a peer within HOROVOD_COMPAT_OP_TIMEOUT={self.timeout:g} s "
+                        "(it is stuck, or much slower than this rank)")
+                select.select([in_s] if got < nr else [], [out_s] if sent < ns else [], [],
+                              deadline - now)
+
+    def _lost(self, s: socket.socket, exc: Optional[BaseException]) -> HorovodInternalError:
+        if self.leaving:
+            return HorovodInternalError("Horovod has been shut down on this rank")
+        j = self.socks.index(s)
+        why = f": {exc}" if exc is not None else ""
+        return HorovodInternalError(
+            f"rank {j} of this process set closed its connection (it called hvd.shutdown(), exited "
+            f"or was killed) while this rank exchanged data with it{why}")
+
+    def _check(self) -> None:
+        if self.broken is not None:
+            raise HorovodInternalError(self.broken)
+
+    def _fail(self, msg: str) -> None:
+        self.broken = msg
+        raise HorovodInternalError(msg)
+
+    # -- shutdown -----------------------------------------------------------------------------
+    def leave(self) -> None:
+        """Shut the connections down: peers read end of file and raise; a thread of ours blocked
+        on them wakes up and raises too."""
+        self.leaving = True
+        for _j, s in self.peers:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        for _j, s in self.peers:
+            s.close()
+
+
+def _tune(s: socket.socket) -> None:
+    s.settimeout(None)
+    s.setblocking(False)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, opt):
+            s.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            s.setsockopt(socket.SOL_SOCKET, opt, _BUF)
+        except OSError:
+            pass
+
+
+def _read_exact(s: socket.socket, size: int) -> bytes:
+    buf = bytearray(size)
+    view, got = memoryview(buf), 0
+    while got < size:
+        k = s.recv_into(view[got:])
+        if not k:
+            raise ConnectionError("a peer closed its connection while the mesh was being built")
+        got += k
+    return bytes(buf)
+
+
+def _routable_address() -> str:
+    """The address this host's peers reach it at: that of the first interface in
+    ``GLOO_SOCKET_IFNAME`` (what ``horovodrun --network-interface`` sets, so the mesh and gloo use
+    the same NIC), else this host's address on the route to the job's rendezvous host."""
+    iface = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0].strip()
+    if iface:
+        return _interface_address(iface)
+    target = os.environ.get("MASTER_ADDR") or os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((target or socket.gethostname(), 9))  # UDP: nothing is sent
+        return probe.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+    finally:
+        probe.close()
+
+
+def _interface_address(name: str) -> str:
+    """The IPv4 address of network interface ``name`` (Linux ``SIOCGIFADDR``)."""
+    import fcntl
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        req = struct.pack("256s", name.encode()[:15])
+        return socket.inet_ntoa(fcntl.ioctl(probe.fileno(), 0x8915, req)[20:24])
+    except OSError as exc:
+        raise ValueError(f"GLOO_SOCKET_IFNAME names interface {name!r}, which has no IPv4 address "
+                         f"here ({exc}); pass an interface this host has (see `ip addr`)") from exc
+    finally:
+        probe.close()

@@ -1,0 +1,164 @@
+"""The TCP mesh (horovod_compat/torch/_mesh.py) on its own: ranks are threads of this process joined
+by real loopback sockets, so every case runs in well under a second.
+
+End-to-end use (the coordinator's rounds and allreduce data when shared memory is off) is covered
+by the soak, the negotiation tests and the upstream conformance run with shared memory off.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any, Callable, List
+
+import pytest
+import torch
+
+from distributor import protocol
+from horovod_compat.torch import _mesh, ops
+from horovod_compat.torch.exceptions import HorovodInternalError
+
+SECRET = protocol.new_secret()
+
+
+def _listeners(n: int):
+    out = []
+    for _ in range(n):
+        ls = socket.socket()
+        ls.bind(("127.0.0.1", 0))
+        ls.listen(n)
+        out.append(ls)
+    return out, [("127.0.0.1", ls.getsockname()[1]) for ls in out]
+
+
+def _on_ranks(n: int, body: Callable[[int, _mesh.Mesh], Any], before_connect=None) -> List[Any]:
+    """Build an n-rank mesh (one thread per rank) and run ``body(rank, mesh)`` on each."""
+    lss, addrs = _listeners(n)
+    if before_connect is not None:
+        before_connect(addrs)
+    results: List[Any] = [None] * n
+
+    def rank(r: int) -> None:
+        try:
+            mesh = _mesh.Mesh._connect(lss[r], r, addrs, SECRET)
+            try:
+                results[r] = body(r, mesh)
+            finally:
+                mesh.close()
+        except BaseException as exc:  # reported by the assertions below
+            results[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for ls in lss:
+        ls.close()
+    return results
+
+
+def _frames(mesh: _mesh.Mesh, payload: bytes) -> List[Any]:
+    return mesh.exchange(len(payload).to_bytes(4, "little") + payload, 4,
+                         lambda head: int.from_bytes(head, "little"))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_exchange_delivers_every_ranks_frame(n):
+    got = _on_ranks(n, lambda r, m: [_frames(m, f"rank{r}-round{i}".encode() * (r + 1))
+                                     for i in range(3)])
+    for r, rounds in enumerate(got):
+        assert not isinstance(rounds, BaseException), rounds
+        for i, frames in enumerate(rounds):
+            assert frames[r] is None
+            for j in range(n):
+                if j != r:
+                    assert frames[j][4:] == f"rank{j}-round{i}".encode() * (j + 1)
+
+
+CASES = [(torch.float32, ops.Sum), (torch.float64, ops.Average), (torch.float16, ops.Max),
+         (torch.bfloat16, ops.Min), (torch.int8, ops.Sum), (torch.uint8, ops.Max),
+         (torch.int32, ops.Product), (torch.int64, ops.Min)]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("numel", [0, 1, 2, 7, 100_003])
+@pytest.mark.parametrize("dtype, op", CASES)
+def test_ring_allreduce_matches_a_local_reduction(n, numel, dtype, op):
+    def value(r: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(100 * r + numel)
+        if dtype.is_floating_point:
+            return (torch.rand(numel, generator=g) * 4 - 2).to(dtype)
+        hi = 3 if op == ops.Product else 50
+        return torch.randint(0 if dtype == torch.uint8 else -hi, hi, (numel,), generator=g).to(dtype)
+
+    def body(r: int, mesh: _mesh.Mesh):
+        src = value(r)
+        out = torch.empty_like(src)
+        mesh.allreduce([(src, out)], op)
+        inplace = value(r)
+        mesh.allreduce([(inplace, inplace)], op)
+        return src, out, inplace
+
+    got = _on_ranks(n, body)
+    parts = [value(r) for r in range(n)]
+    want = parts[0].clone()
+    for p in parts[1:]:
+        ops.COMBINE[op](want, p, out=want)
+    for r, res in enumerate(got):
+        assert not isinstance(res, BaseException), res
+        src, out, inplace = res
+        assert torch.equal(src, parts[r])  # the input is only read
+        # every rank holds the same bits; floats add in ring order, so compare loosely to ours
+        assert torch.equal(out, got[0][1]) and torch.equal(inplace, out)
+        if dtype.is_floating_point:
+            torch.testing.assert_close(out.float(), want.float(), rtol=1e-2, atol=1e-2)
+        else:
+            assert torch.equal(out, want)
+
+
+def test_a_peer_that_leaves_breaks_the_mesh_with_a_clear_error():
+    def body(r: int, mesh: _mesh.Mesh):
+        if r == 1:
+            mesh.leave()
+            return "left"
+        errors = []
+        for _ in range(2):
+            try:
+                _frames(mesh, b"x")
+            except HorovodInternalError as exc:
+                errors.append(str(exc))
+        return errors
+
+    got = _on_ranks(2, body)
+    assert got[1] == "left"
+    first, second = got[0]
+    assert "rank 1 of this process set closed its connection" in first
+    assert second == first  # broken: later transfers fail at once with the same message
+
+
+def test_a_connection_without_the_secret_is_ignored_and_the_mesh_still_forms():
+    intruders: List[socket.socket] = []
+
+    def intrude(addrs):
+        s = socket.create_connection(addrs[0])
+        intruders.append(s)
+        s.sendall(b"\0" * 64)  # a wrong answer to rank 0's challenge, then a fake rank index
+
+    got = _on_ranks(2, lambda r, m: _frames(m, b"ok%d" % r), before_connect=intrude)
+    assert got[0][1][4:] == b"ok1" and got[1][0][4:] == b"ok0"
+    # rank 0 closed the intruder without reading what it sent after the challenge
+    intruders[0].settimeout(5)
+    data = b""
+    while True:
+        chunk = intruders[0].recv(1024)
+        if not chunk:
+            break
+        data += chunk
+    assert len(data) == 32  # the challenge nonce only
+    intruders[0].close()
+
+
+def test_a_bad_network_interface_name_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-nic0")
+    with pytest.raises(ValueError, match="GLOO_SOCKET_IFNAME names interface 'no-such-nic0'"):
+        _mesh._routable_address()
