@@ -14,13 +14,14 @@ the median time of
                                             launches 2 ranks of this script in worker mode (a
                                             separate job, after ours: not interleaved).
 
-Both transports are printed in one run (benchmarks/transports.py): one job where hvd's data and
-coordination move through shared memory (the ranks share a host, the default), and one with
-``HOROVOD_COMPAT_SHM_DATA=0 HOROVOD_COMPAT_SHM_CONTROL=0``, where both move through gloo like
-``dist.all_reduce`` does (what ranks on several hosts get).  Each table has two ratio columns:
+Every transport is printed in one run (benchmarks/transports.py): one job where hvd's data and
+coordination move through shared memory (the ranks share a host, the default); one with
+``HOROVOD_COMPAT_SHM_DATA=0 HOROVOD_COMPAT_SHM_CONTROL=0``, where they move over the set's TCP mesh
+(what ranks on several hosts get); and one with the mesh off too, where both go through gloo like
+``dist.all_reduce`` does (what sets over 64 ranks get).  Each table has two ratio columns:
 hvd / ``dist.all_reduce`` (in place) and hvd / ``dist.all_reduce(x.clone())`` (the same work as an
-out-of-place allreduce: issue 14's targets are <= 0.5 on shared memory and <= 1.05 on gloo at 1M and
-64M).  Under each table: the per-op coordination cost, a 4-byte ``hvd.allreduce`` next to a
+out-of-place allreduce: issue 14's targets are <= 0.5 on shared memory and <= 1.05 across hosts at
+1M and 64M).  Under each table: the per-op coordination cost, a 4-byte ``hvd.allreduce`` next to a
 4-byte ``dist.all_reduce``.  Within a job all methods run interleaved in the same rounds (each
 timed after a barrier) so machine noise hits them alike.  Ranks are started with the project's
 engine (``distributor.run_function``).

@@ -1,10 +1,11 @@
 """Training-step throughput: an unchanged Horovod loop on ``hvd.DistributedOptimizer`` vs native DDP.
 
-Both transports of horovod_compat in one run (benchmarks/transports.py): shared memory (ranks on
-one host, the default) and gloo (``HOROVOD_COMPAT_SHM_DATA=0 HOROVOD_COMPAT_SHM_CONTROL=0``, the
-path across hosts); DDP runs on gloo in both.  Targets on 2 ranks (CPU): the Horovod loop reaches
->= 1.0 x DDP's steps/s on shared memory and >= 0.97 x on gloo (issue 14), with peak memory per
-rank <= DDP's + 10 % (issue 6).  Two models:
+Every transport of horovod_compat in one run (benchmarks/transports.py): shared memory (ranks on
+one host, the default), the TCP mesh (``HOROVOD_COMPAT_SHM_DATA=0 HOROVOD_COMPAT_SHM_CONTROL=0``,
+the path across hosts) and gloo alone (sets over the mesh's 64 ranks); DDP runs on gloo in all.
+Targets on 2 ranks (CPU): the Horovod loop reaches >= 1.0 x DDP's steps/s on shared memory and
+>= 0.97 x across hosts (issue 14), with peak memory per rank <= DDP's + 10 % (issue 6).  Two
+models:
 
 1. ``mlp``: a ~25M-parameter MLP (few large tensors: communication-heavy);
 2. ``transformer``: a stack of small transformer blocks (~200 small tensors: per-tensor overhead).
