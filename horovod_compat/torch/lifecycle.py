@@ -32,7 +32,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from . import runtime, stall, timeline
+from . import runtime, stall
+from .timeline import Session, State
 from .process_sets import ProcessSet, global_process_set
 
 __all__ = [
@@ -54,6 +55,8 @@ _base_store: Optional[dist.Store] = None
 _base_store_key: Optional[tuple] = None
 _malloc_tuned = False
 _atexit_registered = False
+#: an env-started timeline paused by shutdown(), handed to the next init's runtime
+_paused_timeline: Optional[Session] = None
 
 
 def _env_int(*names: str) -> Optional[int]:
@@ -275,21 +278,26 @@ def init(comm: Any = None, process_sets: Union[None, str, Sequence[ProcessSet]] 
             _atexit_registered = True
         rt.inspector = stall.start(rt.control_store(), dist.get_rank(), dist.get_world_size(),
                                    rt.registry.coordinators)
-        timeline.on_init()
+        global _paused_timeline
+        if _paused_timeline is not None:
+            rt.timeline, _paused_timeline = _paused_timeline, None
+        rt.timeline.on_init(dist.get_rank(), dist.get_world_size())
 
 
 def shutdown() -> None:
     """Leave the job; ``init()`` may be called again afterwards.
 
-    Order: the timeline session ends (or pauses, for ``HOROVOD_TIMELINE``), then the runtime closes
-    (stall inspector, coordinators and their transports, process groups: ``runtime.Runtime.close``).
+    Order: ``runtime.Runtime.close`` (timeline session, stall inspector, coordinators and their
+    transports, process groups).  An env-started timeline only pauses: it is kept for the next init.
     """
+    global _paused_timeline
     with _lock:
         rt = runtime.deactivate()
         if rt is None:
             return
-        timeline.on_shutdown()
         rt.close()
+        if rt.timeline.state is State.PAUSED:
+            _paused_timeline = rt.timeline
 
 
 def control_store() -> Optional[dist.Store]:
@@ -421,13 +429,13 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Start recording a Chrome-trace timeline of every collective into ``file_path``
     (``HOROVOD_TIMELINE=DYNAMIC`` must be set, as in Horovod)."""
     _check()
-    timeline.start(file_path, mark_cycles=mark_cycles)
+    runtime.current().timeline.start(file_path, mark_cycles, dist.get_rank(), dist.get_world_size())
 
 
 def stop_timeline() -> None:
     """Stop a timeline started by ``start_timeline`` (a no-op when none is recording)."""
     _check()
-    timeline.stop()
+    runtime.current().timeline.stop()
 
 
 # ----------------------------------------------------------------------------- process sets

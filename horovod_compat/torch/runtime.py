@@ -2,20 +2,22 @@
 
 ``Runtime`` holds the job's topology, the rendezvous store of this init generation, the registry of
 process sets (each with its coordinator and transports, see ``process_sets`` and ``negotiation``),
-the table of async handles and the stall inspector.  ``hvd.init()`` (``lifecycle``) builds one and
-makes it *active*; ``hvd.shutdown()`` closes it and clears the active slot, so
-``init -> shutdown -> init`` starts from nothing.
+the table of async handles, the timeline session (``timeline.Session``) and the stall inspector.
+``hvd.init()`` (``lifecycle``) builds one and makes it *active*; ``hvd.shutdown()`` closes it and
+clears the active slot, so ``init -> shutdown -> init`` starts from nothing -- except a PAUSED
+env-started timeline, which ``lifecycle`` hands to the next init's runtime so that it goes on in
+the same file.
 
 ``Runtime.close`` releases in this order, so that no thread ever touches something already gone:
 
-1. the stall inspector stops (it reads the coordinators' tables);
-2. every process set's coordinator leaves: peers waiting for this rank raise, this rank's pending
+1. the timeline session ends (or pauses: ``Session.on_shutdown``), so no event of the teardown
+   below reaches it;
+2. the stall inspector stops (it reads the coordinators' tables);
+3. every process set's coordinator leaves: peers waiting for this rank raise, this rank's pending
    ops fail with ``HorovodInternalError``, its background thread stops, and only then its
-   shared-memory segments are unmapped (``negotiation.SetState.close``);
-3. the process sets' torch groups are destroyed, then the async-handle table is cleared;
-4. torch's default group, if ``init`` created it.
-
-(The timeline session belongs to ``lifecycle``, which ends it before calling ``close``.)
+   shared-memory segments are unmapped and its TCP mesh closed (``negotiation.SetState.close``);
+4. the process sets' torch groups are destroyed, then the async-handle table is cleared;
+5. torch's default group, if ``init`` created it.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import torch.distributed as dist
 
 from .exceptions import NOT_INITIALIZED
 from .process_sets import Registry
+from .timeline import Session
 
 __all__ = ["Topology", "HandleTable", "Runtime", "active", "current", "activate", "deactivate"]
 
@@ -88,6 +91,7 @@ class Runtime:
         self.generation = generation
         self.registry = Registry(dynamic_process_sets)
         self.handles = HandleTable()
+        self.timeline = Session()  # lifecycle passes on a PAUSED one from the previous init
         self.inspector: Any = None
         self.closed = False
 
@@ -107,6 +111,7 @@ class Runtime:
         if self.closed:
             return
         self.closed = True
+        self.timeline.on_shutdown()
         if self.inspector is not None:
             self.inspector.stop()
             self.inspector = None

@@ -1,6 +1,13 @@
 """``hvd.start_timeline`` / ``hvd.stop_timeline`` / ``HOROVOD_TIMELINE``: the adapter between the hvd
 shim and the timeline recorder (``horovod_compat.timeline.writer``).
 
+A ``Session`` is one process's recording, owned by the runtime of the ``init`` that started it
+(``Runtime.timeline``); its ``State`` is one of OFF, RECORDING or PAUSED (below).  Transitions::
+
+    OFF --start / init with HOROVOD_TIMELINE=<file>--> RECORDING --stop--> OFF
+    RECORDING --shutdown, start_timeline recording--> OFF
+    RECORDING --shutdown, env recording--> PAUSED --next init--> RECORDING (same file)
+
 Horovod 0.28.1's behaviour, reproduced:
 
 * ``HOROVOD_TIMELINE=/path/file.json``: ``hvd.init()`` starts recording (``on_init``); only rank 0
@@ -30,34 +37,23 @@ Cost when not recording: nothing (no listener is subscribed, collectives test ``
 from __future__ import annotations
 
 import atexit
+import enum
 import logging
 import os
-import threading
 import time
 import warnings
 from typing import Optional, Tuple
 
 from horovod_compat.timeline.writer import TimelineRecorder
 
-import torch.distributed as dist
+from . import hooks
 
-from . import hooks, runtime
-
-__all__ = ["start", "stop", "on_init", "on_shutdown", "is_recording", "current_path",
-           "DYNAMIC_REQUIRED"]
+__all__ = ["Session", "State", "resolve_path", "DYNAMIC_REQUIRED", "ALREADY_STOPPED"]
 
 DYNAMIC_REQUIRED = "Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage."
 ALREADY_STOPPED = " Timeline is already stopped. Please start timeline before stopping it."
 
 _log = logging.getLogger("horovod_compat.timeline")
-_lock = threading.RLock()
-_recorder: Optional[TimelineRecorder] = None
-_requested_path: Optional[str] = None      # the path given (before {rank} substitution)
-_recording = False                          # True on every rank between start and stop
-_from_env = False                           # the recording was started by HOROVOD_TIMELINE=<file>
-_paused = False                             # env recording between hvd.shutdown() and hvd.init()
-_anchor: Optional[Tuple[int, int]] = None   # (perf_counter_ns, time_ns) at hvd.init
-_atexit_registered = False
 
 
 def _env_bool(name: str) -> bool:
@@ -93,15 +89,6 @@ def _parse_steps(text: str) -> Optional[Tuple[int, Optional[int]]]:
         return None
 
 
-def _topology() -> Tuple[int, int]:
-    """(global rank, size) of this process, from the shim's state (environment as a fallback)."""
-    rt = runtime.active()
-    if rt is not None:
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else rt.topology.rank
-        return int(rank), int(rt.topology.size)
-    return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
-
-
 def resolve_path(file_path: str, rank: int) -> Optional[str]:
     """The file this rank writes: ``{rank}`` substituted, or ``file_path`` on rank 0, else None."""
     if "{rank}" in file_path:
@@ -109,129 +96,126 @@ def resolve_path(file_path: str, rank: int) -> Optional[str]:
     return file_path if rank == 0 else None
 
 
-def on_init() -> None:
-    """Called by ``hvd.init()``: remember the time origin and honour ``HOROVOD_TIMELINE``.
+class State(enum.Enum):
+    OFF = "off"              # nothing records
+    RECORDING = "recording"  # between a start and a stop, on every rank (writers hold a recorder)
+    PAUSED = "paused"        # an env-started recording between hvd.shutdown() and the next init
 
-    After ``shutdown -> init`` (Horovod's test suite, elastic resets) an env-started timeline goes on
-    in the same file on the same time axis instead of being truncated.
-    """
-    global _anchor, _paused, _from_env
-    with _lock:
+
+class Session:
+    """One process's timeline recording (see the module docstring).  Not thread-safe by itself:
+    ``lifecycle`` calls it under its init/shutdown lock, the hvd API with the runtime active."""
+
+    def __init__(self) -> None:
+        self.state = State.OFF
+        self.recorder: Optional[TimelineRecorder] = None
+        self.requested_path: Optional[str] = None  # the path given (before {rank} substitution)
+        self.from_env = False                      # started by HOROVOD_TIMELINE=<file>
+        self.anchor: Optional[Tuple[int, int]] = None  # (perf_counter_ns, time_ns) at the first init
+        self._exit_hook = False
+
+    # -- the runtime's life cycle ---------------------------------------------------------------
+    def on_init(self, rank: int, size: int) -> None:
+        """``hvd.init()``: remember the time origin and honour ``HOROVOD_TIMELINE``.
+
+        After ``shutdown -> init`` (Horovod's test suite, elastic resets) a PAUSED env recording goes
+        on in the same file on the same time axis instead of being truncated."""
         env = os.environ.get("HOROVOD_TIMELINE", "")
-        if _paused:
-            _paused = False
-            if _recording and env == _requested_path and _recorder is not None and not _recorder.closed:
-                hooks.subscribe(_recorder.listener)
+        if self.state is State.PAUSED:
+            if env == self.requested_path and (self.recorder is None or not self.recorder.closed):
+                self.state = State.RECORDING
+                if self.recorder is not None:
+                    hooks.subscribe(self.recorder.listener)
                 return
-            _stop()
-        if not _recording:
-            _anchor = (time.perf_counter_ns(), time.time_ns())
+            self._stop()
+        if self.state is State.OFF:
+            self.anchor = (time.perf_counter_ns(), time.time_ns())
         if env and env != "DYNAMIC":
             try:
-                _start(env, _env_bool("HOROVOD_TIMELINE_MARK_CYCLES"))
+                self._start(env, _env_bool("HOROVOD_TIMELINE_MARK_CYCLES"), rank, size)
             except OSError as exc:   # like Horovod: a timeline that cannot be opened is not fatal
-                _stop()
+                self._stop()
                 warnings.warn(f"Error opening the Horovod Timeline file {env!r}, will not write a "
                               f"timeline: {exc}", RuntimeWarning)
                 return
-            _from_env = True
+            self.from_env = True
 
-
-def on_shutdown() -> None:
-    """Called by ``hvd.shutdown()``.
-
-    A ``start_timeline`` recording ends here (Horovod's shutdown closes its timeline).  An env-started
-    one is flushed (spans still open are closed) and paused: the next ``hvd.init()`` continues it,
-    the end of the process closes it.
-    """
-    global _paused
-    with _lock:
-        if not _recording:
+    def on_shutdown(self) -> None:
+        """``hvd.shutdown()``: a ``start_timeline`` recording ends (Horovod's shutdown closes its
+        timeline); an env-started one is flushed (open spans closed) and PAUSED: the next init
+        continues it, the end of the process closes it."""
+        if self.state is not State.RECORDING:
             return
-        if _from_env and _recorder is not None:
-            hooks.unsubscribe(_recorder.listener)
-            _recorder.flush(close_open=True)
-            _paused = True
-        elif _from_env:
-            _paused = True        # a rank that writes nothing: just remember
-        else:
-            _stop()
+        if not self.from_env:
+            self._stop()
+            return
+        if self.recorder is not None:
+            hooks.unsubscribe(self.recorder.listener)
+            self.recorder.flush(close_open=True)
+        self.state = State.PAUSED
 
+    # -- the hvd API ----------------------------------------------------------------------------
+    def start(self, file_path: str, mark_cycles: bool, rank: int, size: int) -> None:
+        """``hvd.start_timeline``: record into ``file_path`` (only with ``HOROVOD_TIMELINE`` set).
 
-def start(file_path: str, mark_cycles: bool = False) -> None:
-    """``hvd.start_timeline``: record into ``file_path`` (only with ``HOROVOD_TIMELINE`` set).
+        Starting again with the same path only updates ``mark_cycles``; another path closes the
+        current file and opens the new one."""
+        if not os.environ.get("HOROVOD_TIMELINE", ""):
+            raise ValueError(DYNAMIC_REQUIRED)
+        self._start(str(file_path), bool(mark_cycles), rank, size)
+        self.from_env = False
 
-    Starting again with the same path only updates ``mark_cycles``; another path closes the current
-    file and opens the new one.
-    """
-    global _from_env
-    if not os.environ.get("HOROVOD_TIMELINE", ""):
-        raise ValueError(DYNAMIC_REQUIRED)
-    with _lock:
-        _start(str(file_path), bool(mark_cycles))
-        _from_env = False
-
-
-def stop() -> None:
-    """``hvd.stop_timeline``: close the file; when nothing records, log as Horovod does."""
-    with _lock:
-        if not _recording:
+    def stop(self) -> None:
+        """``hvd.stop_timeline``: close the file; when nothing records, log as Horovod does."""
+        if self.state is not State.RECORDING:
             _log.info(ALREADY_STOPPED)
             return
-        _stop()
+        self._stop()
 
+    def is_recording(self) -> bool:
+        """True between a start and a stop (on every rank, also those that write no file)."""
+        return self.state is State.RECORDING
 
-def is_recording() -> bool:
-    """True between a start and a stop (on every rank, also those that write no file)."""
-    return _recording
+    def current_path(self) -> Optional[str]:
+        """The file this rank is writing, or None."""
+        rec = self.recorder
+        return rec.path if rec is not None and not rec.closed else None
 
+    # -- internals ------------------------------------------------------------------------------
+    def _start(self, file_path: str, mark_cycles: bool, rank: int, size: int) -> None:
+        if self.state is State.RECORDING and self.requested_path == file_path:
+            if self.recorder is not None:
+                self.recorder.set_mark_cycles(mark_cycles)
+            return
+        if self.state is not State.OFF:
+            self._stop()
+        path = resolve_path(file_path, rank)
+        self.requested_path = file_path
+        self.state = State.RECORDING
+        if path is None:
+            return   # not the coordinator: Horovod's other ranks write nothing
+        anchor = self.anchor or (time.perf_counter_ns(), time.time_ns())
+        rec = TimelineRecorder(
+            path, rank=rank, size=size, mark_cycles=mark_cycles, anchor=anchor,
+            flush_ms=float(os.environ.get("HOROVOD_TIMELINE_FLUSH_MS", "100") or 100),
+            max_bytes=_parse_bytes(os.environ.get("HOROVOD_TIMELINE_MAX_BYTES", "")),
+            cycles=_parse_steps(os.environ.get("HOROVOD_TIMELINE_STEPS", "")))
+        self.recorder = rec
+        hooks.subscribe(rec.listener)
+        if not self._exit_hook:
+            atexit.register(self.close)  # a PAUSED or forgotten recording is closed at exit
+            self._exit_hook = True
 
-def current_path() -> Optional[str]:
-    """The file this rank is writing, or None."""
-    rec = _recorder
-    return rec.path if rec is not None and not rec.closed else None
+    def _stop(self) -> None:
+        rec, self.recorder = self.recorder, None
+        self.state = State.OFF
+        self.requested_path = None
+        self.from_env = False
+        if rec is not None:
+            hooks.unsubscribe(rec.listener)
+            rec.close()
 
-
-def _start(file_path: str, mark_cycles: bool) -> None:
-    global _recorder, _requested_path, _recording, _atexit_registered
-    if _recording and _requested_path == file_path:
-        if _recorder is not None:
-            _recorder.set_mark_cycles(mark_cycles)
-        return
-    if _recording:
-        _stop()
-    rank, size = _topology()
-    path = resolve_path(file_path, rank)
-    _requested_path = file_path
-    _recording = True
-    if path is None:
-        return   # not the coordinator: Horovod's other ranks write nothing
-    anchor = _anchor or (time.perf_counter_ns(), time.time_ns())
-    rec = TimelineRecorder(
-        path, rank=rank, size=size, mark_cycles=mark_cycles, anchor=anchor,
-        flush_ms=float(os.environ.get("HOROVOD_TIMELINE_FLUSH_MS", "100") or 100),
-        max_bytes=_parse_bytes(os.environ.get("HOROVOD_TIMELINE_MAX_BYTES", "")),
-        cycles=_parse_steps(os.environ.get("HOROVOD_TIMELINE_STEPS", "")))
-    _recorder = rec
-    hooks.subscribe(rec.listener)
-    if not _atexit_registered:
-        atexit.register(_at_exit)
-        _atexit_registered = True
-
-
-def _stop() -> None:
-    global _recorder, _recording, _requested_path, _from_env, _paused
-    rec = _recorder
-    _recorder = None
-    _recording = False
-    _requested_path = None
-    _from_env = _paused = False
-    if rec is not None:
-        hooks.unsubscribe(rec.listener)
-        rec.close()
-
-
-def _at_exit() -> None:
-    with _lock:
-        if _recording:
-            _stop()
+    def close(self) -> None:
+        """End whatever records (process exit)."""
+        if self.state is not State.OFF:
+            self._stop()

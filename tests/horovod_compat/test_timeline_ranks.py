@@ -30,7 +30,7 @@ def _dynamic_job(path):
     import os
     import torch
     import horovod_compat.torch as hvd
-    from horovod_compat.torch import timeline
+    from horovod_compat.torch import runtime
 
     errors = {}
     try:
@@ -48,7 +48,7 @@ def _dynamic_job(path):
     hvd.allreduce(torch.ones(4), name="before_start")
     hvd.stop_timeline()                       # not recording: only logs, like Horovod
     hvd.start_timeline(path, mark_cycles=True)
-    writing = timeline.current_path()
+    writing = runtime.current().timeline.current_path()
     hvd.allreduce(torch.ones(1000), name="grad_a")
     hs = [hvd.allreduce_async(torch.ones(100 * (i + 1)), name=f"fused_{i}") for i in range(3)]
     for h in hs:
@@ -199,10 +199,10 @@ def test_sigkilled_ranks_leave_valid_per_rank_files_that_merge(tmp_path):
 def _env_job():
     import torch
     import horovod_compat.torch as hvd
-    from horovod_compat.torch import timeline
+    from horovod_compat.torch import runtime
 
     hvd.init()
-    writing = timeline.current_path()
+    writing = runtime.current().timeline.current_path()
     for _ in range(3):
         hvd.allreduce(torch.ones(5), name="env_started")
     torch.manual_seed(0)

@@ -312,12 +312,35 @@ def test_adapter_env_parsing_and_stop_without_start(caplog, monkeypatch):
     assert timeline.resolve_path("/x/tl.json", 0) == "/x/tl.json"
     assert timeline.resolve_path("/x/tl.json", 1) is None
     monkeypatch.delenv("HOROVOD_TIMELINE", raising=False)
+    session = timeline.Session()
     with pytest.raises(ValueError, match=r"^Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage\.$"):
-        timeline.start("/tmp/never.json")
+        session.start("/tmp/never.json", False, 0, 1)
     with caplog.at_level(logging.INFO, logger="horovod_compat.timeline"):
-        timeline.stop()
+        session.stop()
     assert "Timeline is already stopped" in caplog.text
-    assert not timeline.is_recording()
+    assert not session.is_recording() and session.state is timeline.State.OFF
+
+
+def test_session_states_through_shutdown_and_init(tmp_path, monkeypatch):
+    """An env recording pauses at shutdown and goes on in the same file at the next init; a
+    start_timeline recording ends at shutdown."""
+    from horovod_compat.torch import timeline
+
+    path = str(tmp_path / "tl.json")
+    monkeypatch.setenv("HOROVOD_TIMELINE", path)
+    session = timeline.Session()
+    session.on_init(0, 1)
+    assert session.state is timeline.State.RECORDING and session.current_path() == path
+    session.on_shutdown()
+    assert session.state is timeline.State.PAUSED and session.current_path() == path
+    session.on_init(0, 1)
+    assert session.state is timeline.State.RECORDING and session.current_path() == path
+    other = str(tmp_path / "dyn.json")
+    session.start(other, False, 0, 1)  # another path: the env file closes, the new one opens
+    assert session.current_path() == other and not session.from_env
+    session.on_shutdown()
+    assert session.state is timeline.State.OFF and session.current_path() is None
+    assert json.load(open(path)) and json.load(open(other))  # both valid JSON when closed
 
 
 def test_unwritable_env_timeline_warns_instead_of_failing_init(tmp_path, monkeypatch):
@@ -326,6 +349,7 @@ def test_unwritable_env_timeline_warns_instead_of_failing_init(tmp_path, monkeyp
     blocker = tmp_path / "file"
     blocker.write_text("x")
     monkeypatch.setenv("HOROVOD_TIMELINE", str(blocker / "sub" / "tl.json"))   # parent is a file
+    session = timeline.Session()
     with pytest.warns(RuntimeWarning, match="will not write a timeline"):
-        timeline.on_init()
-    assert not timeline.is_recording() and timeline.current_path() is None
+        session.on_init(0, 1)
+    assert not session.is_recording() and session.current_path() is None
