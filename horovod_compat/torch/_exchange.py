@@ -148,7 +148,12 @@ class ShmExchange:
         w, step = self.words, self.row // 8
         for j in range(self.n):
             if w[j * step] < s:
+                # a peer posts, then (maybe right after, its op done) leaves: having read its
+                # sequence word before the post and its bye word after the leave, read the sequence
+                # again -- stores are seen in order (x86-64 TSO), so a set bye means its post shows
                 if w[j * step + 1]:
+                    if w[j * step] >= s:
+                        continue
                     raise HorovodInternalError(
                         f"rank {j} of this process set called hvd.shutdown() (or left the job) "
                         "while this rank waited for it in a collective")

@@ -122,7 +122,8 @@ class PeerWatch:
             time.sleep(0.00005 if spins < 20000 else 0.001)
             if spins % 500 == 0:
                 for j, pid in enumerate(self.pids):
-                    if j != self.me and not _alive(pid):
+                    # a peer may post what we wait for and then exit: look once more after its exit
+                    if j != self.me and not _alive(pid) and not ready():
                         raise HorovodInternalError(
                             f"rank {j} of this process set (pid {pid}) exited while rank "
                             f"{self.me} waited for {what}")
