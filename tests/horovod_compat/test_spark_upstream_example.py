@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def write_mnist_libsvm(path: Path, rows: int = 1000, seed: int = 0) -> None:
+def write_mnist_libsvm(path: Path, rows: int = 4000, seed: int = 0) -> None:
     """A learnable stand-in for MNIST: digit k lights a 4x4 block at a place of its own."""
     rng = random.Random(seed)
     lines = []
