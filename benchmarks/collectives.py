@@ -133,6 +133,7 @@ def main(argv: List[str] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="4B,4K,1M,64M")
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--transports", default="shm,tcp,gloo", help="which of benchmarks/transports.py")
     ap.add_argument("--horovod-python", default=None,
                     help="interpreter with a real Horovod to measure as well")
     ap.add_argument("--worker-real", action="store_true", help=argparse.SUPPRESS)
@@ -148,7 +149,9 @@ def main(argv: List[str] = None) -> int:
 
     sizes = {COORDINATION: 4, **sizes}  # first row: the coordination cost
     jobs = {}
-    for _, transport, env in TRANSPORTS:
+    for key, transport, env in TRANSPORTS:
+        if key not in args.transports.split(","):
+            continue
         jobs[transport] = run_function(_measure_compat, sizes, args.iters, num_processes=2,
                                        return_all=True, timeout=1800,
                                        env={"OMP_NUM_THREADS": "1", **env})

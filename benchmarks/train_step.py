@@ -215,6 +215,7 @@ def _real_horovod_worker(kind: str, args) -> None:
 def main(argv: List[str] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mlp,transformer")
+    ap.add_argument("--transports", default="shm,tcp,gloo", help="which of benchmarks/transports.py")
     ap.add_argument("--steps", type=int, default=1, help="steps per timed round")
     ap.add_argument("--rounds", type=int, default=25, help="timed rounds per variant (median reported)")
     ap.add_argument("--warmup", type=int, default=3)
@@ -232,10 +233,12 @@ def main(argv: List[str] = None) -> int:
     ok = True
     table = []
     for key, transport, env in TRANSPORTS:
+        if key not in args.transports.split(","):
+            continue
         print(f"\n=== hvd through {transport}")
         target = 1.0 if key == "shm" else 0.97
         for kind in args.models.split(","):
-            verdict, speed, mem = _report(kind, args, env, target, with_real=key == TRANSPORTS[0][0])
+            verdict, speed, mem = _report(kind, args, env, target, with_real=key == args.transports.split(",")[0])
             ok = ok and verdict == "OK"
             table.append((key, kind, speed, target, mem, verdict))
     print("\nsummary: transport | model | speed a/b (target) | memory a/b (target <= 1.10) | verdict")
