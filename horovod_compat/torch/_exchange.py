@@ -2,7 +2,7 @@
 per negotiation round, delivered to every rank (an all-gather).
 
 A message is a list of int64 *words* (at most ``WORDS``) plus an optional byte *blob* (the full
-descriptors of ops that missed the response cache).  Two implementations, chosen per process set
+descriptors of ops that missed the response cache).  Three implementations, chosen per process set
 when it is registered; the coordinator (``negotiation``) cannot tell them apart:
 
 * ``ShmExchange`` -- every rank of the set on this host (x86-64, ``/dev/shm``): each rank owns a row
@@ -123,6 +123,7 @@ class TcpExchange:
 
     def close(self) -> None:
         self.mesh.close()
+
 
 class ShmExchange:
     """All-gather of the messages through a shared segment (every rank on this host)."""
