@@ -33,6 +33,7 @@ import select
 import socket
 import struct
 import time
+import warnings
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -83,6 +84,10 @@ class Mesh:
             ls.bind(("127.0.0.1" if same_host else "0.0.0.0", 0))
             ls.listen(n)
             addr = "127.0.0.1" if same_host else _routable_address()
+            if addr.startswith("127.") and not same_host:
+                warnings.warn(f"horovod_compat: this host's address for its peers resolves to "
+                              f"{addr}, a loopback address the other hosts cannot reach; set "
+                              "GLOO_SOCKET_IFNAME to the interface they share", RuntimeWarning)
             mine = (addr, ls.getsockname()[1], protocol.new_secret() if me == 0 else None)
             info: List[Any] = [None] * n
             dist.all_gather_object(info, mine, group=ctl)
@@ -97,7 +102,15 @@ class Mesh:
         socks: List[Optional[socket.socket]] = [None] * n
         try:
             for j in range(me):
-                s = socket.create_connection(addrs[j], timeout=_CONNECT_TIMEOUT)
+                try:
+                    s = socket.create_connection(addrs[j], timeout=_CONNECT_TIMEOUT)
+                except OSError as exc:
+                    raise ConnectionError(
+                        f"rank {me} of a process set cannot reach rank {j} at {addrs[j][0]}:"
+                        f"{addrs[j][1]} ({exc}) to build the set's TCP mesh. Name the network "
+                        "interface the hosts share with GLOO_SOCKET_IFNAME (horovodrun "
+                        "--network-interface), or negotiate over gloo with "
+                        "HOROVOD_COMPAT_TCP_CONTROL=0 HOROVOD_COMPAT_TCP_DATA=0") from exc
                 protocol.client_handshake(s, secret)
                 s.sendall(struct.pack("<I", me))
                 socks[j] = s

@@ -162,3 +162,19 @@ def test_a_bad_network_interface_name_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-nic0")
     with pytest.raises(ValueError, match="GLOO_SOCKET_IFNAME names interface 'no-such-nic0'"):
         _mesh._routable_address()
+
+
+def test_an_unreachable_peer_is_a_clear_error():
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(1)
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    dead.close()  # nothing listens there
+    try:
+        with pytest.raises(ConnectionError, match=r"cannot reach rank 0 at 127\.0\.0\.1:\d+ .*"
+                                                  r"GLOO_SOCKET_IFNAME"):
+            _mesh.Mesh._connect(ls, 1, [("127.0.0.1", port), ("127.0.0.1", 0)], SECRET)
+    finally:
+        ls.close()
