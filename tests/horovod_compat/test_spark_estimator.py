@@ -136,6 +136,31 @@ def test_classifier_outputs_become_vectors(spark, tmp_path):
     assert isinstance(row["cls__output"], DenseVector) and len(row["cls__output"]) == 2
 
 
+class CountsLoads(torch.nn.Module):
+    """Predicts how many times the Python worker running it has unpickled a CountsLoads."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(1, 1)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        sys.horovod_compat_test_loads = getattr(sys, "horovod_compat_test_loads", 0) + 1
+
+    def forward(self, x):
+        return torch.full((len(x), 1), float(getattr(sys, "horovod_compat_test_loads", 0)))
+
+
+def test_transform_unpickles_the_model_once_per_python_worker(spark):
+    from horovod.spark.torch import TorchModel
+
+    df = spark.range(0, 64, 1, 16).selectExpr("CAST(id AS DOUBLE) AS x", "CAST(0.0 AS DOUBLE) AS y")
+    model = TorchModel(model=CountsLoads(), feature_columns=["x"], label_columns=["y"])
+    loads = [r["y__output"] for r in model.transform(df).collect()]
+    # 16 tasks on Spark's reused Python workers (2 at a time): each worker unpickled it once.
+    assert len(loads) == 64 and set(loads) == {1.0}
+
+
 class RecordingBackend(Backend):
     """A backend that fails the test if training is started."""
 
