@@ -136,6 +136,51 @@ def test_classifier_outputs_become_vectors(spark, tmp_path):
     assert isinstance(row["cls__output"], DenseVector) and len(row["cls__output"]) == 2
 
 
+def recording_minibatch_fn(folder):
+    """Horovod's default training step as a train_minibatch_fn, which also appends
+    (batch_idx, rows, the parameters before the step) to <folder>/rank<N>.jsonl."""
+    def train_minibatch(model, optimizer, transform_outputs, loss_fn, inputs, labels,
+                        sample_weights, backward_passes_per_step, batch_idx):
+        import json
+        import os
+
+        import torch.distributed as dist
+
+        params = [round(float(v), 6) for p in model.parameters() for v in p.detach().reshape(-1)]
+        with open(os.path.join(folder, f"rank{dist.get_rank()}.jsonl"), "a") as out:
+            out.write(json.dumps([batch_idx, len(labels[0]), params]) + "\n")
+        if batch_idx % backward_passes_per_step == 0:
+            if batch_idx != 0:
+                optimizer.step()
+            optimizer.zero_grad()
+        outputs, labels = transform_outputs(model(*inputs), labels)
+        loss = loss_fn(outputs, labels, sample_weights)
+        loss.backward()
+        return outputs, loss
+    return train_minibatch
+
+
+def test_train_minibatch_fn_runs_every_batch_with_averaged_steps(spark, tmp_path):
+    import json
+
+    record = tmp_path / "calls"
+    record.mkdir()
+    est = estimator(Store.create(str(tmp_path / "store")), label_shapes=None, epochs=3,
+                    train_minibatch_fn=recording_minibatch_fn(str(record)))
+    history = est.fit(linear_df(spark)).getHistory()
+    assert history[-1]["train"]["loss"] < history[0]["train"]["loss"]
+    calls = {r: [json.loads(line) for line in (record / f"rank{r}.jsonl").read_text().splitlines()]
+             for r in (0, 1)}
+    # 120 rows per rank in batches of 8: 15 calls per epoch, batch_idx 0..14, every row once.
+    for rank_calls in calls.values():
+        assert [c[0] for c in rank_calls] == list(range(15)) * 3
+        assert sum(c[1] for c in rank_calls) == 3 * 120
+    # The optimizer averaged the gradients over the ranks: both hold the same model at every call,
+    # though each trained on its own rows, and it changed from epoch to epoch.
+    assert [c[2] for c in calls[0]] == [c[2] for c in calls[1]]
+    assert calls[0][0][2] != calls[0][15][2] != calls[0][30][2]
+
+
 class CountsLoads(torch.nn.Module):
     """Predicts how many times the Python worker running it has unpickled a CountsLoads."""
 
@@ -199,3 +244,8 @@ def test_bad_inputs_fail_before_training(spark, tmp_path):
         estimator(store, batchsize=3)
     with pytest.raises(EstimatorError, match="validation must be a fraction"):
         bad_estimator(store, validation=1.5).fit(df)
+    with pytest.raises(EstimatorError, match="train_minibatch_fn must be a function, got str"):
+        bad_estimator(store, train_minibatch_fn="sgd").fit(df)
+    with pytest.raises(EstimatorError, match=r"batch_size=1 needs the 39 training rows to split evenly"):
+        bad_estimator(store, train_minibatch_fn=recording_minibatch_fn(str(tmp_path)),
+                      batch_size=1).fit(df.limit(39))

@@ -44,6 +44,9 @@ class TorchEstimator(HorovodEstimator):
         if shapes is not None and len(shapes) != len(as_list(self.getFeatureCols())):
             raise EstimatorError(f"input_shapes has {len(shapes)} shape(s) for "
                                  f"{len(as_list(self.getFeatureCols()))} feature column(s); give one per column.")
+        minibatch = self.getTrainMinibatchFn()
+        if minibatch is not None and not callable(minibatch):
+            raise EstimatorError(f"train_minibatch_fn must be a function, got {type(minibatch).__name__}.")
         bpps = self.getBackwardPassesPerStep()
         if isinstance(bpps, bool) or not isinstance(bpps, int) or bpps < 1:
             raise EstimatorError(f"backward_passes_per_step must be a positive int, got {bpps!r}.")
@@ -68,7 +71,8 @@ class TorchEstimator(HorovodEstimator):
             backward_passes_per_step=self.getBackwardPassesPerStep(),
             compression=self.getGradientCompression(), transformation_fn=self.getTransformationFn(),
             data=data, store=self.getStore(), run_id=run_id, checkpoint=checkpoint,
-            verbose=self.getVerbose(), use_gpu=bool(self.getUseGpu()),
+            train_minibatch_fn=self.getTrainMinibatchFn(), verbose=self.getVerbose(),
+            use_gpu=bool(self.getUseGpu()),
         )
 
     def _probe(self, config: remote.TrainConfig) -> None:
@@ -116,6 +120,15 @@ class TorchEstimator(HorovodEstimator):
             ) from exc
 
     def _fit_on_prepared_data(self, backend: Any, data: PreparedData, run_id: str) -> "TorchModel":
+        num_proc = backend.num_processes()
+        if self.getTrainMinibatchFn() is not None and self.getBatchSize() == 1 and \
+                data.train_rows % num_proc:
+            raise EstimatorError(
+                f"train_minibatch_fn with batch_size=1 needs the {data.train_rows} training rows to "
+                f"split evenly over the {num_proc} processes (otherwise a rank gets an empty last "
+                "batch that the function would have to handle); use batch_size >= 2 or another "
+                "number of processes."
+            )
         checkpoint = self._read_checkpoint(run_id)
         config = self._config(data, run_id, checkpoint)
         self._probe(config)
@@ -139,7 +152,10 @@ class TorchEstimator(HorovodEstimator):
 declare(TorchEstimator, {
     "input_shapes": (None, "shape of each feature column's tensor, e.g. [[-1, 1, 28, 28]]"),
     "loss_constructors": (None, "functions returning the loss, instead of loss="),
-    "train_minibatch_fn": (None, "accepted for compatibility"),
+    "train_minibatch_fn": (None, "fn(model, optimizer, transform_outputs, loss_fn, inputs, labels, "
+                                 "sample_weights, backward_passes_per_step, batch_idx) -> (outputs, loss) "
+                                 "run on every training batch instead of the default step; the optimizer "
+                                 "averages the gradients over the ranks in step()"),
     "backward_passes_per_step": (1, "batches whose gradients are summed per optimizer step"),
 })
 

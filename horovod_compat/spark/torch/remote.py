@@ -52,6 +52,7 @@ class TrainConfig(RunConfig):
     compression: Any
     transformation_fn: Any
     checkpoint: Optional[bytes] = None
+    train_minibatch_fn: Any = None
     verbose: int = 1
     use_gpu: bool = True
     buffer_row_groups: int = 4
@@ -112,8 +113,8 @@ def compute_loss(cfg: TrainConfig, outputs: List[Any], labels: List[Any], weight
     return total
 
 
-def forward(cfg: TrainConfig, model: Any, batch: Dict[str, np.ndarray], device: Any):
-    """(outputs, labels, weights, rows) of one batch."""
+def batch_tensors(cfg: TrainConfig, batch: Dict[str, np.ndarray], device: Any):
+    """(inputs, labels, sample weights or None) of one batch, as tensors."""
     if cfg.transformation_fn is not None:
         batch = apply_transformation(cfg.transformation_fn, batch)
     inputs = to_tensors(batch, cfg.feature_cols, cfg.input_shapes, device)
@@ -121,9 +122,58 @@ def forward(cfg: TrainConfig, model: Any, batch: Dict[str, np.ndarray], device: 
     weights = None
     if cfg.sample_weight_col:
         weights = to_tensors(batch, [cfg.sample_weight_col], None, device)[0].float()
-    outputs = model(*inputs)
-    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-    return outputs, labels, weights, len(labels[0])
+    return inputs, labels, weights
+
+
+def _as_list(outputs: Any) -> List[Any]:
+    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+def match_outputs(cfg: TrainConfig, outputs: Any, labels: List[Any]):
+    """(outputs as a list, labels): without `label_shapes`, a label with as many values as its
+    output takes the output's shape (a (N,) label against an (N, 1) output), as in Horovod."""
+    outputs = _as_list(outputs)
+    if cfg.label_shapes is None and hasattr(outputs[0], "shape"):
+        labels = [label.reshape(output.shape) if label.numel() == output.numel() else label
+                  for label, output in zip(labels, outputs)]
+    return outputs, labels
+
+
+def forward(cfg: TrainConfig, model: Any, batch: Dict[str, np.ndarray], device: Any):
+    """(outputs, labels, weights, rows) of one batch."""
+    inputs, labels, weights = batch_tensors(cfg, batch, device)
+    rows = len(labels[0])
+    outputs, labels = match_outputs(cfg, model(*inputs), labels)
+    return outputs, labels, weights, rows
+
+
+class AveragingOptimizer:
+    """The optimizer a `train_minibatch_fn` is given: `step()` first averages the gradients over
+    the ranks (one allreduce, with the estimator's gradient compression), as Horovod's
+    DistributedOptimizer does; everything else is the wrapped optimizer's."""
+
+    def __init__(self, optimizer: Any, model: Any, compression: Any, dist: Any) -> None:
+        self.optimizer, self._model, self._compression, self._dist = optimizer, model, compression, dist
+
+    def step(self, closure: Any = None) -> Any:
+        _allreduce_gradients(self._model, 1.0, self._compression, self._dist)
+        return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
+
+
+def _minibatch_helpers(cfg: TrainConfig):
+    """Horovod's `transform_outputs(outputs, labels)` and `loss_fn(outputs, labels,
+    sample_weights)`, the helpers a `train_minibatch_fn` is called with."""
+
+    def transform_outputs(outputs: Any, labels: List[Any]):
+        return match_outputs(cfg, outputs, labels)
+
+    def loss_fn(outputs: List[Any], labels: List[Any], sample_weights: Any) -> Any:
+        return compute_loss(cfg, outputs, labels, sample_weights)
+
+    return transform_outputs, loss_fn
 
 
 def _cycle(reader: Any, start_epoch: int) -> Iterator[Dict[str, np.ndarray]]:
@@ -169,35 +219,52 @@ def _allreduce_gradients(model: Any, rows: float, compression: Any, dist: Any) -
 
 def _epoch_sums(cfg: TrainConfig, model: Any, batches: Iterator[Any], steps: int,
                 optimizer: Any, device: Any, dist: Any) -> Dict[str, float]:
-    """Run `steps` steps (training when `optimizer` is given); the mean loss and metrics."""
+    """Run `steps` steps (training when `optimizer` is given); the mean loss and metrics.
+
+    Training steps are the estimator's own (each rank's gradients weighted by its rows, one
+    allreduce per optimizer step) unless `train_minibatch_fn` is set: then, as in Horovod, it
+    runs every batch with an `AveragingOptimizer` and owns zero_grad/backward/step, and the
+    optimizer steps once more at the end of the epoch."""
     import torch
 
     training = optimizer is not None
+    custom = training and cfg.train_minibatch_fn is not None
     model.train(training)
     sums = np.zeros(2 + len(cfg.metrics))  # loss*rows, rows, metric*rows...
     pending_rows = 0
     k = max(1, cfg.backward_passes_per_step) if training else 1
+    if custom:
+        optimizer = AveragingOptimizer(optimizer, model, cfg.compression, dist)
+        transform_outputs, loss_fn = _minibatch_helpers(cfg)
     with torch.set_grad_enabled(training):
-        if training:
+        if training and not custom:
             optimizer.zero_grad()
         for step in range(steps):
             batch = next(batches)
             rows = len(next(iter(batch.values()))) if batch else 0
-            if rows:
+            if custom:
+                inputs, labels, weights = batch_tensors(cfg, batch, device)
+                outputs, loss = cfg.train_minibatch_fn(model, optimizer, transform_outputs, loss_fn,
+                                                       inputs, labels, weights, k, step)
+                outputs = _as_list(outputs)
+            elif rows:
                 outputs, labels, weights, rows = forward(cfg, model, batch, device)
                 loss = compute_loss(cfg, outputs, labels, weights)
                 if training:
                     (loss * rows).backward()
+            if rows:
                 sums[0] += float(loss.detach()) * rows
                 for m, metric in enumerate(cfg.metrics):
                     sums[2 + m] += float(metric(outputs[0].detach(), labels[0])) * rows
             sums[1] += rows
             pending_rows += rows
-            if training and ((step + 1) % k == 0 or step == steps - 1):
+            if training and not custom and ((step + 1) % k == 0 or step == steps - 1):
                 _allreduce_gradients(model, pending_rows, cfg.compression, dist)
                 optimizer.step()
                 optimizer.zero_grad()
                 pending_rows = 0
+        if custom:
+            optimizer.step()
     totals = torch.tensor(sums, dtype=torch.float64)
     dist.all_reduce(totals)
     totals = totals.numpy()
