@@ -181,6 +181,43 @@ def test_train_minibatch_fn_runs_every_batch_with_averaged_steps(spark, tmp_path
     assert calls[0][0][2] != calls[0][15][2] != calls[0][30][2]
 
 
+def test_save_and_load_estimator_model_and_pipeline(spark, tmp_path):
+    from pyspark.ml import PipelineModel
+
+    import horovod.spark.torch as hvd
+
+    store = Store.create(str(tmp_path / "store"))
+    est = estimator(store, epochs=1, validation=0.25, run_id="saved")
+    est.save(str(tmp_path / "store" / "estimator"))  # through the store: one metadata file
+    assert (tmp_path / "store" / "estimator" / "metadata").is_file()
+    loaded = hvd.TorchEstimator.load(str(tmp_path / "store" / "estimator"))
+    assert type(loaded) is hvd.TorchEstimator and loaded.uid == est.uid
+    assert (loaded.getBatchSize(), loaded.getFeatureCols(), loaded.getValidation(), loaded.getRunId()) == \
+        (8, ["vec", "arr"], 0.25, "saved")
+    assert loaded.getStore() is None and loaded.getBackend() is None  # given again, as in Horovod
+    assert loaded.getModel().state_dict()["linear.weight"].tolist() == \
+        est.getModel().state_dict()["linear.weight"].tolist()
+    # The optimizer, unpickled apart from the model, was rebuilt over the loaded model.
+    assert loaded.getOptimizer().param_groups[0]["params"][0] is next(loaded.getModel().parameters())
+    assert loaded.getOptimizer().param_groups[0]["lr"] == 0.2
+
+    model = loaded.setStore(store).setBackend(SparkBackend(num_proc=2)).fit(linear_df(spark))
+    model.save(str(tmp_path / "model"))  # no store: written through Spark
+    again = hvd.TorchModel.load(str(tmp_path / "model"))
+    assert again.getHistory() == model.getHistory() and again.getRunId() == "saved"
+    assert again.getOptimizer().param_groups[0]["params"][0] is next(again.getModel().parameters())
+
+    def predictions(transformer):
+        return [r["y__output"] for r in transformer.transform(linear_df(spark, 40)).orderBy("id").collect()]
+
+    expected = predictions(model)
+    assert predictions(again) == expected
+    PipelineModel([model]).save(str(tmp_path / "pipeline"))
+    assert predictions(PipelineModel.load(str(tmp_path / "pipeline"))) == expected
+    with pytest.raises(TypeError, match="holds a saved .*TorchModel, not a .*TorchEstimator"):
+        hvd.TorchEstimator.load(str(tmp_path / "model"))
+
+
 class CountsLoads(torch.nn.Module):
     """Predicts how many times the Python worker running it has unpickled a CountsLoads."""
 

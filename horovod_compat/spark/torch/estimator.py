@@ -20,8 +20,38 @@ from . import remote
 PROBE_ROWS = 2
 
 
+def rebind_optimizer(model: Any, optimizer: Any) -> Any:
+    """`optimizer` (with its hyperparameters and state) rebuilt over `model.parameters()`, for
+    a model and optimizer that were unpickled apart (from `load`), so that it updates the model
+    again; unchanged when it already does or when the parameter counts differ."""
+    if model is None or optimizer is None:
+        return optimizer
+    params = list(model.parameters())
+    owned = {id(p) for p in params}
+    groups = [len(g["params"]) for g in optimizer.param_groups]
+    if any(id(p) in owned for g in optimizer.param_groups for p in g["params"]) or sum(groups) != len(params):
+        return optimizer
+    split, at = [], 0
+    for size in groups:
+        split.append({"params": params[at:at + size]})
+        at += size
+    try:
+        rebuilt = type(optimizer)(split)
+    except TypeError:  # a constructor with required hyperparameters: kept as loaded
+        return optimizer
+    rebuilt.load_state_dict(optimizer.state_dict())
+    return rebuilt
+
+
+def _rebind_after_load(self: Any) -> None:
+    if self.isSet(self.optimizer):
+        self._set(optimizer=rebind_optimizer(self.getModel(), self.getOptimizer()))
+
+
 class TorchEstimator(HorovodEstimator):
     """Horovod's PyTorch Spark estimator (see Horovod's docs for the parameters)."""
+
+    _after_load = _rebind_after_load
 
     def _check_model_params(self) -> None:
         import torch
@@ -166,6 +196,8 @@ class TorchModel(HorovodModel):
 
     def getOptimizer(self) -> Any:
         return self.getOrDefault(self.optimizer)
+
+    _after_load = _rebind_after_load
 
     def getModel(self) -> Any:
         return self.getOrDefault(self.model)
