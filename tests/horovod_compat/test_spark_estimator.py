@@ -181,6 +181,66 @@ def test_train_minibatch_fn_runs_every_batch_with_averaged_steps(spark, tmp_path
     assert calls[0][0][2] != calls[0][15][2] != calls[0][30][2]
 
 
+from horovod.spark.common.datamodule import DataModule  # noqa: E402
+
+
+class ParquetRows(DataModule):
+    """A data module as a user writes one: every shard_count-th row of the Parquet data from
+    cur_shard on, in batches of (features dict, label), for all the epochs; it records what it
+    was built with in <record>/rank<N>.json."""
+
+    record = None
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        import json
+        import os
+
+        shown = {k: kwargs[k] for k in ("cur_shard", "shard_count", "train_batch_size",
+                                        "steps_per_epoch_train", "steps_per_epoch_val", "has_val",
+                                        "num_train_epochs", "label_cols", "feature_cols")}
+        with open(os.path.join(self.record, f"rank{self.cur_shard}.json"), "w") as out:
+            json.dump(shown, out)
+
+    def _batches(self, folder, size, steps):
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(folder).to_pydict()
+        mine = range(self.cur_shard, len(table["y"]), self.shard_count)
+        rows = [{k: table[k][i] for k in ("vec", "arr", "y")} for i in mine]
+        for _ in range(self.num_train_epochs * steps):
+            batch, rows = rows[:size], rows[size:] + rows[:size]
+            features = {"vec": torch.tensor([r["vec"] for r in batch]),
+                        "arr": torch.tensor([r["arr"] for r in batch])}
+            yield features, torch.tensor([r["y"] for r in batch], dtype=torch.float64)
+
+    def train_data(self):
+        return self._batches(self.train_dir, self.train_batch_size, self.steps_per_epoch_train)
+
+    def val_data(self):
+        return self._batches(self.val_dir, self.val_batch_size, self.steps_per_epoch_val)
+
+
+def test_data_module_feeds_every_rank(spark, tmp_path):
+    import json
+
+    record = tmp_path / "built"
+    record.mkdir()
+    module = type("RecordedParquetRows", (ParquetRows,), {"record": str(record)})
+    est = estimator(Store.create(str(tmp_path / "store")), data_module=module, validation=0.25)
+    history = est.fit(linear_df(spark)).getHistory()
+    assert history[-1]["train"]["loss"] < history[0]["train"]["loss"] and "validation" in history[0]
+    built = [json.loads((record / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(b["cur_shard"], b["shard_count"]) for b in built] == [(0, 2), (1, 2)]
+    # Every rank takes the same steps: ceil(training rows / (8 rows * 2 ranks)).
+    assert built[0]["steps_per_epoch_train"] == built[1]["steps_per_epoch_train"] >= 11
+    assert built[0]["has_val"] and built[0]["num_train_epochs"] == 3 and built[0]["label_cols"] == ["y"]
+    from horovod_compat.spark.common.estimator import EstimatorError
+
+    with pytest.raises(EstimatorError, match="data_module must be a class .* instance of str"):
+        bad_estimator(Store.create(str(tmp_path / "store")), data_module="petastorm").fit(linear_df(spark, 8))
+
+
 def test_save_and_load_estimator_model_and_pipeline(spark, tmp_path):
     from pyspark.ml import PipelineModel
 

@@ -74,6 +74,10 @@ class TorchEstimator(HorovodEstimator):
         if shapes is not None and len(shapes) != len(as_list(self.getFeatureCols())):
             raise EstimatorError(f"input_shapes has {len(shapes)} shape(s) for "
                                  f"{len(as_list(self.getFeatureCols()))} feature column(s); give one per column.")
+        module = self.getDataModule()
+        if module is not None and not isinstance(module, type):
+            raise EstimatorError(f"data_module must be a class (each rank builds its own), got an "
+                                 f"instance of {type(module).__name__}; pass the class itself.")
         minibatch = self.getTrainMinibatchFn()
         if minibatch is not None and not callable(minibatch):
             raise EstimatorError(f"train_minibatch_fn must be a function, got {type(minibatch).__name__}.")
@@ -101,7 +105,8 @@ class TorchEstimator(HorovodEstimator):
             backward_passes_per_step=self.getBackwardPassesPerStep(),
             compression=self.getGradientCompression(), transformation_fn=self.getTransformationFn(),
             data=data, store=self.getStore(), run_id=run_id, checkpoint=checkpoint,
-            train_minibatch_fn=self.getTrainMinibatchFn(), verbose=self.getVerbose(),
+            train_minibatch_fn=self.getTrainMinibatchFn(), data_module=self.getDataModule(),
+            verbose=self.getVerbose(),
             use_gpu=bool(self.getUseGpu()),
         )
 
@@ -113,7 +118,7 @@ class TorchEstimator(HorovodEstimator):
 
         reader = open_shard(config.data.train_path, 0, 1, list(config.data.columns), PROBE_ROWS,
                             False, 0, 1, config.data.filesystem)
-        batch = next(reader.batches(0))
+        batch = next(remote.transformed(config, reader.batches(0)))
         model = copy.deepcopy(config.model)
         try:
             with torch.no_grad():
@@ -187,6 +192,8 @@ declare(TorchEstimator, {
                                  "run on every training batch instead of the default step; the optimizer "
                                  "averages the gradients over the ranks in step()"),
     "backward_passes_per_step": (1, "batches whose gradients are summed per optimizer step"),
+    "data_module": (None, "horovod.spark.common.datamodule.DataModule subclass each rank reads its "
+                          "batches from (default: the rank's own Parquet shards)"),
 })
 
 
