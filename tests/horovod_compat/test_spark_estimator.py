@@ -138,7 +138,7 @@ def test_classifier_outputs_become_vectors(spark, tmp_path):
 
 def recording_minibatch_fn(folder):
     """Horovod's default training step as a train_minibatch_fn, which also appends
-    (batch_idx, rows, the parameters before the step) to <folder>/rank<N>.jsonl."""
+    (batch_idx, rows, the parameters before the step, the labels) to <folder>/rank<N>.jsonl."""
     def train_minibatch(model, optimizer, transform_outputs, loss_fn, inputs, labels,
                         sample_weights, backward_passes_per_step, batch_idx):
         import json
@@ -148,7 +148,7 @@ def recording_minibatch_fn(folder):
 
         params = [round(float(v), 6) for p in model.parameters() for v in p.detach().reshape(-1)]
         with open(os.path.join(folder, f"rank{dist.get_rank()}.jsonl"), "a") as out:
-            out.write(json.dumps([batch_idx, len(labels[0]), params]) + "\n")
+            out.write(json.dumps([batch_idx, len(labels[0]), params, labels[0].tolist()]) + "\n")
         if batch_idx % backward_passes_per_step == 0:
             if batch_idx != 0:
                 optimizer.step()
@@ -166,7 +166,8 @@ def test_train_minibatch_fn_runs_every_batch_with_averaged_steps(spark, tmp_path
     record = tmp_path / "calls"
     record.mkdir()
     est = estimator(Store.create(str(tmp_path / "store")), label_shapes=None, epochs=3,
-                    train_minibatch_fn=recording_minibatch_fn(str(record)))
+                    train_minibatch_fn=recording_minibatch_fn(str(record)),
+                    transformation_fn=lambda frame: frame.assign(y=frame["y"] * 0 + 3.0))
     history = est.fit(linear_df(spark)).getHistory()
     assert history[-1]["train"]["loss"] < history[0]["train"]["loss"]
     calls = {r: [json.loads(line) for line in (record / f"rank{r}.jsonl").read_text().splitlines()]
@@ -175,6 +176,8 @@ def test_train_minibatch_fn_runs_every_batch_with_averaged_steps(spark, tmp_path
     for rank_calls in calls.values():
         assert [c[0] for c in rank_calls] == list(range(15)) * 3
         assert sum(c[1] for c in rank_calls) == 3 * 120
+        # transformation_fn reached every batch.
+        assert {v for c in rank_calls for v in c[3]} == {3.0}
     # The optimizer averaged the gradients over the ranks: both hold the same model at every call,
     # though each trained on its own rows, and it changed from epoch to epoch.
     assert [c[2] for c in calls[0]] == [c[2] for c in calls[1]]
