@@ -136,6 +136,176 @@ def test_classifier_outputs_become_vectors(spark, tmp_path):
     assert isinstance(row["cls__output"], DenseVector) and len(row["cls__output"]) == 2
 
 
+def recording_minibatch_fn(folder):
+    """Horovod's default training step as a train_minibatch_fn, which also appends
+    (batch_idx, rows, the parameters before the step, the labels) to <folder>/rank<N>.jsonl."""
+    def train_minibatch(model, optimizer, transform_outputs, loss_fn, inputs, labels,
+                        sample_weights, backward_passes_per_step, batch_idx):
+        import json
+        import os
+
+        import torch.distributed as dist
+
+        params = [round(float(v), 6) for p in model.parameters() for v in p.detach().reshape(-1)]
+        with open(os.path.join(folder, f"rank{dist.get_rank()}.jsonl"), "a") as out:
+            out.write(json.dumps([batch_idx, len(labels[0]), params, labels[0].tolist()]) + "\n")
+        if batch_idx % backward_passes_per_step == 0:
+            if batch_idx != 0:
+                optimizer.step()
+            optimizer.zero_grad()
+        outputs, labels = transform_outputs(model(*inputs), labels)
+        loss = loss_fn(outputs, labels, sample_weights)
+        loss.backward()
+        return outputs, loss
+    return train_minibatch
+
+
+def test_train_minibatch_fn_runs_every_batch_with_averaged_steps(spark, tmp_path):
+    import json
+
+    record = tmp_path / "calls"
+    record.mkdir()
+    est = estimator(Store.create(str(tmp_path / "store")), label_shapes=None, epochs=3,
+                    train_minibatch_fn=recording_minibatch_fn(str(record)),
+                    transformation_fn=lambda frame: frame.assign(y=frame["y"] * 0 + 3.0))
+    history = est.fit(linear_df(spark)).getHistory()
+    assert history[-1]["train"]["loss"] < history[0]["train"]["loss"]
+    calls = {r: [json.loads(line) for line in (record / f"rank{r}.jsonl").read_text().splitlines()]
+             for r in (0, 1)}
+    # 120 rows per rank in batches of 8: 15 calls per epoch, batch_idx 0..14, every row once.
+    for rank_calls in calls.values():
+        assert [c[0] for c in rank_calls] == list(range(15)) * 3
+        assert sum(c[1] for c in rank_calls) == 3 * 120
+        # transformation_fn reached every batch.
+        assert {v for c in rank_calls for v in c[3]} == {3.0}
+    # The optimizer averaged the gradients over the ranks: both hold the same model at every call,
+    # though each trained on its own rows, and it changed from epoch to epoch.
+    assert [c[2] for c in calls[0]] == [c[2] for c in calls[1]]
+    assert calls[0][0][2] != calls[0][15][2] != calls[0][30][2]
+
+
+from horovod.spark.common.datamodule import DataModule  # noqa: E402
+
+
+class ParquetRows(DataModule):
+    """A data module as a user writes one: every shard_count-th row of the Parquet data from
+    cur_shard on, in batches of (features dict, label), for all the epochs; it records what it
+    was built with in <record>/rank<N>.json."""
+
+    record = None
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        import json
+        import os
+
+        shown = {k: kwargs[k] for k in ("cur_shard", "shard_count", "train_batch_size",
+                                        "steps_per_epoch_train", "steps_per_epoch_val", "has_val",
+                                        "num_train_epochs", "label_cols", "feature_cols")}
+        with open(os.path.join(self.record, f"rank{self.cur_shard}.json"), "w") as out:
+            json.dump(shown, out)
+
+    def _batches(self, folder, size, steps):
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(folder).to_pydict()
+        mine = range(self.cur_shard, len(table["y"]), self.shard_count)
+        rows = [{k: table[k][i] for k in ("vec", "arr", "y")} for i in mine]
+        for _ in range(self.num_train_epochs * steps):
+            batch, rows = rows[:size], rows[size:] + rows[:size]
+            features = {"vec": torch.tensor([r["vec"] for r in batch]),
+                        "arr": torch.tensor([r["arr"] for r in batch])}
+            yield features, torch.tensor([r["y"] for r in batch], dtype=torch.float64)
+
+    def train_data(self):
+        return self._batches(self.train_dir, self.train_batch_size, self.steps_per_epoch_train)
+
+    def val_data(self):
+        return self._batches(self.val_dir, self.val_batch_size, self.steps_per_epoch_val)
+
+
+def test_data_module_feeds_every_rank(spark, tmp_path):
+    import json
+
+    record = tmp_path / "built"
+    record.mkdir()
+    module = type("RecordedParquetRows", (ParquetRows,), {"record": str(record)})
+    est = estimator(Store.create(str(tmp_path / "store")), data_module=module, validation=0.25)
+    history = est.fit(linear_df(spark)).getHistory()
+    assert history[-1]["train"]["loss"] < history[0]["train"]["loss"] and "validation" in history[0]
+    built = [json.loads((record / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(b["cur_shard"], b["shard_count"]) for b in built] == [(0, 2), (1, 2)]
+    # Every rank takes the same steps: ceil(training rows / (8 rows * 2 ranks)).
+    assert built[0]["steps_per_epoch_train"] == built[1]["steps_per_epoch_train"] >= 11
+    assert built[0]["has_val"] and built[0]["num_train_epochs"] == 3 and built[0]["label_cols"] == ["y"]
+    from horovod_compat.spark.common.estimator import EstimatorError
+
+    with pytest.raises(EstimatorError, match="data_module must be a class .* instance of str"):
+        bad_estimator(Store.create(str(tmp_path / "store")), data_module="petastorm").fit(linear_df(spark, 8))
+
+
+def test_save_and_load_estimator_model_and_pipeline(spark, tmp_path):
+    from pyspark.ml import PipelineModel
+
+    import horovod.spark.torch as hvd
+
+    store = Store.create(str(tmp_path / "store"))
+    est = estimator(store, epochs=1, validation=0.25, run_id="saved")
+    est.save(str(tmp_path / "store" / "estimator"))  # through the store: one metadata file
+    assert (tmp_path / "store" / "estimator" / "metadata").is_file()
+    loaded = hvd.TorchEstimator.load(str(tmp_path / "store" / "estimator"))
+    assert type(loaded) is hvd.TorchEstimator and loaded.uid == est.uid
+    assert (loaded.getBatchSize(), loaded.getFeatureCols(), loaded.getValidation(), loaded.getRunId()) == \
+        (8, ["vec", "arr"], 0.25, "saved")
+    assert loaded.getStore() is None and loaded.getBackend() is None  # given again, as in Horovod
+    assert loaded.getModel().state_dict()["linear.weight"].tolist() == \
+        est.getModel().state_dict()["linear.weight"].tolist()
+    # The optimizer, unpickled apart from the model, was rebuilt over the loaded model.
+    assert loaded.getOptimizer().param_groups[0]["params"][0] is next(loaded.getModel().parameters())
+    assert loaded.getOptimizer().param_groups[0]["lr"] == 0.2
+
+    model = loaded.setStore(store).setBackend(SparkBackend(num_proc=2)).fit(linear_df(spark))
+    model.save(str(tmp_path / "model"))  # no store: written through Spark
+    again = hvd.TorchModel.load(str(tmp_path / "model"))
+    assert again.getHistory() == model.getHistory() and again.getRunId() == "saved"
+    assert again.getOptimizer().param_groups[0]["params"][0] is next(again.getModel().parameters())
+
+    def predictions(transformer):
+        return [r["y__output"] for r in transformer.transform(linear_df(spark, 40)).orderBy("id").collect()]
+
+    expected = predictions(model)
+    assert predictions(again) == expected
+    PipelineModel([model]).save(str(tmp_path / "pipeline"))
+    assert predictions(PipelineModel.load(str(tmp_path / "pipeline"))) == expected
+    with pytest.raises(TypeError, match="holds a saved .*TorchModel, not a .*TorchEstimator"):
+        hvd.TorchEstimator.load(str(tmp_path / "model"))
+
+
+class CountsLoads(torch.nn.Module):
+    """Predicts how many times the Python worker running it has unpickled a CountsLoads."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(1, 1)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        sys.horovod_compat_test_loads = getattr(sys, "horovod_compat_test_loads", 0) + 1
+
+    def forward(self, x):
+        return torch.full((len(x), 1), float(getattr(sys, "horovod_compat_test_loads", 0)))
+
+
+def test_transform_unpickles_the_model_once_per_python_worker(spark):
+    from horovod.spark.torch import TorchModel
+
+    df = spark.range(0, 64, 1, 16).selectExpr("CAST(id AS DOUBLE) AS x", "CAST(0.0 AS DOUBLE) AS y")
+    model = TorchModel(model=CountsLoads(), feature_columns=["x"], label_columns=["y"])
+    loads = [r["y__output"] for r in model.transform(df).collect()]
+    # 16 tasks on Spark's reused Python workers (2 at a time): each worker unpickled it once.
+    assert len(loads) == 64 and set(loads) == {1.0}
+
+
 class RecordingBackend(Backend):
     """A backend that fails the test if training is started."""
 
@@ -174,3 +344,8 @@ def test_bad_inputs_fail_before_training(spark, tmp_path):
         estimator(store, batchsize=3)
     with pytest.raises(EstimatorError, match="validation must be a fraction"):
         bad_estimator(store, validation=1.5).fit(df)
+    with pytest.raises(EstimatorError, match="train_minibatch_fn must be a function, got str"):
+        bad_estimator(store, train_minibatch_fn="sgd").fit(df)
+    with pytest.raises(EstimatorError, match=r"batch_size=1 needs the 39 training rows to split evenly"):
+        bad_estimator(store, train_minibatch_fn=recording_minibatch_fn(str(tmp_path)),
+                      batch_size=1).fit(df.limit(39))

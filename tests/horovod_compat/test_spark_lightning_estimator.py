@@ -111,3 +111,62 @@ def test_lightning_1_hooks_and_plain_modules_are_refused_before_training(spark, 
         hvd.TorchEstimator(model=Legacy(), **common).fit(regression_df(spark, 10))
     with pytest.raises(EstimatorError, match="trains a LightningModule"):
         hvd.TorchEstimator(model=torch.nn.Linear(2, 1), **common).fit(regression_df(spark, 10))
+
+
+def make_data_module(pl, record):
+    class ParquetShard(pl.LightningDataModule):
+        """Every shard_count-th row of the Parquet data from cur_shard on, steps_per_epoch_* dict
+        batches an epoch; records its keyword arguments in <record>/rank<N>.json."""
+
+        def __init__(self, **kwargs):
+            super().__init__()
+            import json
+            import os
+
+            self.kwargs = kwargs
+            with open(os.path.join(record, f"rank{kwargs['cur_shard']}.json"), "w") as out:
+                json.dump({k: kwargs[k] for k in ("cur_shard", "shard_count", "train_batch_size",
+                                                  "steps_per_epoch_train", "has_val")}, out)
+
+        def _loader(self, folder, size, steps):
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(folder).to_pydict()
+            mine = list(range(self.kwargs["cur_shard"], len(table["y"]), self.kwargs["shard_count"]))
+            batches = []
+            for step in range(steps):
+                rows = [mine[(step * size + i) % len(mine)] for i in range(size)]
+                batches.append({"vec": torch.tensor([table["vec"][i] for i in rows]),
+                                "y": torch.tensor([table["y"][i] for i in rows], dtype=torch.float32)})
+            return torch.utils.data.DataLoader(batches, batch_size=None)
+
+        def train_dataloader(self):
+            k = self.kwargs
+            return self._loader(k["train_dir"], k["train_batch_size"], k["steps_per_epoch_train"])
+
+        def val_dataloader(self):
+            k = self.kwargs
+            return self._loader(k["val_dir"], k["val_batch_size"], k["steps_per_epoch_val"])
+
+    return ParquetShard
+
+
+def test_lightning_data_module(spark, tmp_path):
+    import json
+
+    pl = flavour("lightning.pytorch")
+    import horovod.spark.lightning as hvd
+
+    torch.manual_seed(0)
+    record = tmp_path / "built"
+    record.mkdir()
+    est = hvd.TorchEstimator(backend=SparkBackend(num_proc=2), store=Store.create(str(tmp_path / "store")),
+                             model=make_module(pl)(), feature_cols=["vec"], label_cols=["y"],
+                             batch_size=10, epochs=3, validation=0.2, random_seed=3,
+                             data_module=make_data_module(pl, str(record)))
+    history = est.fit(regression_df(spark)).getHistory()
+    assert "val_loss" in history[-1] and history[-1]["train_loss"] < history[0]["train_loss"]
+    built = [json.loads((record / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(b["cur_shard"], b["shard_count"], b["train_batch_size"], b["has_val"]) for b in built] == \
+        [(0, 2, 10, True), (1, 2, 10, True)]
+    assert built[0]["steps_per_epoch_train"] == built[1]["steps_per_epoch_train"] >= 8

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 from pyspark.ml import Estimator, Model
 
 from .params import EstimatorParams, ModelParams
+from .serialization import Persistable
 
 #: Name of the column that says which rows are for validation, in the written Parquet data.
 VALIDATION_FLAG = "__horovod_validation"
@@ -42,7 +43,7 @@ def as_list(value: Any) -> List[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-class HorovodEstimator(Estimator, EstimatorParams):
+class HorovodEstimator(Estimator, EstimatorParams, Persistable):
     """Base of the estimators: data preparation, backend and store handling."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -235,7 +236,7 @@ class HorovodEstimator(Estimator, EstimatorParams):
                             train_rows, val_rows)
 
 
-class HorovodModel(Model, ModelParams):
+class HorovodModel(Model, ModelParams, Persistable):
     """Base of the trained models (Spark Transformers)."""
 
     def __init__(self, **kwargs: Any) -> None:

@@ -35,6 +35,10 @@ class TorchEstimator(HorovodEstimator):
             if self.getOrDefault(name):
                 raise EstimatorError(f"Parameter `{name}` cannot be given with a LightningModule; "
                                      f"implement LightningModule.{hint} instead.")
+        module = self.getDataModule()
+        if module is not None and not isinstance(module, type):
+            raise EstimatorError(f"data_module must be a LightningDataModule class (each rank builds "
+                                 f"its own), got an instance of {type(module).__name__}.")
         for hook in ("validation_epoch_end", "training_epoch_end", "test_epoch_end"):
             if hook in type(model).__dict__:
                 raise EstimatorError(
@@ -57,6 +61,7 @@ class TorchEstimator(HorovodEstimator):
             callbacks=as_list(self.getCallbacks()), profiler=self.getProfiler(),
             logger=self.getLogger(), trainer_args=self.getTrainerArgs() or {},
             log_every_n_steps=self.getLogEveryNSteps(), checkpoint=self._read_checkpoint(run_id),
+            data_module=self.getDataModule(),
             verbose=self.getVerbose(), use_gpu=bool(self.getUseGpu()),
         )
         results = backend.run(remote.train, args=(config,))
@@ -74,11 +79,13 @@ class TorchEstimator(HorovodEstimator):
 declare(TorchEstimator, {
     "input_shapes": (None, "shape of each feature column's tensor for transform"),
     "loss_constructors": (None, "not used with a LightningModule"),
-    "train_minibatch_fn": (None, "accepted for compatibility"),
+    "train_minibatch_fn": (None, "unused, as in Horovod: Lightning runs its own training step"),
     "num_gpus": (None, "accepted for compatibility (one device per rank)"),
     "logger": (None, "Lightning logger (default: none)"),
     "log_every_n_steps": (50, "Lightning's log_every_n_steps"),
-    "data_module": (None, "accepted for compatibility; the rows come from the DataFrame"),
+    "data_module": (None, "LightningDataModule class each rank builds (with Horovod's keyword "
+                          "arguments: train_dir, cur_shard, shard_count, ...) and fits on "
+                          "(default: the rank's own Parquet shards)"),
     "loader_num_epochs": (None, "accepted for compatibility"),
     "terminate_on_nan": (False, "accepted for compatibility"),
     "profiler": (None, "Lightning profiler ('simple', 'advanced' or a Profiler)"),

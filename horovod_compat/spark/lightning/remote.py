@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ..torch.remote import RunConfig, load_checkpoint
+from ..torch.remote import RunConfig, data_module_kwargs, load_checkpoint, shard_steps
 
 
 @dataclass
@@ -126,7 +126,12 @@ def train(cfg: LightningConfig) -> Optional[bytes]:
             args["limit_val_batches"] = cfg.val_steps
         args.update(cfg.trainer_args or {})
         trainer = pl.Trainer(**args)
-        if args["max_epochs"] > 0:
+        if args["max_epochs"] > 0 and cfg.data_module is not None:
+            steps = (cfg.train_steps or shard_steps(cfg.data.train_rows, cfg.batch_size, world),
+                     cfg.val_steps or (shard_steps(cfg.data.val_rows, cfg.val_batch_size, world)
+                                       if cfg.data.val_path else None))
+            trainer.fit(model, datamodule=cfg.data_module(**data_module_kwargs(cfg, rank, world, *steps)))
+        elif args["max_epochs"] > 0:
             trainer.fit(model, train_dataloaders=train_batches, val_dataloaders=val_batches)
         if rank == 0 and store.saving_runs():
             store.sync_fn(run_id)(root)

@@ -20,8 +20,38 @@ from . import remote
 PROBE_ROWS = 2
 
 
+def rebind_optimizer(model: Any, optimizer: Any) -> Any:
+    """`optimizer` (with its hyperparameters and state) rebuilt over `model.parameters()`, for
+    a model and optimizer that were unpickled apart (from `load`), so that it updates the model
+    again; unchanged when it already does or when the parameter counts differ."""
+    if model is None or optimizer is None:
+        return optimizer
+    params = list(model.parameters())
+    owned = {id(p) for p in params}
+    groups = [len(g["params"]) for g in optimizer.param_groups]
+    if any(id(p) in owned for g in optimizer.param_groups for p in g["params"]) or sum(groups) != len(params):
+        return optimizer
+    split, at = [], 0
+    for size in groups:
+        split.append({"params": params[at:at + size]})
+        at += size
+    try:
+        rebuilt = type(optimizer)(split)
+    except TypeError:  # a constructor with required hyperparameters: kept as loaded
+        return optimizer
+    rebuilt.load_state_dict(optimizer.state_dict())
+    return rebuilt
+
+
+def _rebind_after_load(self: Any) -> None:
+    if self.isSet(self.optimizer):
+        self._set(optimizer=rebind_optimizer(self.getModel(), self.getOptimizer()))
+
+
 class TorchEstimator(HorovodEstimator):
     """Horovod's PyTorch Spark estimator (see Horovod's docs for the parameters)."""
+
+    _after_load = _rebind_after_load
 
     def _check_model_params(self) -> None:
         import torch
@@ -44,6 +74,13 @@ class TorchEstimator(HorovodEstimator):
         if shapes is not None and len(shapes) != len(as_list(self.getFeatureCols())):
             raise EstimatorError(f"input_shapes has {len(shapes)} shape(s) for "
                                  f"{len(as_list(self.getFeatureCols()))} feature column(s); give one per column.")
+        module = self.getDataModule()
+        if module is not None and not isinstance(module, type):
+            raise EstimatorError(f"data_module must be a class (each rank builds its own), got an "
+                                 f"instance of {type(module).__name__}; pass the class itself.")
+        minibatch = self.getTrainMinibatchFn()
+        if minibatch is not None and not callable(minibatch):
+            raise EstimatorError(f"train_minibatch_fn must be a function, got {type(minibatch).__name__}.")
         bpps = self.getBackwardPassesPerStep()
         if isinstance(bpps, bool) or not isinstance(bpps, int) or bpps < 1:
             raise EstimatorError(f"backward_passes_per_step must be a positive int, got {bpps!r}.")
@@ -68,7 +105,9 @@ class TorchEstimator(HorovodEstimator):
             backward_passes_per_step=self.getBackwardPassesPerStep(),
             compression=self.getGradientCompression(), transformation_fn=self.getTransformationFn(),
             data=data, store=self.getStore(), run_id=run_id, checkpoint=checkpoint,
-            verbose=self.getVerbose(), use_gpu=bool(self.getUseGpu()),
+            train_minibatch_fn=self.getTrainMinibatchFn(), data_module=self.getDataModule(),
+            verbose=self.getVerbose(),
+            use_gpu=bool(self.getUseGpu()),
         )
 
     def _probe(self, config: remote.TrainConfig) -> None:
@@ -79,7 +118,7 @@ class TorchEstimator(HorovodEstimator):
 
         reader = open_shard(config.data.train_path, 0, 1, list(config.data.columns), PROBE_ROWS,
                             False, 0, 1, config.data.filesystem)
-        batch = next(reader.batches(0))
+        batch = next(remote.transformed(config, reader.batches(0)))
         model = copy.deepcopy(config.model)
         try:
             with torch.no_grad():
@@ -116,6 +155,15 @@ class TorchEstimator(HorovodEstimator):
             ) from exc
 
     def _fit_on_prepared_data(self, backend: Any, data: PreparedData, run_id: str) -> "TorchModel":
+        num_proc = backend.num_processes()
+        if self.getTrainMinibatchFn() is not None and self.getBatchSize() == 1 and \
+                data.train_rows % num_proc:
+            raise EstimatorError(
+                f"train_minibatch_fn with batch_size=1 needs the {data.train_rows} training rows to "
+                f"split evenly over the {num_proc} processes (otherwise a rank gets an empty last "
+                "batch that the function would have to handle); use batch_size >= 2 or another "
+                "number of processes."
+            )
         checkpoint = self._read_checkpoint(run_id)
         config = self._config(data, run_id, checkpoint)
         self._probe(config)
@@ -139,8 +187,13 @@ class TorchEstimator(HorovodEstimator):
 declare(TorchEstimator, {
     "input_shapes": (None, "shape of each feature column's tensor, e.g. [[-1, 1, 28, 28]]"),
     "loss_constructors": (None, "functions returning the loss, instead of loss="),
-    "train_minibatch_fn": (None, "accepted for compatibility"),
+    "train_minibatch_fn": (None, "fn(model, optimizer, transform_outputs, loss_fn, inputs, labels, "
+                                 "sample_weights, backward_passes_per_step, batch_idx) -> (outputs, loss) "
+                                 "run on every training batch instead of the default step; the optimizer "
+                                 "averages the gradients over the ranks in step()"),
     "backward_passes_per_step": (1, "batches whose gradients are summed per optimizer step"),
+    "data_module": (None, "horovod.spark.common.datamodule.DataModule subclass each rank reads its "
+                          "batches from (default: the rank's own Parquet shards)"),
 })
 
 
@@ -150,6 +203,8 @@ class TorchModel(HorovodModel):
 
     def getOptimizer(self) -> Any:
         return self.getOrDefault(self.optimizer)
+
+    _after_load = _rebind_after_load
 
     def getModel(self) -> Any:
         return self.getOrDefault(self.model)

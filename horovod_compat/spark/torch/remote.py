@@ -9,6 +9,7 @@ DDP `module.` prefix), the optimizer's, the epoch and the history.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ class RunConfig:
     data: Any
     store: Any
     run_id: str
+    data_module: Any
 
 
 @dataclass
@@ -52,6 +54,7 @@ class TrainConfig(RunConfig):
     compression: Any
     transformation_fn: Any
     checkpoint: Optional[bytes] = None
+    train_minibatch_fn: Any = None
     verbose: int = 1
     use_gpu: bool = True
     buffer_row_groups: int = 4
@@ -66,11 +69,14 @@ def to_tensors(batch: Dict[str, np.ndarray], columns: Sequence[str],
     tensors = []
     for i, name in enumerate(columns):
         values = batch[name]
-        if values.dtype == np.float64:
-            values = values.astype(np.float32)
-        elif not values.flags.writeable:  # a view of Arrow's memory
-            values = values.copy()
-        tensor = torch.from_numpy(np.ascontiguousarray(values))
+        if isinstance(values, torch.Tensor):  # from a data_module
+            tensor = values.float() if values.dtype == torch.float64 else values
+        else:
+            if values.dtype == np.float64:
+                values = values.astype(np.float32)
+            elif not values.flags.writeable:  # a view of Arrow's memory
+                values = values.copy()
+            tensor = torch.from_numpy(np.ascontiguousarray(values))
         shape = shapes[i] if shapes is not None and i < len(shapes) else None
         if shape is not None:
             tensor = tensor.reshape(list(shape))
@@ -112,18 +118,107 @@ def compute_loss(cfg: TrainConfig, outputs: List[Any], labels: List[Any], weight
     return total
 
 
-def forward(cfg: TrainConfig, model: Any, batch: Dict[str, np.ndarray], device: Any):
-    """(outputs, labels, weights, rows) of one batch."""
-    if cfg.transformation_fn is not None:
-        batch = apply_transformation(cfg.transformation_fn, batch)
+def transformed(cfg: TrainConfig, batches: Iterator[Dict[str, np.ndarray]]) -> Iterator[Dict[str, np.ndarray]]:
+    """The batches read from the shards, through `transformation_fn` when there is one."""
+    for batch in batches:
+        yield apply_transformation(cfg.transformation_fn, batch) if cfg.transformation_fn else batch
+
+
+def shard_steps(rows: int, batch_size: int, world: int) -> int:
+    """Steps per epoch of `rows` rows over `world` ranks (what `distributor.shards` plans)."""
+    return max(-(-rows // (batch_size * world)), 1)
+
+
+def data_module_kwargs(cfg: RunConfig, rank: int, world: int, train_steps: int,
+                       val_steps: Optional[int]) -> Dict[str, Any]:
+    """What a rank builds the estimator's `data_module` with (Horovod's names, and ours)."""
+    columns = list(dict.fromkeys(cfg.feature_cols + cfg.label_cols +
+                                 ([cfg.sample_weight_col] if cfg.sample_weight_col else [])))
+    return dict(
+        train_dir=cfg.data.train_path, val_dir=cfg.data.val_path, num_train_epochs=cfg.epochs,
+        has_val=cfg.data.val_path is not None, train_batch_size=cfg.batch_size,
+        val_batch_size=cfg.val_batch_size, shuffle=cfg.shuffle,
+        transform_fn=getattr(cfg, "transformation_fn", None), cur_shard=rank, shard_count=world,
+        schema_fields=columns, storage_options=getattr(cfg.store, "storage_options", None),
+        steps_per_epoch_train=train_steps, steps_per_epoch_val=val_steps, verbose=cfg.verbose,
+        random_seed=cfg.seed, seed=cfg.seed, feature_cols=list(cfg.feature_cols),
+        label_cols=list(cfg.label_cols), filesystem=cfg.data.filesystem,
+    )
+
+
+def module_batches(cfg: TrainConfig, batches: Any) -> Iterator[Dict[str, Any]]:
+    """A data module's batches as dicts by column: a `(features, label)` pair (Horovod's other
+    form) becomes one dict, the label under the (single) label column."""
+    for batch in batches:
+        if isinstance(batch, (tuple, list)) and len(batch) == 2:
+            features, label = batch
+            batch = dict(features)
+            if len(cfg.label_cols) != 1:
+                raise ValueError(f"data_module yielded (features, label) pairs for {len(cfg.label_cols)} "
+                                 "label columns; yield dicts by column instead.")
+            batch[cfg.label_cols[0]] = label
+        yield batch
+
+
+def batch_tensors(cfg: TrainConfig, batch: Dict[str, np.ndarray], device: Any):
+    """(inputs, labels, sample weights or None) of one batch, as tensors."""
     inputs = to_tensors(batch, cfg.feature_cols, cfg.input_shapes, device)
     labels = to_tensors(batch, cfg.label_cols, cfg.label_shapes, device)
     weights = None
     if cfg.sample_weight_col:
         weights = to_tensors(batch, [cfg.sample_weight_col], None, device)[0].float()
-    outputs = model(*inputs)
-    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-    return outputs, labels, weights, len(labels[0])
+    return inputs, labels, weights
+
+
+def _as_list(outputs: Any) -> List[Any]:
+    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+def match_outputs(cfg: TrainConfig, outputs: Any, labels: List[Any]):
+    """(outputs as a list, labels): without `label_shapes`, a label with as many values as its
+    output takes the output's shape (a (N,) label against an (N, 1) output), as in Horovod."""
+    outputs = _as_list(outputs)
+    if cfg.label_shapes is None and hasattr(outputs[0], "shape"):
+        labels = [label.reshape(output.shape) if label.numel() == output.numel() else label
+                  for label, output in zip(labels, outputs)]
+    return outputs, labels
+
+
+def forward(cfg: TrainConfig, model: Any, batch: Dict[str, np.ndarray], device: Any):
+    """(outputs, labels, weights, rows) of one batch."""
+    inputs, labels, weights = batch_tensors(cfg, batch, device)
+    rows = len(labels[0])
+    outputs, labels = match_outputs(cfg, model(*inputs), labels)
+    return outputs, labels, weights, rows
+
+
+class AveragingOptimizer:
+    """The optimizer a `train_minibatch_fn` is given: `step()` first averages the gradients over
+    the ranks (one allreduce, with the estimator's gradient compression), as Horovod's
+    DistributedOptimizer does; everything else is the wrapped optimizer's."""
+
+    def __init__(self, optimizer: Any, model: Any, compression: Any, dist: Any) -> None:
+        self.optimizer, self._model, self._compression, self._dist = optimizer, model, compression, dist
+
+    def step(self, closure: Any = None) -> Any:
+        _allreduce_gradients(self._model, 1.0, self._compression, self._dist)
+        return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
+
+
+def _minibatch_helpers(cfg: TrainConfig):
+    """Horovod's `transform_outputs(outputs, labels)` and `loss_fn(outputs, labels,
+    sample_weights)`, the helpers a `train_minibatch_fn` is called with."""
+
+    def transform_outputs(outputs: Any, labels: List[Any]):
+        return match_outputs(cfg, outputs, labels)
+
+    def loss_fn(outputs: List[Any], labels: List[Any], sample_weights: Any) -> Any:
+        return compute_loss(cfg, outputs, labels, sample_weights)
+
+    return transform_outputs, loss_fn
 
 
 def _cycle(reader: Any, start_epoch: int) -> Iterator[Dict[str, np.ndarray]]:
@@ -169,35 +264,58 @@ def _allreduce_gradients(model: Any, rows: float, compression: Any, dist: Any) -
 
 def _epoch_sums(cfg: TrainConfig, model: Any, batches: Iterator[Any], steps: int,
                 optimizer: Any, device: Any, dist: Any) -> Dict[str, float]:
-    """Run `steps` steps (training when `optimizer` is given); the mean loss and metrics."""
+    """Run `steps` steps (training when `optimizer` is given); the mean loss and metrics.
+
+    Training steps are the estimator's own (each rank's gradients weighted by its rows, one
+    allreduce per optimizer step) unless `train_minibatch_fn` is set: then, as in Horovod, it
+    runs every batch with an `AveragingOptimizer` and owns zero_grad/backward/step, and the
+    optimizer steps once more at the end of the epoch."""
     import torch
 
     training = optimizer is not None
+    custom = training and cfg.train_minibatch_fn is not None
     model.train(training)
     sums = np.zeros(2 + len(cfg.metrics))  # loss*rows, rows, metric*rows...
     pending_rows = 0
     k = max(1, cfg.backward_passes_per_step) if training else 1
+    if custom:
+        optimizer = AveragingOptimizer(optimizer, model, cfg.compression, dist)
+        transform_outputs, loss_fn = _minibatch_helpers(cfg)
     with torch.set_grad_enabled(training):
-        if training:
+        if training and not custom:
             optimizer.zero_grad()
         for step in range(steps):
-            batch = next(batches)
+            batch = next(batches, None)
+            if batch is None:
+                raise ValueError(
+                    f"The {'training' if training else 'validation'} batches ran out after {step} of "
+                    f"the epoch's {steps} steps: a data_module's train_data()/val_data() must yield "
+                    "steps_per_epoch_train/steps_per_epoch_val batches for every epoch."
+                )
             rows = len(next(iter(batch.values()))) if batch else 0
-            if rows:
+            if custom:
+                inputs, labels, weights = batch_tensors(cfg, batch, device)
+                outputs, loss = cfg.train_minibatch_fn(model, optimizer, transform_outputs, loss_fn,
+                                                       inputs, labels, weights, k, step)
+                outputs = _as_list(outputs)
+            elif rows:
                 outputs, labels, weights, rows = forward(cfg, model, batch, device)
                 loss = compute_loss(cfg, outputs, labels, weights)
                 if training:
                     (loss * rows).backward()
+            if rows:
                 sums[0] += float(loss.detach()) * rows
                 for m, metric in enumerate(cfg.metrics):
                     sums[2 + m] += float(metric(outputs[0].detach(), labels[0])) * rows
             sums[1] += rows
             pending_rows += rows
-            if training and ((step + 1) % k == 0 or step == steps - 1):
+            if training and not custom and ((step + 1) % k == 0 or step == steps - 1):
                 _allreduce_gradients(model, pending_rows, cfg.compression, dist)
                 optimizer.step()
                 optimizer.zero_grad()
                 pending_rows = 0
+        if custom:
+            optimizer.step()
     totals = torch.tensor(sums, dtype=torch.float64)
     dist.all_reduce(totals)
     totals = totals.numpy()
@@ -221,6 +339,34 @@ def load_checkpoint(data: bytes) -> dict:
     import torch
 
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+def _sources(cfg: TrainConfig, stack: Any, start: int, rank: int, world: int):
+    """(training batches, steps per epoch, a function giving an epoch's validation batches or
+    None, validation steps): from the rank's Parquet shards, or from the `data_module` entered
+    on `stack`."""
+    data = cfg.data
+    if cfg.data_module is not None:
+        train_steps = cfg.train_steps or shard_steps(data.train_rows, cfg.batch_size, world)
+        val_steps = cfg.val_steps or (shard_steps(data.val_rows, cfg.val_batch_size, world)
+                                      if data.val_path else None)
+        module = stack.enter_context(cfg.data_module(**data_module_kwargs(cfg, rank, world,
+                                                                          train_steps, val_steps)))
+        train_batches = module_batches(cfg, module.train_data())
+        if not data.val_path:
+            return train_batches, train_steps, None, None
+        val_iter = module_batches(cfg, module.val_data())
+        return train_batches, train_steps, lambda: val_iter, val_steps
+    train_reader = _open_reader(cfg, data.train_path, cfg.batch_size, cfg.shuffle, rank, world)
+    train_batches = transformed(cfg, _cycle(train_reader, start))
+    if not data.val_path:
+        return train_batches, cfg.train_steps or train_reader.steps, None, None
+    val_reader = _open_reader(cfg, data.val_path, cfg.val_batch_size, False, rank, world)
+    if cfg.val_steps:  # a fixed number of steps: continue where the last epoch stopped
+        val_cycle = transformed(cfg, _cycle(val_reader, 0))
+        return train_batches, cfg.train_steps or train_reader.steps, lambda: val_cycle, cfg.val_steps
+    return (train_batches, cfg.train_steps or train_reader.steps,
+            lambda: transformed(cfg, val_reader.batches(0)), val_reader.steps)
 
 
 def train(cfg: TrainConfig) -> Optional[bytes]:
@@ -247,29 +393,22 @@ def train(cfg: TrainConfig) -> Optional[bytes]:
             start, history = state["epoch"] + 1, list(state["history"])
             if rank == 0 and cfg.verbose:
                 print(f"Resuming run {cfg.run_id} at epoch {start} from its checkpoint", flush=True)
-        train_reader = _open_reader(cfg, cfg.data.train_path, cfg.batch_size, cfg.shuffle, rank, world)
-        train_batches = _cycle(train_reader, start)
-        val_reader = val_cycle = None
-        if cfg.data.val_path:
-            val_reader = _open_reader(cfg, cfg.data.val_path, cfg.val_batch_size, False, rank, world)
-            val_cycle = _cycle(val_reader, 0) if cfg.val_steps else None
-        checkpoint_file = cfg.store.get_checkpoint_file(cfg.run_id) if cfg.store.saving_runs() else None
-        last = cfg.checkpoint
-        for epoch in range(start, cfg.epochs):
-            entry: Dict[str, Any] = {"epoch": epoch}
-            entry["train"] = _epoch_sums(cfg, model, train_batches, cfg.train_steps or train_reader.steps,
-                                         optimizer, device, dist)
-            if val_reader is not None:
-                batches = val_cycle if val_cycle is not None else val_reader.batches(0)
-                entry["validation"] = _epoch_sums(cfg, model, batches,
-                                                  cfg.val_steps or val_reader.steps, None, device, dist)
-            history.append(entry)
-            if rank == 0:
-                if cfg.verbose:
-                    print(_describe(entry, cfg.epochs), flush=True)
-                last = save_checkpoint(model, optimizer, epoch, history)
-                if checkpoint_file:
-                    cfg.store.write(checkpoint_file, last)
+        with contextlib.ExitStack() as stack:
+            train_batches, train_steps, val_batches, val_steps = _sources(cfg, stack, start, rank, world)
+            checkpoint_file = cfg.store.get_checkpoint_file(cfg.run_id) if cfg.store.saving_runs() else None
+            last = cfg.checkpoint
+            for epoch in range(start, cfg.epochs):
+                entry: Dict[str, Any] = {"epoch": epoch}
+                entry["train"] = _epoch_sums(cfg, model, train_batches, train_steps, optimizer, device, dist)
+                if val_batches is not None:
+                    entry["validation"] = _epoch_sums(cfg, model, val_batches(), val_steps, None, device, dist)
+                history.append(entry)
+                if rank == 0:
+                    if cfg.verbose:
+                        print(_describe(entry, cfg.epochs), flush=True)
+                    last = save_checkpoint(model, optimizer, epoch, history)
+                    if checkpoint_file:
+                        cfg.store.write(checkpoint_file, last)
         if rank == 0 and last is None:  # nothing to train: epochs already done
             last = save_checkpoint(model, optimizer, cfg.epochs - 1, history)
         return last if rank == 0 else None

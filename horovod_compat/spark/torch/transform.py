@@ -2,9 +2,11 @@
 
 An iterator Arrow UDF (pyspark >= 4.1; a pandas UDF before) over the feature columns (vectors
 turned into arrays, which Arrow carries) returns a struct of predictions; the other columns never
-leave the JVM. The model is pickled once
-and loaded once per task; each Arrow batch of rows is one tensor per feature column and one
-forward pass. A prediction with one value per
+leave the JVM. The model is pickled once on
+the driver and unpickled once per Python worker (`_load`: Spark reuses its Python workers from
+task to task, so a job of many partitions pays it once per worker, not once per task); each Arrow
+batch of rows is one tensor per feature column and one forward pass (on one torch thread per task:
+PySpark sets OMP_NUM_THREADS to spark.task.cpus in its Python workers). A prediction with one value per
 row becomes a double column (a long column for an integer label); any other becomes a
 `DenseVector` column, as in Horovod.
 """
@@ -18,6 +20,20 @@ import pandas as pd
 import pyarrow as pa
 
 _INTEGRAL = ("int8", "int16", "int32", "int64")
+
+#: The model this Python worker last unpickled, by the SHA-256 of its pickle (one entry).
+_loaded: Dict[str, Any] = {}
+
+
+def _load(model_bytes: bytes) -> Any:
+    """The model pickled as `model_bytes`, unpickled at most once per Python worker in a row."""
+    import hashlib
+
+    key = hashlib.sha256(model_bytes).hexdigest()
+    if key not in _loaded:
+        _loaded.clear()
+        _loaded[key] = cloudpickle.loads(model_bytes)
+    return _loaded[key]
 
 
 def _predict(model: Any, batch: Dict[str, np.ndarray], feature_cols: List[str], shapes: Any
@@ -118,7 +134,7 @@ def predict_dataframe(torch_model: Any, df: Any) -> Any:
         from distributor.shards import column_to_numpy
 
         def predict_arrow(batches: Iterator[Tuple[pa.Array, ...]]) -> Iterator[pa.Array]:
-            loaded = cloudpickle.loads(model_bytes)
+            loaded = _load(model_bytes)
             for columns in batches:
                 columns = columns if isinstance(columns, tuple) else (columns,)
                 batch = {n: column_to_numpy(c) for n, c in zip(feature_cols, columns)}
@@ -127,7 +143,7 @@ def predict_dataframe(torch_model: Any, df: Any) -> Any:
         predictions = F.arrow_udf(predict_arrow, struct)(*inputs)
     else:
         def predict_pandas(batches: Iterator[Tuple[pd.Series, ...]]) -> Iterator[pd.DataFrame]:
-            loaded = cloudpickle.loads(model_bytes)
+            loaded = _load(model_bytes)
             for columns in batches:
                 columns = columns if isinstance(columns, tuple) else (columns,)
                 frame = pd.DataFrame(dict(zip(feature_cols, columns)))
