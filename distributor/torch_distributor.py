@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 from .engine import launch
 from .errors import LaunchValidationError
+from .launchers import PythonLauncher
 from .spec import FunctionTarget, LaunchRequest, ScriptTarget, validate_num_processes
 
 
@@ -58,7 +59,7 @@ class TorchDistributor:
             target, self.num_processes, use_gpu=self.use_gpu,
             start_timeout=self.start_timeout, timeout=self.timeout,
         )
-        return launch(request, self._placement())
+        return launch(request, self._placement(), self._launcher())
 
     def train_on_dataframe(self, main: Any, df: Any, *args: Any, batch_size: int = 32,
                            columns: Optional[Sequence[str]] = None, shuffle: bool = True,
@@ -104,7 +105,7 @@ class TorchDistributor:
                 self.num_processes, use_gpu=self.use_gpu, start_timeout=self.start_timeout,
                 timeout=self.timeout,
             )
-            return launch(request, self._placement())
+            return launch(request, self._placement(), self._launcher())
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -116,6 +117,12 @@ class TorchDistributor:
         from .placement.spark import SparkPlacement
 
         return SparkPlacement(required_modules=("torch",))
+
+    @staticmethod
+    def _launcher() -> PythonLauncher:
+        """Direct rank processes; every rank imports torch, so a reused Spark Python worker keeps
+        it imported in a fork server for the next job (see `PythonLauncher`)."""
+        return PythonLauncher(preload=("torch",))
 
 
 def _active_spark_conf() -> dict:

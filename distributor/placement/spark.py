@@ -274,6 +274,8 @@ class SparkPlacement(Placement):
             "node_per": self._node_per,
             "launcher": cloudpickle.dumps(job.launcher),
             "driver_python": sys.executable,
+            # Spark keeps the task's Python worker for later tasks (its default)
+            "reuse_worker": self._sc.getConf().get("spark.python.worker.reuse", "true").lower() == "true",
             "required_modules": list(self._required),
         }
         self._group = job.run_id

@@ -220,6 +220,8 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     launcher = cloudpickle.loads(config["launcher"])
     if getattr(launcher, "python", None) == config["driver_python"]:
         launcher.on_executor(sys.executable)  # the executor's interpreter, not the driver's path
+    if config["reuse_worker"]:
+        launcher.in_reused_worker()
     # A launcher that spans tasks (mpirun) is started by task 0 alone, which then reports every
     # rank; the other tasks only host what it asks them to run.
     spans = launcher.spans_tasks
