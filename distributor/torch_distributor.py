@@ -132,7 +132,9 @@ def _active_spark_conf() -> dict:
     try:
         from pyspark.sql import SparkSession
 
+        from .placement.spark import context_conf
+
         session = SparkSession.getActiveSession()
-        return dict(session.sparkContext.getConf().getAll()) if session is not None else {}
+        return dict(context_conf(session.sparkContext).getAll()) if session is not None else {}
     except Exception:  # noqa: BLE001 - a broken session must not stop local training
         return {}
