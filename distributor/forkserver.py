@@ -13,13 +13,15 @@ The server is started with the rank environment minus the variables that change 
 or rank to rank (`rank_env.TORCHRUN_VARS`, the engine's private ones), so whatever a preloaded
 module reads from the environment at import time (OMP_NUM_THREADS, HOROVOD_* knobs, ...) is what
 a fresh rank would have read; a job with a different environment, Python or working directory
-gets a new server. It talks to the worker over an anonymous socket pair (JSON, no pickle) and
-lives exactly as long as the worker: it exits when the worker's end closes, and its children
-(the ranks) are killed by the kernel when it dies. Where no server can be used (preload failed,
+gets its own server (a worker keeps two; the least recently used idle one goes). It talks to the
+worker over an anonymous socket pair (JSON, no pickle) and lives exactly as long as the worker:
+it exits when the worker's end closes, and its children (the ranks) are killed by the kernel
+when it dies. Where no server can be used (preload failed,
 server gone), ranks start as plain processes.
 """
 from __future__ import annotations
 
+import collections
 import importlib
 import json
 import logging
@@ -196,8 +198,12 @@ def _key(python: str, preload: Sequence[str], env: Mapping[str, str], cwd: str) 
     return (python, tuple(preload), cwd, tuple(sorted(startup_environment(env).items())))
 
 
-#: This worker's fork server (one at a time: a job with another key replaces an idle one).
-_servers: Dict[Tuple, ForkServer] = {}
+#: How many fork servers a worker keeps, for jobs of different environments (front ends differ:
+#: e.g. OMP_NUM_THREADS=1 where a task's node runs several ranks); the least recently used idle
+#: one goes first.
+MAX_SERVERS = 2
+#: This worker's fork servers by key, least recently used first.
+_servers: "collections.OrderedDict[Tuple, ForkServer]" = collections.OrderedDict()
 _servers_lock = threading.Lock()
 
 
@@ -214,10 +220,13 @@ def spawn_warm(python: str, preload: Sequence[str], env: Mapping[str, str]) -> O
             server = None
         if server is None:
             for old_key, old in list(_servers.items()):
+                if len(_servers) < MAX_SERVERS:
+                    break
                 if old.idle:
                     old.close()
                     del _servers[old_key]
             server = _servers[key] = ForkServer(python, preload, env, cwd)
+        _servers.move_to_end(key)
     if not server.usable:
         if server.failed and not server.gone:  # kept, closed, so that the next job does not retry
             log.info("fork server preload failed (%s); starting ranks as plain processes",

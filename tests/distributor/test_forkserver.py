@@ -68,14 +68,19 @@ def test_warm_ranks_get_the_rank_contract_output_and_fresh_state(tmp_path, monke
         assert (rank, "stderr", f"raw fd 2 of rank {rank}") in lines
 
 
-def test_another_environment_gets_its_own_server_and_the_idle_one_goes(monkeypatch):
+def test_each_environment_gets_its_own_server_and_the_least_recently_used_goes():
     launcher = warm_launcher()
-    run_function(_rank_facts, num_processes=1, env={"USER_VAR": "a"}, launcher=launcher, output=lambda *a: None)
-    (old,) = _server_pids()
-    facts = run_function(_rank_facts, num_processes=1, env={"USER_VAR": "b"}, launcher=launcher,
-                         output=lambda *a: None)
-    (new,) = _server_pids()
-    assert new != old and facts["parent"] == new and facts["user"] == "b"
+
+    def parent(user_var):
+        return run_function(_rank_facts, num_processes=1, env={"USER_VAR": user_var},
+                            launcher=launcher, output=lambda *a: None)["parent"]
+
+    first, second = parent("a"), parent("b")
+    assert first != second and _server_pids() == [first, second]
+    assert parent("a") == first, "a worker keeps two servers"
+    third = parent("c")  # "b" is now the least recently used
+    assert _server_pids() == [first, third] and parent("a") == first
+    old = second
     deadline = time.monotonic() + 10
     while _alive(old) and time.monotonic() < deadline:
         time.sleep(0.05)
