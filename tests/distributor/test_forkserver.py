@@ -12,6 +12,7 @@ import pytest
 
 from distributor import JobTimeoutError, RankFailedError, forkserver, run_function
 from distributor.launchers import PythonLauncher
+from spark_clusters import alive as _alive
 
 
 @pytest.fixture(autouse=True)
@@ -181,14 +182,6 @@ def test_torch_is_imported_once_per_server_not_per_rank():
     assert run_function(_torch_already_imported, num_processes=1, launcher=warm_launcher("torch"),
                         output=lambda *a: None)
     assert not run_function(_torch_already_imported, num_processes=1, output=lambda *a: None)
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_the_servers_environment_drops_exactly_what_torchrun_sets_per_job():
