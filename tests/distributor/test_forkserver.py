@@ -173,15 +173,27 @@ def test_ranks_die_with_their_server_and_are_reported_killed():
     assert not _alive(pids[0])
 
 
-def _torch_already_imported():
-    return "torch" in sys.modules
+def _torch_state():
+    import gc
+    import weakref
+
+    already = "torch" in sys.modules
+    import torch.library
+
+    mine = torch.library.Library("forkserver_test", "DEF")  # noqa: F841 - a rank's own library
+    teardowns = [obj.atexit for obj in gc.get_objects() if type(obj) is weakref.finalize
+                 and (obj.peek() or (None, None))[1] is torch.library._del_library]
+    return already, len(teardowns), sum(teardowns)
 
 
 def test_torch_is_imported_once_per_server_not_per_rank():
     pytest.importorskip("torch")
-    assert run_function(_torch_already_imported, num_processes=1, launcher=warm_launcher("torch"),
-                        output=lambda *a: None)
-    assert not run_function(_torch_already_imported, num_processes=1, output=lambda *a: None)
+    already, teardowns, at_exit = run_function(_torch_state, num_processes=1,
+                                               launcher=warm_launcher("torch"), output=lambda *a: None)
+    assert already and teardowns > 1
+    assert at_exit == 1, "only the rank's own library deregisters at exit, not the preloaded ones"
+    already, teardowns, at_exit = run_function(_torch_state, num_processes=1, output=lambda *a: None)
+    assert not already and at_exit == teardowns, "a plain rank is left as it is"
 
 
 def test_the_servers_environment_drops_exactly_what_torchrun_sets_per_job():
