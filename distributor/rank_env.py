@@ -23,6 +23,14 @@ GPU_IDS_VAR = "DISTRIBUTOR_GPU_IDS"  # under mpirun: the host's GPUs, cuda:LOCAL
 LAYOUT_VAR = "DISTRIBUTOR_HOSTS_LAYOUT"
 PRIVATE_VARS = (HUB_ADDRESS_VAR, SECRET_VAR, RANK_VAR, PARENT_PID_VAR, GPU_IDS_VAR, LAYOUT_VAR)
 
+#: The variables `torchrun_env` sets that differ between jobs or ranks (all but PYTHONUNBUFFERED).
+TORCHRUN_VARS = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+    "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+    "CUDA_VISIBLE_DEVICES",
+)
+
 #: Per-rank variables of the torchrun contract; a launcher that starts several ranks from one
 #: environment (mpirun) leaves them to `from_mpi_environment` in each rank.
 PER_RANK_VARS = ("RANK", "LOCAL_RANK", "ROLE_RANK", "GROUP_RANK", "NODE_RANK", "CUDA_VISIBLE_DEVICES")

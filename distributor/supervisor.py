@@ -28,10 +28,23 @@ class RankEventSink(Protocol):
     def on_exit(self, rank: int, returncode: int) -> None: ...
 
 
+class Process(Protocol):
+    """What the supervisor uses of a rank process: `subprocess.Popen`'s pid, stdout and stderr
+    pipes, poll() and wait(timeout) (raising `subprocess.TimeoutExpired`)."""
+
+    pid: int
+    stdout: IO[bytes]
+    stderr: IO[bytes]
+
+    def poll(self) -> Optional[int]: ...
+
+    def wait(self, timeout: Optional[float] = None) -> int: ...
+
+
 @dataclass
 class _RankProcess:
     rank: int
-    popen: subprocess.Popen
+    popen: Process
     pumps: List[threading.Thread] = field(default_factory=list)
     group: Tuple[int, ...] = ()  # every rank this process runs, when it runs several
 
@@ -55,6 +68,11 @@ class Supervisor:
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
+        return self.track(rank, popen)
+
+    def track(self, rank: int, popen: "Process") -> int:
+        """Watch a rank process started elsewhere (in its own session, output on `popen`'s
+        stdout/stderr pipes), e.g. forked by a `forkserver.ForkServer`; return its PID."""
         proc = _RankProcess(rank, popen)
         for stream, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
             pump = threading.Thread(

@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 from .engine import launch
 from .errors import LaunchValidationError
+from .launchers import PythonLauncher
 from .spec import FunctionTarget, LaunchRequest, ScriptTarget, validate_num_processes
 
 
@@ -58,7 +59,7 @@ class TorchDistributor:
             target, self.num_processes, use_gpu=self.use_gpu,
             start_timeout=self.start_timeout, timeout=self.timeout,
         )
-        return launch(request, self._placement())
+        return launch(request, self._placement(), self._launcher())
 
     def train_on_dataframe(self, main: Any, df: Any, *args: Any, batch_size: int = 32,
                            columns: Optional[Sequence[str]] = None, shuffle: bool = True,
@@ -104,7 +105,7 @@ class TorchDistributor:
                 self.num_processes, use_gpu=self.use_gpu, start_timeout=self.start_timeout,
                 timeout=self.timeout,
             )
-            return launch(request, self._placement())
+            return launch(request, self._placement(), self._launcher())
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -117,6 +118,12 @@ class TorchDistributor:
 
         return SparkPlacement(required_modules=("torch",))
 
+    @staticmethod
+    def _launcher() -> PythonLauncher:
+        """Direct rank processes; every rank imports torch, so a reused Spark Python worker keeps
+        it imported in a fork server for the next job (see `PythonLauncher`)."""
+        return PythonLauncher(preload=("torch",))
+
 
 def _active_spark_conf() -> dict:
     """The active SparkSession's conf, if one exists; pyspark is not imported for it."""
@@ -125,7 +132,9 @@ def _active_spark_conf() -> dict:
     try:
         from pyspark.sql import SparkSession
 
+        from .placement.spark import context_conf
+
         session = SparkSession.getActiveSession()
-        return dict(session.sparkContext.getConf().getAll()) if session is not None else {}
+        return dict(context_conf(session.sparkContext).getAll()) if session is not None else {}
     except Exception:  # noqa: BLE001 - a broken session must not stop local training
         return {}

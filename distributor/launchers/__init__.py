@@ -1,6 +1,19 @@
-"""How rank processes are started: one small `Launcher` interface, one module per way."""
-from .base import Launcher
-from .mpirun import MpirunLauncher
-from .python import PythonLauncher
+"""How rank processes are started: one small `Launcher` interface, one module per way.
 
-__all__ = ["Launcher", "MpirunLauncher", "PythonLauncher"]
+The classes are imported on first use, so that `python -m distributor.launchers.remote_shell`
+(started by mpirun for every host of a job) loads only what it needs.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+_EXPORTS = {"Launcher": ".base", "MpirunLauncher": ".mpirun", "PythonLauncher": ".python"}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # what static tools see
+    from .base import Launcher
+    from .mpirun import MpirunLauncher
+    from .python import PythonLauncher

@@ -22,6 +22,10 @@ class Launcher(abc.ABC):
         if hasattr(self, "python"):
             self.python = python
 
+    def in_reused_worker(self) -> None:
+        """Called in a Spark task whose Python worker Spark keeps for later tasks: the launcher
+        may keep what speeds up the next job's start there (see `PythonLauncher`)."""
+
     @abc.abstractmethod
     def start(self, ranks: Sequence[RankSpec], env_for: EnvFactory, supervisor: Supervisor) -> None:
         """Start every rank of `ranks` under `supervisor`; return without waiting for them."""

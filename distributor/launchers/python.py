@@ -5,6 +5,7 @@ import os
 import sys
 from typing import Sequence
 
+from .. import forkserver
 from ..rank_env import PARENT_PID_VAR
 from ..spec import RankSpec
 from ..supervisor import Supervisor
@@ -12,13 +13,27 @@ from .base import EnvFactory, Launcher
 
 
 class PythonLauncher(Launcher):
-    """One `python -m distributor.rank_entry` process per rank."""
+    """One `python -m distributor.rank_entry` process per rank.
 
-    def __init__(self, python: str = sys.executable) -> None:
+    `preload` names modules every rank imports anyway (torch, for a PyTorch front end). In a Spark
+    task whose Python worker is reused, the ranks are then forked from a warm `forkserver` that
+    imported them once for every later job of that worker; elsewhere they are plain processes.
+    """
+
+    def __init__(self, python: str = sys.executable, preload: Sequence[str] = ()) -> None:
         self.python = python
+        self.preload = tuple(preload)
+        self._warm = False
+
+    def in_reused_worker(self) -> None:
+        self._warm = bool(self.preload)
 
     def start(self, ranks: Sequence[RankSpec], env_for: EnvFactory, supervisor: Supervisor) -> None:
         for spec in ranks:
             env = env_for(spec)
             env[PARENT_PID_VAR] = str(os.getpid())
-            supervisor.start(spec.rank, [self.python, "-m", "distributor.rank_entry"], env)
+            forked = forkserver.spawn_warm(self.python, self.preload, env) if self._warm else None
+            if forked is not None:
+                supervisor.track(spec.rank, forked)
+            else:
+                supervisor.start(spec.rank, [self.python, "-m", "distributor.rank_entry"], env)

@@ -113,21 +113,20 @@ class _RemoteCommands:
         self._channel = channel
         self._env = {**os.environ, **extra_env}
         self._procs: List[subprocess.Popen] = []
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         self._running = 0
-        self.started = threading.Event()
-        self.idle = threading.Event()
+        self._started = False
+        self._stopped = False
 
     def run(self, spawn_id: int, command: str) -> None:
         proc = subprocess.Popen(
             ["/bin/sh", "-c", command], env=self._env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
         )
-        with self._lock:
+        with self._changed:
             self._procs.append(proc)
             self._running += 1
-            self.idle.clear()
-        self.started.set()
+            self._started = True
         pumps = [threading.Thread(target=self._pump, args=(stream, pipe), daemon=True)
                  for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr))]
         for pump in pumps:
@@ -151,13 +150,19 @@ class _RemoteCommands:
             self._channel.send(Kind.SPAWN_EXIT, (spawn_id, status if status >= 0 else 128 - status))
         except OSError:
             pass
-        with self._lock:
+        with self._changed:
             self._running -= 1
-            if self._running == 0:
-                self.idle.set()
+            self._changed.notify_all()
+
+    def wait_done(self) -> None:
+        """Until every command asked of this task has ended (at least one was), or `stop()`."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._stopped or (self._started and not self._running))
 
     def stop(self) -> None:
-        with self._lock:
+        with self._changed:
+            self._stopped = True
+            self._changed.notify_all()
             procs = list(self._procs)
         for proc in procs:
             if proc.poll() is None:
@@ -215,6 +220,8 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     launcher = cloudpickle.loads(config["launcher"])
     if getattr(launcher, "python", None) == config["driver_python"]:
         launcher.on_executor(sys.executable)  # the executor's interpreter, not the driver's path
+    if config["reuse_worker"]:
+        launcher.in_reused_worker()
     # A launcher that spans tasks (mpirun) is started by task 0 alone, which then reports every
     # rank; the other tasks only host what it asks them to run.
     spans = launcher.spans_tasks
@@ -256,8 +263,7 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
                 forwarder.on_exit(rank, NOT_STARTED)
     forwarder.all_exited.wait()
     if spans:  # the daemons mpirun started here end with its job (or with a STOP)
-        while not stopped.is_set() and not (remote.started.is_set() and remote.idle.is_set()):
-            stopped.wait(0.2)
+        remote.wait_done()  # `_watch_hub` stops it on STOP or when the driver is gone
         remote.stop()
     channel.close()
     yield json.dumps({"partition": partition, "host": host, "ranks": [s.rank for s in specs]})

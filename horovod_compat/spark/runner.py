@@ -119,7 +119,8 @@ def run(
                                        extra_args=extra)
         request_target = (fn, tuple(args), dict(kwargs))
     else:
-        launcher = PythonLauncher(**({"python": executable} if executable else {}))
+        launcher = PythonLauncher(**({"python": executable} if executable else {}),
+                                  preload=("torch",))
         request_target = (call_with_slot_env, (fn, *args), dict(kwargs))
     request = LaunchRequest(FunctionTarget(*request_target), num_proc, env=job_env,
                             start_timeout=timeout, return_all=True)
