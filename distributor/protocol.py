@@ -60,7 +60,8 @@ def _answer(secret: bytes, nonce: bytes, role: bytes) -> bytes:
     return hmac.new(secret, nonce + role, _DIGEST).digest()
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
+def recv_exact(sock: socket.socket, size: int) -> bytes:
+    """Exactly `size` bytes from `sock`; ConnectionError if the peer closes first."""
     chunks = []
     remaining = size
     while remaining:
@@ -78,7 +79,7 @@ def server_handshake(sock: socket.socket, secret: bytes) -> None:
     try:
         nonce = secrets.token_bytes(_NONCE_BYTES)
         sock.sendall(nonce)
-        reply = _recv_exact(sock, 32 + _NONCE_BYTES)
+        reply = recv_exact(sock, 32 + _NONCE_BYTES)
         if not hmac.compare_digest(reply[:32], _answer(secret, nonce, b"client")):
             raise AuthenticationError("peer failed the job-secret challenge")
         sock.sendall(_answer(secret, reply[32:], b"server"))
@@ -94,10 +95,10 @@ def client_handshake(sock: socket.socket, secret: bytes) -> None:
     """Prove the secret to the hub and check that the hub knows it too."""
     sock.settimeout(HANDSHAKE_TIMEOUT)
     try:
-        nonce = _recv_exact(sock, _NONCE_BYTES)
+        nonce = recv_exact(sock, _NONCE_BYTES)
         mine = secrets.token_bytes(_NONCE_BYTES)
         sock.sendall(_answer(secret, nonce, b"client") + mine)
-        if not hmac.compare_digest(_recv_exact(sock, 32), _answer(secret, mine, b"server")):
+        if not hmac.compare_digest(recv_exact(sock, 32), _answer(secret, mine, b"server")):
             raise AuthenticationError("the driver hub failed the job-secret challenge")
     finally:
         sock.settimeout(None)
@@ -123,8 +124,8 @@ class Channel:
 
     def recv(self) -> Tuple[Kind, Any]:
         """Receive one frame; PAYLOAD and RESULT bodies come back as raw bytes."""
-        kind, size = _HEADER.unpack(_recv_exact(self.sock, _HEADER.size))
-        data = _recv_exact(self.sock, size)
+        kind, size = _HEADER.unpack(recv_exact(self.sock, _HEADER.size))
+        data = recv_exact(self.sock, size)
         kind = Kind(kind)
         return kind, (data if kind in _RAW_KINDS else pickle.loads(data))
 

@@ -14,13 +14,12 @@ Horovod; the working directory is mpirun's.
 """
 from __future__ import annotations
 
-import socket
 import subprocess
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import LaunchValidationError
-from ..hub import routable_address
+from ..hub import address_toward, routable_address
 from ..rank_env import free_port, rank_environment
 from ..spec import LaunchRequest, RankSpec
 from ..supervisor import Supervisor
@@ -127,10 +126,7 @@ class HostsPlacement(Placement):
         """The address of this machine on the route to the first other host."""
         for host in self.remote_hosts:
             try:
-                target = socket.getaddrinfo(host, 9, socket.AF_INET, socket.SOCK_DGRAM)[0][4]
-                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                    probe.connect(target)  # UDP: picks the route, sends nothing
-                    return probe.getsockname()[0]
+                return address_toward(host)
             except OSError:
                 continue
         return routable_address()

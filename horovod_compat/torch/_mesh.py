@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from distributor import protocol
+from distributor.hub import address_toward, routable_address
 
 from . import ops
 from .exceptions import HorovodInternalError
@@ -124,7 +125,7 @@ class Mesh:
                     s.close()  # not one of the set's ranks: ignore it, keep waiting for them
                     continue
                 s.settimeout(_CONNECT_TIMEOUT)
-                j = struct.unpack("<I", _read_exact(s, 4))[0]
+                j = struct.unpack("<I", protocol.recv_exact(s, 4))[0]
                 if not me < j < n or socks[j] is not None:
                     raise protocol.AuthenticationError(f"unexpected rank index {j} in the mesh")
                 socks[j] = s
@@ -298,17 +299,6 @@ def _tune(s: socket.socket) -> None:
             pass
 
 
-def _read_exact(s: socket.socket, size: int) -> bytes:
-    buf = bytearray(size)
-    view, got = memoryview(buf), 0
-    while got < size:
-        k = s.recv_into(view[got:])
-        if not k:
-            raise ConnectionError("a peer closed its connection while the mesh was being built")
-        got += k
-    return bytes(buf)
-
-
 def _routable_address() -> str:
     """The address this host's peers reach it at: that of the first interface in
     ``GLOO_SOCKET_IFNAME`` (what ``horovodrun --network-interface`` sets, so the mesh and gloo use
@@ -317,14 +307,10 @@ def _routable_address() -> str:
     if iface:
         return _interface_address(iface)
     target = os.environ.get("MASTER_ADDR") or os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        probe.connect((target or socket.gethostname(), 9))  # UDP: nothing is sent
-        return probe.getsockname()[0]
+        return address_toward(target or socket.gethostname())
     except OSError:
-        return socket.gethostbyname(socket.gethostname())
-    finally:
-        probe.close()
+        return routable_address()
 
 
 def _interface_address(name: str) -> str:
