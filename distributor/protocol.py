@@ -44,6 +44,10 @@ class Kind(enum.IntEnum):
     SPAWN_EXIT = 12  # task → driver: (spawn id, exit status); driver → remote shell: exit status
     SLOT = 13  # Spark task → driver: ((stage, attempt), partition, task count, slot)
     SLOTS = 14  # driver → every Spark task: [slot of each partition] once all have arrived
+    # elastic jobs (distributor/elastic/): a worker's place in the job changes between rounds
+    JOIN = 15  # (last round seen, or -1) the worker left its world and waits for the next one
+    WORLD = 16  # driver → worker: its `elastic.world.World` in the round that just formed
+    HOSTS_UPDATED = 17  # driver → worker: (timestamp, HostUpdate flags) hosts were added/removed
 
 
 #: First byte of a PAYLOAD frame: whether the rank must send its return value back.
