@@ -71,11 +71,14 @@ class _DriverLink:
     def _watch(self) -> None:
         try:
             while True:
-                kind, _ = self.channel.recv()
+                kind, body = self.channel.recv()
                 if kind == Kind.STOP:
                     break
+                if kind in (Kind.WORLD, Kind.HOSTS_UPDATED):
+                    worker.deliver(kind, body)
         except (ConnectionError, OSError):
             pass
+        worker.link_closed()
         if not self.finished.is_set():
             _kill_self()
 

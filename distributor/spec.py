@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
+from .elastic.policy import ElasticPolicy
 from .errors import LaunchValidationError
 
 #: Called for every output line: (rank, stream name "stdout"/"stderr", line without newline).
@@ -63,6 +64,11 @@ class LaunchRequest:
     `env` is added to every rank's environment. `start_timeout` bounds the time until every rank
     has connected to the driver; `timeout` (None: no limit) bounds the whole job.
     `return_all` returns every rank's value in rank order instead of rank 0's.
+
+    Failures: by default the first failing rank ends the job. `max_restarts=N` restarts every rank
+    from the start up to N times, as torchrun does. `elastic` (an `ElasticPolicy`) makes the job
+    elastic: a failed worker is replaced while the others keep their memory, and the workers meet
+    in a new rendezvous round (`distributor.elastic`); `num_processes` is then the initial size.
     """
 
     target: Target
@@ -73,9 +79,25 @@ class LaunchRequest:
     timeout: Optional[float] = None
     return_all: bool = False
     heartbeat_timeout: float = 120.0
+    max_restarts: int = 0
+    elastic: Optional[ElasticPolicy] = None
 
     def __post_init__(self) -> None:
         validate_num_processes(self.num_processes, "num_processes")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise LaunchValidationError(
+                f"max_restarts must be an int >= 0, got {self.max_restarts!r}.")
+        if self.elastic is not None:
+            if not isinstance(self.elastic, ElasticPolicy):
+                raise LaunchValidationError(f"elastic must be an ElasticPolicy, got {self.elastic!r}.")
+            if self.max_restarts:
+                raise LaunchValidationError(
+                    "max_restarts (restart every rank) and elastic (replace the failed worker) are two "
+                    "failure policies; pass one of them.")
+            if not self.elastic.min_workers <= self.num_processes <= self.elastic.max_workers:
+                raise LaunchValidationError(
+                    f"num_processes={self.num_processes} must lie between the elastic policy's "
+                    f"min_workers={self.elastic.min_workers} and max_workers={self.elastic.max_workers}.")
         for name in ("use_gpu", "return_all"):
             if not isinstance(getattr(self, name), bool):
                 raise LaunchValidationError(

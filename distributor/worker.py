@@ -1,17 +1,31 @@
-"""What user code inside a rank can use of the engine: send a message to the driver.
+"""What user code (and front ends) inside a rank may use of the engine.
 
-`send_to_driver(obj)` delivers a picklable object to the driver's message handler (by default it
-is printed there as `[rank N] obj`); front ends use it for log callbacks such as sparkdl's
-`log_to_driver`.
+- `send_to_driver(obj)` delivers a picklable object to the driver's message handler (by default it
+  is printed there as `[rank N] obj`); front ends use it for log callbacks such as sparkdl's
+  `log_to_driver`.
+- In an elastic job (`is_elastic()`): `join_world()` leaves the current round and blocks until the
+  driver sends this worker's place in the next one; `add_hosts_listener(fn)` is called with every
+  host change the driver announces.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import os
+import queue
+import threading
+from typing import Any, Callable, List, Optional
 
+from .elastic.world import HostUpdate, World
 from .protocol import Channel, Kind
+
+#: Set by the driver in the environment of every worker of an elastic job.
+ELASTIC_VAR = "DISTRIBUTOR_ELASTIC"
 
 _channel: Optional[Channel] = None
 _rank: Optional[int] = None
+_worlds: "queue.Queue[Optional[World]]" = queue.Queue()
+_last_round = -1
+_listeners: List[Callable[[float, HostUpdate], None]] = []
+_listeners_lock = threading.Lock()
 
 
 def attach(channel: Channel, rank: int) -> None:
@@ -33,3 +47,67 @@ def send_to_driver(message: Any) -> None:
             "(TorchDistributor, HorovodRunner or distributor.run_function)."
         )
     _channel.send(Kind.MESSAGE, (_rank, message))
+
+
+# ---- elastic jobs ------------------------------------------------------------------------------
+def is_elastic() -> bool:
+    """True in a worker of an elastic job (its world comes from `join_world`, not the env)."""
+    return _channel is not None and os.environ.get(ELASTIC_VAR) == "1"
+
+
+def join_world(timeout: Optional[float] = None) -> World:
+    """Leave the current round (if any) and wait for this worker's `World` in the next one.
+
+    Raises `TimeoutError` after `timeout` seconds, and `ConnectionError` if the driver went away
+    (the driver stops a worker it leaves out of a round: it never gets an answer it must ignore).
+    """
+    global _last_round
+    if not is_elastic():
+        raise RuntimeError("join_world works only in a worker of an elastic job")
+    assert _channel is not None
+    _channel.send(Kind.JOIN, _last_round)
+    try:
+        world = _worlds.get(timeout=timeout)
+    except queue.Empty:
+        raise TimeoutError(
+            f"no new round of the elastic job formed within {timeout:g}s: the driver is waiting "
+            "for enough workers (min_np) or for the other workers to leave their round") from None
+    if world is None:
+        raise ConnectionError("the driver closed the connection while this worker waited for a round")
+    _last_round = world.round
+    os.environ.update(world.torchrun_env())
+    return world
+
+
+def last_round() -> int:
+    """The round this worker last joined (-1 before the first)."""
+    return _last_round
+
+
+def add_hosts_listener(fn: Callable[[float, HostUpdate], None]) -> None:
+    """Call `fn(timestamp, update)` (from the link's thread) for every host change announced."""
+    with _listeners_lock:
+        _listeners.append(fn)
+
+
+def remove_hosts_listener(fn: Callable[[float, HostUpdate], None]) -> None:
+    with _listeners_lock:
+        if fn in _listeners:
+            _listeners.remove(fn)
+
+
+def deliver(kind: Kind, body: Any) -> None:
+    """Called by the rank entry point's link thread for WORLD and HOSTS_UPDATED frames."""
+    if kind == Kind.WORLD:
+        _worlds.put(body)
+    elif kind == Kind.HOSTS_UPDATED:
+        timestamp, update = body
+        with _listeners_lock:
+            listeners = list(_listeners)
+        for fn in listeners:
+            fn(timestamp, HostUpdate(update))
+
+
+def link_closed() -> None:
+    """Called by the rank entry point when its connection to the driver ends."""
+    _worlds.put(None)

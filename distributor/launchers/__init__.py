@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
 
-_EXPORTS = {"Launcher": ".base", "MpirunLauncher": ".mpirun", "PythonLauncher": ".python"}
+_EXPORTS = {"Launcher": ".base", "LauncherCapabilities": ".base", "MpirunLauncher": ".mpirun", "PythonLauncher": ".python"}
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # what static tools see
-    from .base import Launcher
+    from .base import Launcher, LauncherCapabilities
     from .mpirun import MpirunLauncher
     from .python import PythonLauncher

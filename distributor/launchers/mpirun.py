@@ -17,7 +17,7 @@ from ..errors import LaunchValidationError
 from ..rank_env import GPU_IDS_VAR, LAYOUT_VAR, PER_RANK_VARS, RANK_VAR, hosts_layout
 from ..spec import RankSpec
 from ..supervisor import Supervisor
-from .base import EnvFactory, Launcher
+from .base import EnvFactory, Launcher, LauncherCapabilities
 
 _TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$", re.DOTALL)
 
@@ -72,15 +72,16 @@ def mpirun_command(
 class MpirunLauncher(Launcher):
     """Ranks under one `mpirun`.
 
-    Local placement: every rank of this host. Spark placement (`spans_tasks`): barrier task 0
+    Local placement: every rank of this host. Spark placement (`capabilities.spans_tasks`): barrier task 0
     runs one mpirun for the whole job, naming the tasks as hosts (`task0:2,task1:2`; see
     `task_hosts` for a plan with one node per host); Open MPI
     starts its daemon in each task through `remote_shell`, routed over the driver hub, so every
     rank still runs inside its own Spark task and no ssh is involved.
     """
 
-    #: The Spark placement starts this launcher once, in task 0, with every task's ranks.
-    spans_tasks = True
+    #: The Spark placement starts this launcher once, in task 0, with every task's ranks; all
+    #: ranks are one mpirun, so none can be added later.
+    capabilities = LauncherCapabilities(spans_tasks=True, runs_executor_python=True)
 
     def __init__(self, python: str = sys.executable, extra_args: Sequence[str] = (),
                  binding: Optional[Sequence[str]] = None) -> None:
@@ -97,8 +98,9 @@ class MpirunLauncher(Launcher):
         )
         supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged)
 
-    def on_executor(self, python: str) -> None:
-        super().on_executor(python)
+    def on_executor(self, python: str, driver_python: str) -> None:
+        if self.python == driver_python:  # the default: run the executor's interpreter
+            self.python = python
         self.mpirun = find_mpirun()
 
     def start_across_tasks(

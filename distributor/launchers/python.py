@@ -9,7 +9,7 @@ from .. import forkserver
 from ..rank_env import PARENT_PID_VAR
 from ..spec import RankSpec
 from ..supervisor import Supervisor
-from .base import EnvFactory, Launcher
+from .base import EnvFactory, Launcher, LauncherCapabilities
 
 
 class PythonLauncher(Launcher):
@@ -20,10 +20,16 @@ class PythonLauncher(Launcher):
     imported them once for every later job of that worker; elsewhere they are plain processes.
     """
 
+    capabilities = LauncherCapabilities(adds_ranks=True, runs_executor_python=True)
+
     def __init__(self, python: str = sys.executable, preload: Sequence[str] = ()) -> None:
         self.python = python
         self.preload = tuple(preload)
         self._warm = False
+
+    def on_executor(self, python: str, driver_python: str) -> None:
+        if self.python == driver_python:  # the default: run the executor's interpreter
+            self.python = python
 
     def in_reused_worker(self) -> None:
         self._warm = bool(self.preload)

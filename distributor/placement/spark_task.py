@@ -218,13 +218,13 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     master_addr, master_port = slots[0].host, slots[0].port
 
     launcher = cloudpickle.loads(config["launcher"])
-    if getattr(launcher, "python", None) == config["driver_python"]:
-        launcher.on_executor(sys.executable)  # the executor's interpreter, not the driver's path
+    if launcher.capabilities.runs_executor_python:
+        launcher.on_executor(sys.executable, config["driver_python"])
     if config["reuse_worker"]:
         launcher.in_reused_worker()
     # A launcher that spans tasks (mpirun) is started by task 0 alone, which then reports every
     # rank; the other tasks only host what it asks them to run.
-    spans = launcher.spans_tasks
+    spans = launcher.capabilities.spans_tasks
     reported = [s.rank for task in plan for s in task] if partition == 0 else []
     channel.send(Kind.AGENT, (partition, [s.rank for s in specs]))
     reported = reported if spans else [s.rank for s in specs]
