@@ -159,7 +159,8 @@ def _join_round() -> tuple:
     for var, field in _HOROVOD_VARS.items():
         if var in os.environ:
             os.environ[var] = str(info[field])
-    return info, dist.PrefixStore(world.store_prefix, _elastic_client)
+    # PrefixStore puts its own "/" between prefix and key
+    return info, dist.PrefixStore(world.store_prefix.rstrip("/"), _elastic_client)
 
 
 def _elastic_worker() -> bool:
