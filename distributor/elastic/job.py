@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 
 #: How often the control thread looks at timers when no event wakes it.
 TICK_SECONDS = 0.1
+#: How long a worker whose connection was lost may take to report its exit status (which names
+#: the signal that killed it) before its failure is handled without it.
+EXIT_WAIT_SECONDS = 1.0
 
 
 class ElasticJob(Job):
@@ -94,6 +97,8 @@ class ElasticJob(Job):
         self._short_since: Optional[float] = None  # since when too few workers to form a round
         self._fatal: Optional[BaseException] = None
         self._completing = False
+        self._finishing = False  # a worker succeeded: the job ends when the round's members have
+        self._failures: Dict[int, Tuple[bool, float]] = {}  # failed, not handled: (was member, until)
         self._next_id = request.num_processes
         self._store: Any = None
         self._store_host = "127.0.0.1"
@@ -219,9 +224,17 @@ class ElasticJob(Job):
                 "and have been stopped. Their last output lines above show where they were.")
         for s in ended:
             self._handled.add(s.worker_id)
-            was_member = s.worker_id in rounds.members
-            rounds.leave(s.worker_id)
+            if s.state is WorkerState.SUCCEEDED:
+                self._finishing = True  # training is over: no slot freed now is refilled
             if s.state is WorkerState.FAILED and not self._completing:
+                # Acted on once its exit status is known (it names the signal), which follows
+                # the lost connection within milliseconds; the round does not wait for it.
+                self._failures[s.worker_id] = (s.worker_id in rounds.members, now + EXIT_WAIT_SECONDS)
+            rounds.leave(s.worker_id)
+        for wid, (was_member, deadline) in list(self._failures.items()):
+            s = self._record(wid)
+            if s.returncode is not None or s.error is not None or now >= deadline:
+                del self._failures[wid]
                 self._on_failure(s, was_member, now)
         for wid in joins:
             self._on_join(wid)
@@ -362,13 +375,13 @@ class ElasticJob(Job):
     def _live_by_host(self) -> Dict[str, int]:
         counts: Dict[str, int] = collections.Counter()
         for s in self._states.values():
-            if not s.state.final:
-                counts[s.host] += 1
+            if not s.state.final or s.worker_id in self._failures:  # a failure not handled yet
+                counts[s.host] += 1                                 # keeps its slot until then
         return counts
 
     def _fill(self, now: float, prefer: Optional[str] = None, replaces: Optional[int] = None) -> List[int]:
         """Start workers on listed hosts with free slots (not cooling down), up to max_workers."""
-        if self._completing or self._fatal is not None:
+        if self._completing or self._finishing or self._fatal is not None:
             return []
         added: List[int] = []
         live = self._live_by_host()
