@@ -233,7 +233,7 @@ class ElasticJob(Job):
             rounds.leave(s.worker_id)
         for wid, (was_member, deadline) in list(self._failures.items()):
             s = self._record(wid)
-            if s.returncode is not None or s.error is not None or now >= deadline:
+            if s.returncode is not None or now >= deadline:
                 del self._failures[wid]
                 self._on_failure(s, was_member, now)
         for wid in joins:
@@ -269,12 +269,14 @@ class ElasticJob(Job):
 
     def _root_cause(self, s: WorkerRecord) -> RankFailedError:
         error = s.error or {}
+        world = self._worlds.get(s.worker_id)
         return RankFailedError(
-            rank=s.worker_id, exit_code=s.returncode, exc_type=error.get("exc_type"),
+            rank=world.rank if world else s.worker_id, exit_code=s.returncode, exc_type=error.get("exc_type"),
             exc_message=error.get("exc_message") or self._causes.get(s.worker_id),
             traceback=error.get("traceback"), output_tail=list(s.tail))
 
     def _on_failure(self, s: WorkerRecord, was_member: bool, now: float) -> None:
+        """Record the attempt; give up (raise) if the policy says so; else start a replacement."""
         cause = self._describe(s)
         self.timeline.append((now, f"failed: worker {s.worker_id}"))
         number = len(self.attempts) + 1
@@ -285,7 +287,7 @@ class ElasticJob(Job):
             raise ElasticJobFailedError(
                 f"{error['exc_type']} was raised again at {key[1]} after a reset; an error that "
                 "repeats at the same place is a bug in the training code, not a lost worker",
-                "fix the error shown in the traceback below (an elastic job replaces workers "
+                "fix the error shown in the traceback above (an elastic job replaces workers "
                 "that die; it does not retry code that raises)", self.attempts, self._root_cause(s))
         needs_reset = was_member or s.worker_id not in self._worlds
         limit = self.policy.reset_limit
@@ -294,7 +296,7 @@ class ElasticJob(Job):
             raise ElasticJobFailedError(
                 f"a worker failed after {self._resets} reset(s), and reset_limit={limit}",
                 "raise reset_limit (None: unlimited), or find why workers keep failing in the "
-                "attempts and root cause below", self.attempts, self._root_cause(s))
+                "attempts and root cause above", self.attempts, self._root_cause(s))
         if key is not None:
             self._user_errors.add(key)
         if was_member:
@@ -314,7 +316,7 @@ class ElasticJob(Job):
         else:
             action = "no free slot for a replacement"
         if live - len(added) >= self.policy.min_workers:
-            action += f"; the {live - len(added)} others go on without waiting"
+            action += f"; {live - len(added)} other worker(s) go on without waiting"
         else:
             action += f"; waiting for {self.policy.min_workers} workers (min_workers)"
         self.attempts.append(Attempt(number, time.time(), cause, action))

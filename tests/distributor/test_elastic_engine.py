@@ -162,7 +162,7 @@ def test_killed_worker_shrinks_then_replacement_joins(no_leftovers):
     assert len(job.attempts) == 1
     assert "worker 1" in job.attempts[0].cause and "SIGKILL" in job.attempts[0].cause
     assert "replacement worker 3" in job.attempts[0].action
-    assert "go on without waiting" in job.attempts[0].action
+    assert "2 other worker(s) go on without waiting" in job.attempts[0].action
 
 
 def test_min_equals_n_waits_for_the_replacement(no_leftovers):
