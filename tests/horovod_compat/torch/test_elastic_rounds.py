@@ -122,3 +122,86 @@ def test_survivor_and_replacement_meet_in_one_round_and_agree_on_host_changes():
         assert r["interrupts"] == [(6, True)]
         assert r["resets"] == 1
     assert r0["weights"][0] == r0["weights"][1]
+
+
+# ---- end to end on the real elastic driver ------------------------------------------------------
+N_SAMPLES, BATCH = 48, 2
+
+
+def _elastic_train(kill_worker, kill_at_step):
+    import os
+    import signal
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    import horovod_compat.torch as hvd
+    from distributor import worker
+
+    torch.set_num_threads(1)
+    hvd.init()
+    torch.manual_seed(1)
+    data = torch.randn(N_SAMPLES, 8, generator=torch.Generator().manual_seed(0))
+    target = data.sum(1, keepdim=True)
+    model = torch.nn.Linear(8, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(list(range(N_SAMPLES)), shuffle=True, seed=7)
+    # log: (epoch, every rank's sample indices of one step) -- committed with the rest
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, step=0, log=[],
+                                   sizes=[], killed=False, regrown=False)
+    resets = []
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.epoch < 2 or not state.regrown:
+            assert state.epoch < 60, "the replacement never joined"
+            indices = list(sampler)
+            for b in range(-(-len(indices) // BATCH)):
+                idx = indices[b * BATCH:(b + 1) * BATCH]
+                opt.zero_grad()
+                F.mse_loss(model(data[idx]), target[idx]).backward()
+                opt.step()
+                if (worker.worker_id() == kill_worker and state.step == kill_at_step
+                        and not state.killed):
+                    os.kill(os.getpid(), signal.SIGKILL)  # mid-epoch, after a step's allreduce
+                state.log.append((state.epoch, hvd.allgather_object(idx)))
+                state.sizes.append(hvd.size())
+                if state.killed and hvd.size() == 3:
+                    state.regrown = True
+                if hvd.size() == 2:
+                    state.killed = True  # the job shrank: the kill happened
+                state.step += 1
+                sampler.record_batch(b, BATCH)
+                time.sleep(0.02)
+                state.commit()
+            state.epoch += 1
+            sampler.set_epoch(state.epoch)
+            state.commit()
+        return {"log": state.log, "sizes": state.sizes, "resets": resets, "rank": hvd.rank(),
+                "worker": worker.worker_id()}
+
+    return train(state)
+
+
+def test_sigkilled_worker_is_replaced_and_every_sample_is_counted_once():
+    from distributor import ElasticPolicy
+
+    out = run_function(_elastic_train, 1, 5, num_processes=3, timeout=240,
+                       elastic=ElasticPolicy(min_workers=2, max_workers=3))
+    sizes = out["sizes"]
+    assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3, sizes  # shrank, then grew back
+    assert out["resets"] and out["resets"][0] == 2, out["resets"]  # the callback ran after the kill
+    by_epoch = {}
+    for epoch, per_rank in out["log"]:
+        by_epoch.setdefault(epoch, []).append([i for idx in per_rank for i in idx])
+    assert len(by_epoch) >= 2
+    for epoch, steps in by_epoch.items():
+        seen = [i for step in steps for i in step]
+        assert set(seen) == set(range(N_SAMPLES)), f"epoch {epoch}: samples skipped"
+        # a sample twice only as the padding of the epoch's last step (remaining % size != 0)
+        before_last = [i for step in steps[:-1] for i in step]
+        assert len(before_last) == len(set(before_last)), f"epoch {epoch}: a sample repeated"
+        assert len(seen) - N_SAMPLES < 3, f"epoch {epoch}: more than the padding repeated"
