@@ -182,36 +182,12 @@ class StateHandler:
         self.save()
 
 
-class ModelStateHandler(StateHandler):
-    """A ``torch.nn.Module``: its ``state_dict()`` tensors, copied into reused buffers."""
+class _TensorStateHandler(StateHandler):
+    """An object with ``state_dict()``/``load_state_dict()``: saved by copying its tensors into the
+    buffers of the previous save."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__(model)
-        self._saved: Any = None
-        self.save()
-
-    def save(self) -> None:
-        self._saved = _snapshot(self.value.state_dict(), self._saved)
-
-    def restore(self) -> None:
-        with torch.no_grad():
-            live = self.value.state_dict()
-            if live.keys() == self._saved.keys() and all(
-                    live[k].shape == v.shape for k, v in self._saved.items()):
-                for k, v in self._saved.items():
-                    live[k].copy_(v)
-            else:
-                self.value.load_state_dict(_fresh(self._saved))
-
-    def sync(self) -> None:
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
-
-
-class OptimizerStateHandler(StateHandler):
-    """A ``torch.optim.Optimizer`` (incl. ``hvd.DistributedOptimizer``): state and param groups."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        super().__init__(optimizer)
+    def __init__(self, value: Any) -> None:
+        super().__init__(value)
         self._saved: Any = None
         self.save()
 
@@ -220,6 +196,27 @@ class OptimizerStateHandler(StateHandler):
 
     def restore(self) -> None:
         self.value.load_state_dict(_fresh(self._saved))
+
+
+class ModelStateHandler(_TensorStateHandler):
+    """A ``torch.nn.Module``: its parameters and buffers (``state_dict()``)."""
+
+    def restore(self) -> None:
+        live = self.value.state_dict()
+        if live.keys() == self._saved.keys() and all(
+                live[k].shape == v.shape for k, v in self._saved.items()):
+            with torch.no_grad():  # in place: the optimizer keeps referring to the same tensors
+                for k, v in self._saved.items():
+                    live[k].copy_(v)
+        else:
+            super().restore()
+
+    def sync(self) -> None:
+        broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+class OptimizerStateHandler(_TensorStateHandler):
+    """A ``torch.optim.Optimizer`` (incl. ``hvd.DistributedOptimizer``): state and param groups."""
 
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
