@@ -176,6 +176,9 @@ class StateHandler:
     def sync(self) -> None:
         raise NotImplementedError()
 
+    def reset(self) -> None:
+        """The world changed (after a reset, before the sync): nothing to do by default."""
+
     def set_value(self, value: Any) -> None:
         """The attribute was assigned a new object: track it, and save it now."""
         self.value = value
@@ -240,6 +243,11 @@ class SamplerStateHandler(StateHandler):
         # rank 0's progress; loading it also repartitions the rest of the epoch over the new world
         self.value.load_state_dict(broadcast_object(self.value.state_dict()))
 
+    def reset(self) -> None:
+        # deal the rest of the epoch over the new world even when no sync follows (hosts only
+        # removed: Horovod 0.28.1 kept the old world's shards then)
+        self.value.reset()
+
 
 _handler_registry: List[Tuple[Type[Any], Type[StateHandler]]] = [
     (torch.nn.Module, ModelStateHandler),
@@ -303,6 +311,10 @@ class TorchState(ObjectState):
         for handler in self._handlers.values():
             handler.sync()
         super().sync()
+
+    def reset(self) -> None:
+        for handler in self._handlers.values():
+            handler.reset()
 
     def __setattr__(self, name: str, value: Any) -> None:
         handlers = self.__dict__.get("_handlers", {})

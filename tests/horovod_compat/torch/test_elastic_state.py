@@ -394,3 +394,16 @@ def test_a_round_whose_peer_never_joins_is_left_for_the_next(fake_driver, monkey
 
     assert train(state) == 1
     assert attempts == [1, 3] and state.calls.count("restore") == 2
+
+
+def test_reset_deals_the_sampler_over_the_new_world_without_a_sync(size1, monkeypatch):
+    """Hosts only removed: run() resets without syncing; the sampler must still take the new
+    world (Horovod 0.28.1 kept the old shards)."""
+    sampler = hvd.elastic.ElasticSampler(list(range(12)), shuffle=False)
+    state = hvd.elastic.TorchState(sampler=sampler, epoch=0)
+    sampler.record_batch(0, 2)  # one step of 2 on the 1-rank world
+    state.commit()
+    monkeypatch.setattr(sampler_mod.lifecycle, "size", lambda: 2)
+    monkeypatch.setattr(sampler_mod.lifecycle, "rank", lambda: 1)
+    state.on_reset()
+    assert list(sampler) == [3, 5, 7, 9, 11]
