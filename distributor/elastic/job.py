@@ -28,6 +28,7 @@ import collections
 import dataclasses
 import logging
 import pickle
+import queue
 import threading
 import time
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
@@ -38,6 +39,7 @@ from ..errors import (
     ElasticJobFailedError,
     ElasticTimeoutError,
     JobTimeoutError,
+    LaunchValidationError,
     RankFailedError,
     describe_exit,
 )
@@ -120,7 +122,7 @@ class ElasticJob(Job):
     # ---- the run ---------------------------------------------------------------------------
     def run(self) -> Any:
         if not self.placement.capabilities.adds_workers or not self.launcher.capabilities.adds_ranks:
-            raise DistributedRunError(
+            raise LaunchValidationError(
                 f"An elastic job needs a placement that adds workers while the job runs and a "
                 f"launcher that adds ranks; {type(self.placement).__name__} with "
                 f"{type(self.launcher).__name__} cannot. Use LocalPlacement, HostsPlacement or "
@@ -163,7 +165,7 @@ class ElasticJob(Job):
         while True:
             try:
                 self._wake.get(timeout=TICK_SECONDS)
-            except Exception:  # queue.Empty
+            except queue.Empty:
                 pass
             now = time.monotonic()
             if self._fatal is None and self.placement.failure() is not None:
@@ -186,17 +188,14 @@ class ElasticJob(Job):
             self._stop_all()
 
     def _collect(self) -> Any:
-        finished = sorted(
-            ((self._worlds[s.worker_id].round, -self._worlds[s.worker_id].rank, s)
-             for s in self._states.values()
-             if s.state is WorkerState.SUCCEEDED and s.worker_id in self._worlds),
-            key=lambda t: (t[0], t[1]))
+        finished = [s for s in self._states.values()
+                    if s.state is WorkerState.SUCCEEDED and s.worker_id in self._worlds]
         if not finished:
             raise ElasticJobFailedError(
                 "no worker finished its training", "look at the workers' output above",
                 self.attempts)
-        last_round = finished[-1][0]
-        last = sorted((s for r, _, s in finished if r == last_round),
+        last_round = max(self._worlds[s.worker_id].round for s in finished)
+        last = sorted((s for s in finished if self._worlds[s.worker_id].round == last_round),
                       key=lambda s: self._worlds[s.worker_id].rank)
         values = []
         for s in last:
