@@ -28,6 +28,7 @@ from distributor import (
 )
 from distributor.elastic.job import ElasticJob
 from distributor.elastic.rendezvous import Rounds, assign_ranks
+from distributor.elastic.world import HostUpdate
 from distributor.placement import LocalPlacement
 from distributor.worker_state import IllegalTransition, WorkerState, check_transition
 from spark_clusters import alive
@@ -57,8 +58,8 @@ def _train(steps=STEPS, kill=None, raise_at=None, pid_file=None, signal_file=Non
     if pid_file:
         with open(pid_file, "a") as f:
             f.write(f"{os.getpid()}\n")
-    updates = []
-    worker.add_hosts_listener(lambda ts, update: updates.append(int(update)))
+    updates, heard = [], []
+    worker.add_hosts_listener(lambda ts, update: (updates.append(int(update)), heard.append(int(update))))
     committed = {"step": 0, "total": 0.0}
     client = None
     sizes = []
@@ -81,7 +82,7 @@ def _train(steps=STEPS, kill=None, raise_at=None, pid_file=None, signal_file=Non
                     dist.destroy_process_group()
                     return {"total": state["total"], "step": state["step"], "size": world.size,
                             "rank": world.rank, "round": world.round, "cross_size": world.cross_size,
-                            "worker": me, "sizes": sizes}
+                            "worker": me, "sizes": sizes, "heard": heard}
                 if kill and me in kill and state["step"] >= kill[me]:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if raise_at and world.rank == raise_at[0] and state["step"] == raise_at[1]:
@@ -123,7 +124,8 @@ def no_leftovers(tmp_path):
 
 
 def _job(n, policy, placement=None, **target):
-    request = LaunchRequest(FunctionTarget(_train, (), target), n, elastic=policy, start_timeout=120)
+    request = LaunchRequest(FunctionTarget(_train, (), target), n, elastic=policy, start_timeout=120,
+                            timeout=240)  # a hang fails the test instead of blocking the suite
     return ElasticJob(request, placement or LocalPlacement())
 
 
@@ -204,6 +206,7 @@ def test_discovery_adds_a_host_and_its_worker_joins(no_leftovers, tmp_path):
                signal_file=(str(hosts_file), {"host-a": 2, "host-b": 1}), signal_at=3)
     result = job.run()
     assert result["total"] == _expected() and result["size"] == 3 and result["cross_size"] == 2
+    assert result["heard"] == [int(HostUpdate.ADDED)]  # rank 0 was told, and re-joined
     assert job.attempts == []  # a host change is no failure
     assert job._states[2].host == "host-b"
 
