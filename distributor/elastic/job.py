@@ -28,6 +28,7 @@ import collections
 import dataclasses
 import logging
 import pickle
+import queue
 import threading
 import time
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
@@ -38,6 +39,7 @@ from ..errors import (
     ElasticJobFailedError,
     ElasticTimeoutError,
     JobTimeoutError,
+    LaunchValidationError,
     RankFailedError,
     describe_exit,
 )
@@ -86,6 +88,7 @@ class ElasticJob(Job):
         self._handled: Set[int] = set()  # workers whose final state was handled
         self._worlds: Dict[int, World] = {}  # each worker's latest world
         self._replaces: Dict[int, int] = {}  # replacement worker id -> the failed worker's id
+        self._owed: List[int] = []  # failed workers whose replacement has not started yet
         self._hosts: Dict[str, int] = {}  # host -> slots the job may use now
         self._discovered: Optional[Dict[str, int]] = None  # last discovery answer not applied yet
         self._cooldown_until: Dict[str, float] = {}
@@ -120,7 +123,7 @@ class ElasticJob(Job):
     # ---- the run ---------------------------------------------------------------------------
     def run(self) -> Any:
         if not self.placement.capabilities.adds_workers or not self.launcher.capabilities.adds_ranks:
-            raise DistributedRunError(
+            raise LaunchValidationError(
                 f"An elastic job needs a placement that adds workers while the job runs and a "
                 f"launcher that adds ranks; {type(self.placement).__name__} with "
                 f"{type(self.launcher).__name__} cannot. Use LocalPlacement, HostsPlacement or "
@@ -163,7 +166,7 @@ class ElasticJob(Job):
         while True:
             try:
                 self._wake.get(timeout=TICK_SECONDS)
-            except Exception:  # queue.Empty
+            except queue.Empty:
                 pass
             now = time.monotonic()
             if self._fatal is None and self.placement.failure() is not None:
@@ -186,17 +189,14 @@ class ElasticJob(Job):
             self._stop_all()
 
     def _collect(self) -> Any:
-        finished = sorted(
-            ((self._worlds[s.worker_id].round, -self._worlds[s.worker_id].rank, s)
-             for s in self._states.values()
-             if s.state is WorkerState.SUCCEEDED and s.worker_id in self._worlds),
-            key=lambda t: (t[0], t[1]))
+        finished = [s for s in self._states.values()
+                    if s.state is WorkerState.SUCCEEDED and s.worker_id in self._worlds]
         if not finished:
             raise ElasticJobFailedError(
                 "no worker finished its training", "look at the workers' output above",
                 self.attempts)
-        last_round = finished[-1][0]
-        last = sorted((s for r, _, s in finished if r == last_round),
+        last_round = max(self._worlds[s.worker_id].round for s in finished)
+        last = sorted((s for s in finished if self._worlds[s.worker_id].round == last_round),
                       key=lambda s: self._worlds[s.worker_id].rank)
         values = []
         for s in last:
@@ -307,7 +307,8 @@ class ElasticJob(Job):
         if self.policy.cooldown_range is not None:
             low, high = self.policy.cooldown_range
             self._cooldown_until[s.host] = now + min(low * 2 ** (k - 1), high)
-        added = self._fill(now, prefer=s.host, replaces=s.worker_id)
+        self._owed.append(s.worker_id)
+        added = self._fill(now, prefer=s.host)
         live = sum(1 for r in self._states.values() if not r.state.final)
         if added:
             action = f"replacement worker {added[0]} on host {self._states[added[0]].host}"
@@ -334,8 +335,14 @@ class ElasticJob(Job):
         if member or rounds.round < 0 or rounds.open:
             return
         # A new worker while a round runs: tell the members, who join the next round with it.
-        if wid not in self._replaces:
-            self._reset_cause = self._reset_cause or f"worker {wid} on host {s.host} was added"
+        if wid not in self._replaces and self._reset_cause is None:
+            limit = self.policy.reset_limit
+            if limit is not None and self._resets >= limit:
+                log.warning("elastic job: not adding worker %s on host %s: reset_limit=%s resets "
+                            "were made already", wid, s.host, limit)
+                self._stop_worker(wid)
+                return
+            self._reset_cause = f"worker {wid} on host {s.host} was added"
         self._notify(HostUpdate.ADDED)
 
     def _notify(self, update: HostUpdate, only: Optional[List[int]] = None) -> None:
@@ -381,8 +388,10 @@ class ElasticJob(Job):
                 counts[s.host] += 1                                 # keeps its slot until then
         return counts
 
-    def _fill(self, now: float, prefer: Optional[str] = None, replaces: Optional[int] = None) -> List[int]:
-        """Start workers on listed hosts with free slots (not cooling down), up to max_workers."""
+    def _fill(self, now: float, prefer: Optional[str] = None) -> List[int]:
+        """Start workers on listed hosts with free slots (not cooling down), up to max_workers:
+        first the replacements owed to failed workers, then (while reset_limit allows another
+        reset) workers for slots that discovery added."""
         if self._completing or self._finishing or self._fatal is not None:
             return []
         added: List[int] = []
@@ -393,12 +402,15 @@ class ElasticJob(Job):
             if self._cooldown_until.get(host, 0) > now:
                 continue
             while live[host] < self._hosts[host] and total < self.policy.max_workers:
+                limit = self.policy.reset_limit
+                if not self._owed and limit is not None and self._resets >= limit:
+                    return added  # one more worker would need one more reset
                 wid = self._next_id
                 self._next_id += 1
                 with self._lock:
                     self._states[wid] = WorkerRecord(wid, host)
-                if replaces is not None and not added:
-                    self._replaces[wid] = replaces
+                if self._owed:
+                    self._replaces[wid] = self._owed.pop(0)
                 self.timeline.append((time.monotonic(), f"start: worker {wid} on {host}"))
                 try:
                     self.placement.add_worker(wid, host)

@@ -23,12 +23,15 @@ from distributor import (
     ElasticTimeoutError,
     FunctionTarget,
     LaunchRequest,
+    LaunchValidationError,
     run_function,
 )
 from distributor.elastic.job import ElasticJob
 from distributor.elastic.rendezvous import Rounds, assign_ranks
+from distributor.elastic.world import HostUpdate
 from distributor.placement import LocalPlacement
 from distributor.worker_state import IllegalTransition, WorkerState, check_transition
+from spark_clusters import alive
 
 STEPS = 12
 
@@ -55,8 +58,8 @@ def _train(steps=STEPS, kill=None, raise_at=None, pid_file=None, signal_file=Non
     if pid_file:
         with open(pid_file, "a") as f:
             f.write(f"{os.getpid()}\n")
-    updates = []
-    worker.add_hosts_listener(lambda ts, update: updates.append(int(update)))
+    updates, heard = [], []
+    worker.add_hosts_listener(lambda ts, update: (updates.append(int(update)), heard.append(int(update))))
     committed = {"step": 0, "total": 0.0}
     client = None
     sizes = []
@@ -79,7 +82,7 @@ def _train(steps=STEPS, kill=None, raise_at=None, pid_file=None, signal_file=Non
                     dist.destroy_process_group()
                     return {"total": state["total"], "step": state["step"], "size": world.size,
                             "rank": world.rank, "round": world.round, "cross_size": world.cross_size,
-                            "worker": me, "sizes": sizes}
+                            "worker": me, "sizes": sizes, "heard": heard}
                 if kill and me in kill and state["step"] >= kill[me]:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if raise_at and world.rank == raise_at[0] and state["step"] == raise_at[1]:
@@ -103,42 +106,16 @@ def _train(steps=STEPS, kill=None, raise_at=None, pid_file=None, signal_file=Non
             updates.clear()
 
 
-def _children() -> set:
-    """PIDs of this process's live children (the workers and fork servers a job started)."""
-    me = str(os.getpid())
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[1] == me and fields[0] != "Z":
-            found.add(int(entry))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def no_leftovers(tmp_path):
-    """Yields a file every worker writes its PID to; afterwards, no worker and no new child
-    process of the test may still run."""
-    before = _children()
+    """Yields a file every worker writes its PID to; afterwards no worker may still run (the
+    suite's conftest checks the test's own children: the fork server, plain workers)."""
     pid_file = str(tmp_path / "pids")
     yield pid_file
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         pids = [int(p) for p in open(pid_file).read().split()] if os.path.exists(pid_file) else []
-        left = [p for p in pids if _alive(p)] + sorted(_children() - before)
+        left = [p for p in pids if alive(p)]  # forked workers are the fork server's children
         if not left:
             break
         time.sleep(0.2)
@@ -147,7 +124,8 @@ def no_leftovers(tmp_path):
 
 
 def _job(n, policy, placement=None, **target):
-    request = LaunchRequest(FunctionTarget(_train, (), target), n, elastic=policy, start_timeout=120)
+    request = LaunchRequest(FunctionTarget(_train, (), target), n, elastic=policy, start_timeout=120,
+                            timeout=240)  # a hang fails the test instead of blocking the suite
     return ElasticJob(request, placement or LocalPlacement())
 
 
@@ -228,8 +206,17 @@ def test_discovery_adds_a_host_and_its_worker_joins(no_leftovers, tmp_path):
                signal_file=(str(hosts_file), {"host-a": 2, "host-b": 1}), signal_at=3)
     result = job.run()
     assert result["total"] == _expected() and result["size"] == 3 and result["cross_size"] == 2
+    assert result["heard"] == [int(HostUpdate.ADDED)]  # rank 0 was told, and re-joined
     assert job.attempts == []  # a host change is no failure
     assert job._states[2].host == "host-b"
+
+
+def test_placement_that_cannot_add_workers_is_refused_before_anything_starts():
+    from distributor.launchers import MpirunLauncher
+
+    request = LaunchRequest(FunctionTarget(_train, (), {}), 2, elastic=ElasticPolicy(1, 2))
+    with pytest.raises(LaunchValidationError, match="adds workers while the job runs"):
+        ElasticJob(request, LocalPlacement(), MpirunLauncher()).run()
 
 
 # ---- pure -------------------------------------------------------------------------------------
