@@ -4,7 +4,7 @@ collective, and ``sync()`` copies from rank 0 when a round starts (Horovod 0.28.
 - ``State``: reset callbacks, host-change notices and ``check_host_updates`` (every rank takes rank
   0's view of the notices, so all of them raise ``HostsUpdatedInterrupt`` at the same commit).
 - ``ObjectState``: plain picklable attributes (``state.epoch``), broadcast from rank 0.
-- ``TorchState``: a model, an optimizer, ``ElasticSampler`` s and plain attributes; each torch
+- ``TorchState``: a model, an optimizer, ``ElasticSampler`` objects and plain attributes; each torch
   object through a handler from ``get_handler_registry()``.
 
 Commits are cheap: the model's and the optimizer's tensors are copied into buffers allocated at the
