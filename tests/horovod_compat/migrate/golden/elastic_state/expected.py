@@ -20,13 +20,14 @@ class _NativeElasticSampler:
         self._reshard()
 
     def _reshard(self):
-        import torch
+        import random
+
         import torch.distributed as dist
 
         rank, size = dist.get_rank(), dist.get_world_size()
         order = list(range(len(self.dataset)))
-        if self.shuffle:
-            order = torch.randperm(len(order), generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        if self.shuffle:  # Horovod's order: one shuffle by seed + epoch
+            random.Random(self.seed + self.epoch).shuffle(order)
         remaining = [i for i in order if i not in self.processed]
         per_rank = -(-len(remaining) // size)
         padded = remaining + remaining[: per_rank * size - len(remaining)]
