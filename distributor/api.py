@@ -18,6 +18,7 @@ def run_function(
     return_all: bool = False,
     start_timeout: float = 120.0,
     timeout: Optional[float] = None,
+    max_restarts: int = 0,
     placement: Optional[Placement] = None,
     launcher: Optional[Launcher] = None,
     output: Optional[OutputHandler] = None,
@@ -26,11 +27,14 @@ def run_function(
     """Run `fn(*args, **kwargs)` on `num_processes` ranks; return rank 0's value.
 
     With `return_all=True` the values of every rank come back as a list in rank order. Any rank
-    failure raises `RankFailedError` after every rank has stopped.
+    failure raises `RankFailedError` after every rank has stopped. `max_restarts=N` runs every
+    rank again from the start after a failure, up to N times, as torchrun does
+    (`distributor.restarts`); `timeout` then bounds each attempt.
     """
     request = LaunchRequest(
         FunctionTarget(fn, tuple(args), dict(kwargs)), num_processes, use_gpu=use_gpu,
         env=dict(env or {}), start_timeout=start_timeout, timeout=timeout, return_all=return_all,
+        max_restarts=max_restarts,
     )
     return launch(request, placement, launcher, output)
 
@@ -44,13 +48,17 @@ def run_script(
     use_gpu: bool = False,
     start_timeout: float = 120.0,
     timeout: Optional[float] = None,
+    max_restarts: int = 0,
     placement: Optional[Placement] = None,
     launcher: Optional[Launcher] = None,
     output: Optional[OutputHandler] = None,
 ) -> None:
-    """Run a script written for torchrun on `num_processes` ranks; raise if any rank fails."""
+    """Run a script written for torchrun on `num_processes` ranks; raise if any rank fails.
+
+    `max_restarts=N` is torchrun's ``--max-restarts``: after a failure every rank runs again.
+    """
     request = LaunchRequest(
         ScriptTarget(path, tuple(argv)), num_processes, use_gpu=use_gpu, env=dict(env or {}),
-        start_timeout=start_timeout, timeout=timeout,
+        start_timeout=start_timeout, timeout=timeout, max_restarts=max_restarts,
     )
     launch(request, placement, launcher, output)

@@ -371,5 +371,13 @@ def launch(
     output: Optional[OutputHandler] = None,
     on_message: Optional[MessageHandler] = None,
 ) -> Any:
-    """Run `request` and return rank 0's value (or every rank's with `return_all`)."""
+    """Run `request` and return rank 0's value (or every rank's with `return_all`).
+
+    With `request.max_restarts` the whole job runs again after a failure (`distributor.restarts`).
+    """
+    if request.max_restarts:
+        from .restarts import run_with_restarts
+
+        return run_with_restarts(
+            request, lambda attempt: Job(attempt, placement, launcher, output, on_message).run())
     return Job(request, placement, launcher, output, on_message).run()
