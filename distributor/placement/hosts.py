@@ -161,13 +161,21 @@ class HostsPlacement(Placement):
         return failures
 
     def _driver_address(self) -> str:
-        """The address of this machine on the route to the first other host."""
+        """The address of this machine on the route to the first other host it has one to."""
         for host in self.remote_hosts:
             try:
                 return address_toward(host)
             except OSError:
                 continue
         return routable_address()
+
+    @staticmethod
+    def _address_toward(host: str) -> str:
+        """This machine's address on the route to `host`, else its routable address."""
+        try:
+            return address_toward(host)
+        except OSError:
+            return routable_address()
 
     def worker_hosts(self, request: LaunchRequest) -> List[str]:
         return [self.hosts[spec.node_rank][0] for spec in host_plan(self.hosts, request.num_processes)]
@@ -210,7 +218,7 @@ class HostsPlacement(Placement):
         if self.is_local(host):
             job.launcher.start([spec], lambda s: self._env(s, f"127.0.0.1:{port}"), supervisor)
             return
-        env = self._env(spec, f"{address_toward(host)}:{port}")
+        env = self._env(spec, f"{self._address_toward(host)}:{port}")
         remote = ssh_worker_command(env, job.launcher.command(), os.getcwd())
         supervisor.start(spec.rank, ["ssh", "-o", "BatchMode=yes", *self.ssh_args, host, remote],
                          os.environ)
