@@ -228,7 +228,11 @@ def plan(argv: Optional[Sequence[str]] = None) -> Tuple[HorovodJob, Any, List[st
         logging.basicConfig(level=logging.DEBUG if args.log_level == "TRACE" else args.log_level)
     if args.binding_args and not job.use_mpi:
         notes.append("--binding-args has no effect without --mpi: ranks started directly are not bound.")
-    return job, job.command_target(command), notes
+    try:
+        target = job.command_target(command)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return job, target, notes
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -192,6 +192,8 @@ class HostsPlacement(Placement):
         self._job = job
         self._supervisor = Supervisor(job.sink)
         if isinstance(job.launcher, PythonLauncher):
+            if request.elastic is not None:  # replacements on this machine fork from a warm server
+                job.launcher.keep_warm(self._env(specs[0], f"127.0.0.1:{job.hub_address[1]}"))
             for spec in specs:
                 self._start_worker(used[spec.node_rank][0], spec)
             return
@@ -240,3 +242,7 @@ class HostsPlacement(Placement):
     def stop(self) -> None:
         if self._supervisor is not None:
             self._supervisor.stop()
+
+    def close(self) -> None:
+        if self._job is not None:
+            self._job.launcher.release()

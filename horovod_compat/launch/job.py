@@ -16,12 +16,14 @@ validation; `run(target)` picks the placement and launcher and starts the job:
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import shutil
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from distributor import CommandTarget, FunctionTarget, LaunchRequest, launch
+from distributor import CommandTarget, FunctionTarget, LaunchRequest, ScriptTarget, launch
 from distributor.elastic.policy import ElasticPolicy
 from distributor.launchers import MpirunLauncher, PythonLauncher
 
@@ -35,6 +37,26 @@ from .output import RankOutput
 #: Horovod's is 30 s; ranks here must only connect to the driver in that time, but hosts shared
 #: by several jobs can be slow to start processes, so the project keeps its 120 s.
 DEFAULT_START_TIMEOUT = 120.0
+
+
+_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
+#: Interpreter options an elastic ``python [OPTIONS] script.py`` command may carry (the workers
+#: are unbuffered anyway).
+_PYTHON_OPTIONS = ("-u", "-B")
+
+
+def python_script_command(command: Sequence[str]) -> tuple:
+    """(python, script, argv) of ``python [-u] [-B] script.py ARGS...``; ValueError otherwise."""
+    if command and _PYTHON.match(os.path.basename(command[0])):
+        rest = list(command[1:])
+        while rest and rest[0] in _PYTHON_OPTIONS:
+            rest.pop(0)
+        if rest and not rest[0].startswith("-"):
+            return shutil.which(command[0]) or command[0], rest[0], rest[1:]
+    raise ValueError(
+        f"an elastic job runs 'python script.py ARGS...' commands (the script runs inside each "
+        f"worker, so that hvd.init() can join the job's rendezvous rounds); got "
+        f"{' '.join(command)!r}. Write the command in that form.")
 
 
 def start_timeout_from(value: Optional[float], variable: str, default: float) -> float:
@@ -172,12 +194,20 @@ class HorovodJob:
             return FunctionTarget(fn, tuple(args), dict(kwargs))
         return FunctionTarget(call_with_slot_env, (fn, *args), dict(kwargs))
 
-    def command_target(self, command: Sequence[str]) -> CommandTarget:
+    def command_target(self, command: Sequence[str]) -> Union[CommandTarget, ScriptTarget]:
+        """What each rank runs for `command`. In an elastic job a ``python script.py ...``
+        command runs the script inside the worker process (which talks to the driver), so that
+        its ``hvd.init()`` joins the job's rounds; the workers then use that Python."""
+        if self.elastic is not None:
+            self.executable, script, argv = python_script_command(command)
+            return ScriptTarget(script, tuple(argv))
         if self.use_mpi:
             return CommandTarget(tuple(command))
         return CommandTarget((self.executable, "-m", "horovod_compat.run_rank", *command))
 
     def _launcher(self) -> Any:
+        if self.elastic is not None:  # workers import torch; replacements fork with it imported
+            return PythonLauncher(python=self.executable, preload=("torch",))
         if not self.use_mpi:
             return PythonLauncher(python=self.executable)
         extra = list(self.mpi_args)

@@ -33,7 +33,8 @@ def test_horovodrun_elastic_flags_build_the_policy(tmp_path, monkeypatch):
     assert policy.discovery() == {"localhost": 2, "127.0.0.1": 4}  # --slots for a bare host name
     assert job.hosts == [("localhost", 2)] and not job.use_mpi
     assert job.env["HOROVOD_ELASTIC"] == "1"
-    assert target.argv[-2:] == (sys.executable, "train.py")
+    # the script runs inside each worker, whose Python is the command's
+    assert target.path == "train.py" and target.argv == () and job.executable == sys.executable
 
 
 def test_horovods_defaults_min_np_is_np_no_max_and_the_elastic_timeout_variable(monkeypatch):
@@ -70,10 +71,11 @@ def test_horovod_run_arguments_map_the_same_way(tmp_path):
     (["--min-np", "1", "--elastic-timeout", "0"], "elastic_timeout must be an int >= 1"),
     (["--min-np", "1", "--blacklist-cooldown-range", "9", "3"], "cooldown_range"),
     (["--host-discovery-script", "/no/such/script"], "does not exist"),
+    (["--min-np", "1", "--", "true"], "an elastic job runs 'python script.py ARGS...' commands"),
 ])
 def test_bad_elastic_command_lines_fail_before_anything_starts(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
-        plan(["-np", "2", *argv, sys.executable, "x.py"])
+        plan(["-np", "2", *argv] + ([] if "--" in argv else [sys.executable, "x.py"]))
     assert info.value.code == 2
     assert message in capsys.readouterr().err
 
