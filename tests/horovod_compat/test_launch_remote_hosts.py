@@ -131,3 +131,40 @@ def test_one_process_per_worker_local_or_over_ssh(fake_ssh, tmp_path, monkeypatc
     assert started[0].startswith(f"-o BatchMode=yes -p 2222 -i {key} otherhost cd ")
     assert "JOB_FLAG=on" in started[0] and "DISTRIBUTOR_RANK=1" in started[0]
     assert " SSH_CONNECTION=" not in started[0]
+
+
+def grow_to_two():
+    import time
+
+    import torch
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    state = hvd.elastic.ObjectState(steps=0, at_two=0)
+
+    @hvd.elastic.run
+    def train(state):
+        while state.at_two < 3:
+            size = int(hvd.allreduce(torch.ones(1), op=hvd.Sum).item())
+            state.at_two += size == 2
+            state.steps += 1
+            if state.steps > 3000:
+                raise RuntimeError("the worker on otherhost never joined")
+            time.sleep(0.05)
+            state.commit()
+        return hvd.rank(), hvd.size()
+
+    return train(state)
+
+
+def test_elastic_job_adds_a_worker_on_another_host_over_ssh(fake_ssh):
+    """horovod.run elastic over -H localhost:1,otherhost:1 with one worker to start: the engine
+    fills the other host's slot while the job runs (HostsPlacement.add_worker over ssh)."""
+    log, _key = fake_ssh
+    results = horovod.run(grow_to_two, num_proc=1, min_num_proc=1, max_num_proc=2,
+                          hosts="localhost:1,otherhost:1")
+    assert sorted(results) == [(0, 2), (1, 2)]
+    started = [c for c in log.read_text().splitlines() if "distributor.rank_entry" in c]
+    assert len(started) == 1 and " otherhost cd " in started[0], started
+    assert "DISTRIBUTOR_RANK=1" in started[0] and "HOROVOD_ELASTIC=1" in started[0]
