@@ -453,5 +453,6 @@ def launch(
         from .restarts import run_with_restarts
 
         return run_with_restarts(
-            request, lambda attempt: Job(attempt, placement, launcher, output, on_message).run())
+            request, lambda attempt: Job(attempt, placement, launcher, output, on_message).run(),
+            output or print_output)
     return Job(request, placement, launcher, output, on_message).run()

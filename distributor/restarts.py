@@ -18,16 +18,12 @@ and the others keep their memory.
 from __future__ import annotations
 
 import dataclasses
-import logging
-import sys
 import time
 from typing import Any, Callable, List
 
 from .elastic.policy import Attempt
 from .errors import DistributedRunError, LaunchValidationError, RankFailedError
-from .spec import LaunchRequest
-
-log = logging.getLogger(__name__)
+from .spec import LaunchRequest, OutputHandler
 
 RESTART_COUNT_VAR = "TORCHELASTIC_RESTART_COUNT"
 MAX_RESTARTS_VAR = "TORCHELASTIC_MAX_RESTARTS"
@@ -43,9 +39,11 @@ def retried(error: BaseException) -> bool:
     return not (isinstance(error, RankFailedError) and error.exc_type in _NOT_RETRIED_IN_RANKS)
 
 
-def run_with_restarts(request: LaunchRequest, run_once: Callable[[LaunchRequest], Any]) -> Any:
+def run_with_restarts(request: LaunchRequest, run_once: Callable[[LaunchRequest], Any],
+                      output: OutputHandler) -> Any:
     """Call `run_once` with `request` (its env telling the attempt number) until one attempt
-    succeeds or `request.max_restarts` restarts have failed too; return its value."""
+    succeeds or `request.max_restarts` restarts have failed too; return its value. Each restart
+    is announced as a launcher line (rank None) on `output`, where the ranks' lines go."""
     limit = request.max_restarts
     attempts: List[Attempt] = []
     count = 0
@@ -61,9 +59,8 @@ def run_with_restarts(request: LaunchRequest, run_once: Callable[[LaunchRequest]
             attempts.append(Attempt(count + 1, time.time(), _first_line(error), action))
             if count == limit:
                 raise _exhausted(error, attempts) from None
-            # On the driver's stderr like the ranks' output, so a log shows why the job ran twice.
-            print(f"[launcher] attempt {count + 1} of {limit + 1} failed: {attempts[-1].cause}; "
-                  f"restarting every rank", file=sys.stderr, flush=True)
+            output(None, "stderr", f"attempt {count + 1} of {limit + 1} failed: "
+                                   f"{attempts[-1].cause}; restarting every rank")
         count += 1
 
 

@@ -124,7 +124,7 @@ class ElasticArgs:
         """The engine's policy for a job that starts with `num_proc` workers."""
         return ElasticPolicy(
             min_workers=self.min_num_proc or num_proc,
-            max_workers=self.max_num_proc or max(UNBOUNDED_WORKERS, num_proc),
+            max_workers=self.max_num_proc or UNBOUNDED_WORKERS,
             reset_limit=self.reset_limit,
             elastic_timeout=self.timeout(),
             cooldown_range=tuple(self.cooldown_range) if self.cooldown_range else None,
