@@ -17,7 +17,7 @@ saying they have no effect here. `--min-np` or `--host-discovery-script` make th
 (Horovod's rule; gloo mode only): workers that fail are replaced, hosts the script adds get
 workers up to `--max-np` (see `horovod_compat.launch.elastic`).
 The exit status is 0 when every rank succeeded, else the first failing rank's status (1 for an
-exception, 128+N for a signal N).
+exception, 128+N for a signal N); for an elastic job that gave up, that of the failure that ended it.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from distributor import DistributedRunError, RankFailedError
+from distributor.errors import ElasticJobFailedError
 
 from .launch import knobs
 from .launch.elastic import elastic_args
@@ -241,13 +242,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"horovodrun: {note}", file=sys.stderr)
     try:
         job.run(target, return_all=False)
-    except RankFailedError as exc:
-        print(f"horovodrun: {exc}", file=sys.stderr)
-        code = exc.exit_code
-        return 128 - code if code is not None and code < 0 else (code or 1)
     except DistributedRunError as exc:
         print(f"horovodrun: {exc}", file=sys.stderr)
-        return 1
+        failed = exc.root_cause if isinstance(exc, ElasticJobFailedError) else exc
+        if not isinstance(failed, RankFailedError):
+            return 1
+        code = failed.exit_code
+        return 128 - code if code is not None and code < 0 else (code or 1)
     return 0
 
 

@@ -109,3 +109,24 @@ def test_horovod_run_finishes_after_a_worker_is_sigkilled(tmp_path):
         time.sleep(0.1)
     assert not os.path.exists(f"/proc/{killed}") or \
         open(f"/proc/{killed}/stat").read().split()[2] == "Z", "the killed worker still runs"
+
+
+def test_horovodrun_elastic_does_not_retry_a_user_exception_forever(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text(textwrap.dedent("""\
+        import horovod.torch as hvd
+
+        hvd.init()
+        state = hvd.elastic.ObjectState(step=0)
+
+        @hvd.elastic.run
+        def train(state):
+            raise ValueError("bug in the training code")
+
+        train(state)
+    """))
+    done = subprocess.run([sys.executable, "-m", "horovod_compat.run", "-np", "1", "--min-np", "1",
+                           sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=240, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "The elastic job failed" in done.stderr and "bug in the training code" in done.stderr
