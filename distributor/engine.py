@@ -8,7 +8,7 @@ every output line has been delivered.
 Each worker (rank process) has one `WorkerRecord` whose `state` follows the life cycle of
 `distributor.worker_state`. An elastic job (`request.elastic`) is run by
 `distributor.elastic.job.ElasticJob`, which shares this event handling but replaces failed
-workers instead of ending the job.
+workers instead of ending the job; `distributor.api.launch` runs a request with either.
 """
 from __future__ import annotations
 
@@ -125,6 +125,8 @@ class WorkerRecord:
         elif lost_connection_fails and self.disconnected and self.finished_at is None:
             self.move(WorkerState.FAILED)
         elif self.returncode is not None and self.finished_at is not None:
+            if self.state is WorkerState.WAITING:  # gave up waiting for a round, and returned
+                self.move(WorkerState.RUNNING)
             self.move(WorkerState.SUCCEEDED)
         elif self.returncode == 0 and self.disconnected:
             self.move(WorkerState.FAILED)  # exited 0 without reporting its result
@@ -432,27 +434,3 @@ class Job:
                 )
             values.append(pickle.loads(data))
         return values if self.request.return_all else values[0]
-
-
-def launch(
-    request: LaunchRequest,
-    placement: Optional[Placement] = None,
-    launcher: Optional[Launcher] = None,
-    output: Optional[OutputHandler] = None,
-    on_message: Optional[MessageHandler] = None,
-) -> Any:
-    """Run `request` and return rank 0's value (or every rank's with `return_all`).
-
-    With `request.max_restarts` the whole job runs again after a failure (`distributor.restarts`).
-    """
-    if request.elastic is not None:
-        from .elastic.job import ElasticJob  # imports torch's c10d store: elastic jobs only
-
-        return ElasticJob(request, placement, launcher, output, on_message).run()
-    if request.max_restarts:
-        from .restarts import run_with_restarts
-
-        return run_with_restarts(
-            request, lambda attempt: Job(attempt, placement, launcher, output, on_message).run(),
-            output or print_output)
-    return Job(request, placement, launcher, output, on_message).run()

@@ -37,7 +37,7 @@ from ..launchers import PythonLauncher
 from ..rank_env import free_port, rank_environment
 from ..spec import LaunchRequest, RankSpec
 from ..supervisor import Supervisor
-from .base import JobContext, Placement, PlacementCapabilities
+from .base import JobContext, Placement, PlacementCapabilities, host_plan
 from .local import driver_side_env
 
 #: Seconds each `ssh <host> true` check may take.
@@ -55,23 +55,6 @@ def ssh_worker_command(env: Mapping[str, str], argv: Sequence[str], cwd: str) ->
                    if _SHELL_NAME.match(name) and not _NOT_FORWARDED.match(name)]
     return (f"cd {shlex.quote(cwd)} && env {' '.join(assignments)} "
             f"{' '.join(shlex.quote(a) for a in argv)}")
-
-
-def host_plan(hosts: Sequence[Tuple[str, int]], num_processes: int) -> List[RankSpec]:
-    """Ranks host by host: host i runs the next `slots` ranks (fewer on the last one used)."""
-    specs: List[RankSpec] = []
-    used = []
-    left = num_processes
-    for host, slots in hosts:
-        take = min(slots, left)
-        if take:
-            used.append(take)
-        left -= take
-    for node, count in enumerate(used):
-        for local in range(count):
-            specs.append(RankSpec(rank=len(specs), world_size=num_processes, local_rank=local,
-                                  local_world_size=count, node_rank=node, num_nodes=len(used)))
-    return specs
 
 
 class HostsPlacement(Placement):
