@@ -5,9 +5,10 @@ from typing import Any, Mapping, Optional, Sequence
 
 from .elastic.job import ElasticJob
 from .elastic.policy import ElasticPolicy
-from .engine import Job
+from .engine import Job, print_output
 from .launchers import Launcher
 from .placement import Placement
+from .restarts import run_with_restarts
 from .spec import FunctionTarget, LaunchRequest, MessageHandler, OutputHandler, ScriptTarget
 
 
@@ -19,8 +20,13 @@ def launch(
     on_message: Optional[MessageHandler] = None,
 ) -> Any:
     """Run `request` and return rank 0's value (or every rank's with `return_all`); an elastic
-    request (`request.elastic`) runs as an `ElasticJob`."""
+    request (`request.elastic`) runs as an `ElasticJob`; with `request.max_restarts` the whole
+    job runs again after a failure (`distributor.restarts`)."""
     job_type = ElasticJob if request.elastic is not None else Job
+    if request.max_restarts:
+        return run_with_restarts(
+            request, lambda attempt: job_type(attempt, placement, launcher, output, on_message).run(),
+            output or print_output)
     return job_type(request, placement, launcher, output, on_message).run()
 
 
@@ -33,6 +39,7 @@ def run_function(
     return_all: bool = False,
     start_timeout: float = 120.0,
     timeout: Optional[float] = None,
+    max_restarts: int = 0,
     placement: Optional[Placement] = None,
     launcher: Optional[Launcher] = None,
     output: Optional[OutputHandler] = None,
@@ -42,7 +49,9 @@ def run_function(
     """Run `fn(*args, **kwargs)` on `num_processes` ranks; return rank 0's value.
 
     With `return_all=True` the values of every rank come back as a list in rank order. Any rank
-    failure raises `RankFailedError` after every rank has stopped.
+    failure raises `RankFailedError` after every rank has stopped. `max_restarts=N` runs every
+    rank again from the start after a failure, up to N times, as torchrun does
+    (`distributor.restarts`); `timeout` then bounds each attempt.
 
     With `elastic=ElasticPolicy(...)` the job is elastic (`distributor.elastic`): `fn` runs in
     each worker, gets its world from `distributor.worker.join_world()`, and a failed worker is
@@ -53,7 +62,7 @@ def run_function(
     request = LaunchRequest(
         FunctionTarget(fn, tuple(args), dict(kwargs)), num_processes, use_gpu=use_gpu,
         env=dict(env or {}), start_timeout=start_timeout, timeout=timeout, return_all=return_all,
-        elastic=elastic,
+        max_restarts=max_restarts, elastic=elastic,
     )
     return launch(request, placement, launcher, output)
 
@@ -67,13 +76,17 @@ def run_script(
     use_gpu: bool = False,
     start_timeout: float = 120.0,
     timeout: Optional[float] = None,
+    max_restarts: int = 0,
     placement: Optional[Placement] = None,
     launcher: Optional[Launcher] = None,
     output: Optional[OutputHandler] = None,
 ) -> None:
-    """Run a script written for torchrun on `num_processes` ranks; raise if any rank fails."""
+    """Run a script written for torchrun on `num_processes` ranks; raise if any rank fails.
+
+    `max_restarts=N` is torchrun's ``--max-restarts``: after a failure every rank runs again.
+    """
     request = LaunchRequest(
         ScriptTarget(path, tuple(argv)), num_processes, use_gpu=use_gpu, env=dict(env or {}),
-        start_timeout=start_timeout, timeout=timeout,
+        start_timeout=start_timeout, timeout=timeout, max_restarts=max_restarts,
     )
     launch(request, placement, launcher, output)

@@ -84,9 +84,7 @@ class LaunchRequest:
 
     def __post_init__(self) -> None:
         validate_num_processes(self.num_processes, "num_processes")
-        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise LaunchValidationError(
-                f"max_restarts must be an int >= 0, got {self.max_restarts!r}.")
+        validate_max_restarts(self.max_restarts)
         if self.elastic is not None:
             if not isinstance(self.elastic, ElasticPolicy):
                 raise LaunchValidationError(f"elastic must be an ElasticPolicy, got {self.elastic!r}.")
@@ -155,6 +153,13 @@ def validate_num_processes(value: Any, name: str) -> int:
         )
     if value < 1:
         raise LaunchValidationError(f"{name} must be at least 1, got {value}.")
+    return value
+
+
+def validate_max_restarts(value: Any) -> int:
+    """Accept only an int >= 0 (how many times a failed job runs again)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise LaunchValidationError(f"max_restarts must be an int >= 0, got {value!r}.")
     return value
 
 

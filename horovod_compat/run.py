@@ -13,9 +13,11 @@ starts each rank directly and gives it Horovod's slot variables (HOROVOD_RANK, H
 HOROVOD_LOCAL_RANK/SIZE, HOROVOD_CROSS_RANK/SIZE, HOROVOD_HOSTNAME, set by
 `horovod_compat.run_rank`); `--mpi` runs do not get them, as with Horovod's MPI launcher.
 Tuning flags set the knob this project has (`horovod_compat.launch.knobs`) or print one line
-saying they have no effect here. Elastic flags are checked, then refused (not built yet).
+saying they have no effect here. `--min-np` or `--host-discovery-script` make the job elastic
+(Horovod's rule; gloo mode only): workers that fail are replaced, hosts the script adds get
+workers up to `--max-np` (see `horovod_compat.launch.elastic`).
 The exit status is 0 when every rank succeeded, else the first failing rank's status (1 for an
-exception, 128+N for a signal N).
+exception, 128+N for a signal N); for an elastic job that gave up, that of the failure that ended it.
 """
 from __future__ import annotations
 
@@ -27,9 +29,10 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from distributor import DistributedRunError, RankFailedError
+from distributor.errors import ElasticJobFailedError
 
 from .launch import knobs
-from .launch.elastic import ElasticLaunchNotAvailable, check_elastic_args, refuse_elastic
+from .launch.elastic import elastic_args
 from .launch.job import HorovodJob
 from .runner import horovod_environment
 
@@ -105,14 +108,23 @@ def build_parser() -> argparse.ArgumentParser:
     library.add_argument("--binding-args", dest="binding_args", default=None,
                          help="mpirun process binding arguments (replace --bind-to none)")
 
-    elastic = parser.add_argument_group("elastic arguments (checked; elastic runs are not built yet)")
-    elastic.add_argument("--min-np", "--min-num-proc", dest="min_num_proc", type=int, default=None)
-    elastic.add_argument("--max-np", "--max-num-proc", dest="max_num_proc", type=int, default=None)
-    elastic.add_argument("--slots-per-host", "--slots", dest="slots", type=int, default=None)
-    elastic.add_argument("--elastic-timeout", dest="elastic_timeout", type=int, default=None)
-    elastic.add_argument("--reset-limit", dest="reset_limit", type=int, default=None)
+    elastic = parser.add_argument_group("elastic arguments (gloo mode)")
+    elastic.add_argument("--min-np", "--min-num-proc", dest="min_num_proc", type=int, default=None,
+                         help="fewest workers training goes on with (default: -np); makes the job elastic")
+    elastic.add_argument("--max-np", "--max-num-proc", dest="max_num_proc", type=int, default=None,
+                         help="most workers the job grows to (default: no limit)")
+    elastic.add_argument("--slots-per-host", "--slots", dest="slots", type=int, default=None,
+                         help="slots of a host the discovery script lists without ':slots'")
+    elastic.add_argument("--elastic-timeout", dest="elastic_timeout", type=int, default=None,
+                         help="seconds to wait for enough workers after a failure "
+                              "(default: HOROVOD_ELASTIC_TIMEOUT, else 600)")
+    elastic.add_argument("--reset-limit", dest="reset_limit", type=int, default=None,
+                         help="most resets (failures or host changes) before the job fails "
+                              "(default: no limit)")
     elastic.add_argument("--blacklist-cooldown-range", dest="cooldown_range", type=int, nargs=2,
-                         default=None)
+                         default=None, metavar=("MIN", "MAX"),
+                         help="seconds a host whose worker failed waits before a replacement "
+                              "starts there, doubling per failure within MIN..MAX")
 
     host_group = parser.add_argument_group("host arguments").add_mutually_exclusive_group()
     host_group.add_argument("-H", "--hosts", default=None,
@@ -120,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     host_group.add_argument("-hostfile", "--hostfile", default=None,
                             help="file with one 'hostname slots=N' per line")
     host_group.add_argument("--host-discovery-script", default=None,
-                            help="elastic host discovery script (checked; elastic runs are not built yet)")
+                            help="executable printing the available hosts, one 'host:slots' (or "
+                                 "'host' with --slots) a line; makes the job elastic")
 
     controller = parser.add_argument_group("controller arguments").add_mutually_exclusive_group()
     controller.add_argument("--gloo", dest="use_gloo", action="store_true",
@@ -187,9 +200,11 @@ def plan(argv: Optional[Sequence[str]] = None) -> Tuple[HorovodJob, Any, List[st
             _apply_config(args)
         values = {k.dest: getattr(args, k.dest) for k in knobs.KNOBS}
         knobs.validate(values)
-        elastic = check_elastic_args(args.np, args.min_num_proc, args.max_num_proc, args.slots,
-                                     args.reset_limit, args.cooldown_range,
-                                     args.host_discovery_script, args.elastic_timeout)
+        elastic = elastic_args(args.np, min_num_proc=args.min_num_proc,
+                               max_num_proc=args.max_num_proc, slots=args.slots,
+                               reset_limit=args.reset_limit, cooldown_range=args.cooldown_range,
+                               host_discovery_script=args.host_discovery_script,
+                               elastic_timeout=args.elastic_timeout)
         env = horovod_environment()
         knob_env, notes = knobs.environment(values)
         env.update(knob_env)
@@ -204,21 +219,21 @@ def plan(argv: Optional[Sequence[str]] = None) -> Tuple[HorovodJob, Any, List[st
             nics=sorted(args.nics) if args.nics else None, ssh_port=args.ssh_port,
             ssh_identity_file=args.ssh_identity_file, output_filename=args.output_filename,
             prefix_output_with_timestamp=args.prefix_output_with_timestamp, verbose=args.verbose,
+            elastic=elastic,
         )
     except ValueError as exc:
         parser.error(str(exc))
-    if elastic:
-        try:
-            refuse_elastic("horovodrun")
-        except ElasticLaunchNotAvailable as exc:
-            parser.error(str(exc))
     if not job.remote and shutil.which(command[0]) is None and not os.path.isfile(command[0]):
         parser.error(f"command {command[0]!r} not found on PATH")
     if args.log_level:
         logging.basicConfig(level=logging.DEBUG if args.log_level == "TRACE" else args.log_level)
     if args.binding_args and not job.use_mpi:
         notes.append("--binding-args has no effect without --mpi: ranks started directly are not bound.")
-    return job, job.command_target(command), notes
+    try:
+        target = job.command_target(command)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return job, target, notes
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -227,13 +242,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"horovodrun: {note}", file=sys.stderr)
     try:
         job.run(target, return_all=False)
-    except RankFailedError as exc:
-        print(f"horovodrun: {exc}", file=sys.stderr)
-        code = exc.exit_code
-        return 128 - code if code is not None and code < 0 else (code or 1)
     except DistributedRunError as exc:
         print(f"horovodrun: {exc}", file=sys.stderr)
-        return 1
+        failed = exc.root_cause if isinstance(exc, ElasticJobFailedError) else exc
+        if not isinstance(failed, RankFailedError):
+            return 1
+        code = failed.exit_code
+        return 128 - code if code is not None and code < 0 else (code or 1)
     return 0
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from .. import forkserver
 from ..rank_env import PARENT_PID_VAR
@@ -55,6 +55,10 @@ class PythonLauncher(Launcher):
                 return None
         return forkserver.spawn_warm(self.python, self.preload, env) if self._warm else None
 
+    def command(self) -> List[str]:
+        """The command line of one rank process (also run on other hosts over ssh)."""
+        return [self.python, "-m", "distributor.rank_entry"]
+
     def start(self, ranks: Sequence[RankSpec], env_for: EnvFactory, supervisor: Supervisor) -> None:
         for spec in ranks:
             env = env_for(spec)
@@ -63,4 +67,4 @@ class PythonLauncher(Launcher):
             if forked is not None:
                 supervisor.track(spec.rank, forked)
             else:
-                supervisor.start(spec.rank, [self.python, "-m", "distributor.rank_entry"], env)
+                supervisor.start(spec.rank, self.command(), env)

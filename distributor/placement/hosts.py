@@ -1,43 +1,73 @@
-"""Hosts placement: ranks on a list of machines, started by one mpirun that reaches the other
-hosts over ssh (as Horovod's and Open MPI's own launchers do).
+"""Hosts placement: ranks on a list of machines, this one among them or not.
+
+Two ways to start them, chosen by the launcher:
+
+* `MpirunLauncher`: one mpirun reaches the other hosts over ssh (as Horovod's and Open MPI's own
+  launchers do); the job's size is fixed.
+* `PythonLauncher` (Horovod's gloo mode, and elastic jobs): each worker is its own process, on
+  this machine when its host names this machine (`is_local`), else started with
+  ``ssh -o BatchMode=yes HOST 'cd CWD && env VAR=... PYTHON -m distributor.rank_entry'`` (as
+  Horovod's gloo launcher does: the driver's environment goes along, but for per-shell variables).
+  Workers can then be added while the job runs (`add_worker`, on any host name, also one the job
+  did not start on) and stopped one by one (`stop_worker`).
 
 Ranks fill the hosts in order (host 0 gets the first ranks), so LOCAL_RANK counts per host and
 NODE_RANK is the host's index. Before anything starts, every host that is not this machine must
 answer `ssh <host> true` non-interactively (BatchMode), so a typo or a missing key fails at once
 with ssh's own words. The driver hub listens on every interface (it admits only peers that prove
-the job secret); ranks on other hosts reach it at the address this machine uses towards the first
-of them. The rendezvous (MASTER_ADDR/MASTER_PORT) is on the first host: its port is chosen on the
+the job secret); ranks on other hosts reach it at the address this machine uses towards them.
+The rendezvous (MASTER_ADDR/MASTER_PORT) is on the first host: its port is chosen on the
 driver, so on another host it is one that was free here a moment ago.
 
 The same Python (path), this project and the user's code must exist on every host, as for
-Horovod; the working directory is mpirun's.
+Horovod; the working directory is mpirun's, or the driver's (direct processes).
 """
 from __future__ import annotations
 
+import os
+import re
+import shlex
 import subprocess
 import threading
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import LaunchValidationError
 from ..hub import address_toward, routable_address
+from ..launchers import PythonLauncher
 from ..rank_env import free_port, rank_environment
 from ..spec import LaunchRequest, RankSpec
 from ..supervisor import Supervisor
-from .base import JobContext, Placement, host_plan
+from .base import JobContext, Placement, PlacementCapabilities, host_plan
 from .local import driver_side_env
 
 #: Seconds each `ssh <host> true` check may take.
 SSH_CHECK_SECONDS = 30.0
+#: Variables of the driver's shell that do not describe the job and stay behind when a worker is
+#: started over ssh (besides names that are not shell identifiers).
+_NOT_FORWARDED = re.compile(r"^(BASH_FUNC_.*|OLDPWD|PWD|SHLVL|_|SSH_.*|HOSTNAME|TERM|DISPLAY|TMUX.*"
+                            r"|PS1|MAIL|LS_COLORS)$")
+_SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def ssh_worker_command(env: Mapping[str, str], argv: Sequence[str], cwd: str) -> str:
+    """The remote shell command that runs `argv` in `cwd` with `env` on another host."""
+    assignments = [f"{name}={shlex.quote(value)}" for name, value in sorted(env.items())
+                   if _SHELL_NAME.match(name) and not _NOT_FORWARDED.match(name)]
+    return (f"cd {shlex.quote(cwd)} && env {' '.join(assignments)} "
+            f"{' '.join(shlex.quote(a) for a in argv)}")
 
 
 class HostsPlacement(Placement):
     """Ranks on `hosts` [(name, slots)], this machine's among them or not.
 
-    `local_hosts` are names that mean this machine (no ssh check). `ssh_port` and
-    `ssh_identity_file` go to every ssh command. The launcher must be able to span hosts (`MpirunLauncher`).
+    `local_hosts` are names that mean this machine (no ssh check, local processes); `is_local`,
+    when given, decides that for host names the job adds later. `ssh_port` and
+    `ssh_identity_file` go to every ssh command. The launcher is `MpirunLauncher` (one mpirun
+    across the hosts) or `PythonLauncher` (one process per worker; the job may add workers).
     """
 
     hub_bind_host = "0.0.0.0"
+    capabilities = PlacementCapabilities(adds_workers=True)  # with a PythonLauncher
 
     def __init__(
         self,
@@ -45,21 +75,29 @@ class HostsPlacement(Placement):
         local_hosts: Sequence[str] = (),
         ssh_port: Optional[int] = None,
         ssh_identity_file: Optional[str] = None,
+        is_local: Optional[Callable[[str], bool]] = None,
     ) -> None:
         if not hosts or any(slots < 1 for _, slots in hosts):
             raise LaunchValidationError(f"hosts must list (name, slots >= 1) pairs, got {list(hosts)!r}")
         self.hosts = [(str(h), int(s)) for h, s in hosts]
         self.local_hosts = set(local_hosts)
+        self._is_local = is_local or self.local_hosts.__contains__
         self.ssh_args: List[str] = []
         if ssh_port is not None:
             self.ssh_args += ["-p", str(ssh_port)]
         if ssh_identity_file is not None:
             self.ssh_args += ["-i", ssh_identity_file]
         self._supervisor: Optional[Supervisor] = None
+        self._job: Optional[JobContext] = None
+        self._master: Tuple[str, int] = ("127.0.0.1", 0)
 
     @property
     def remote_hosts(self) -> List[str]:
-        return [h for h, _ in self.hosts if h not in self.local_hosts]
+        return [h for h, _ in self.hosts if not self.is_local(h)]
+
+    def is_local(self, host: str) -> bool:
+        """True when `host` names this machine: its workers are local processes."""
+        return host in self.local_hosts or self._is_local(host)
 
     def validate(self, request: LaunchRequest) -> None:
         total = sum(slots for _, slots in self.hosts)
@@ -106,7 +144,7 @@ class HostsPlacement(Placement):
         return failures
 
     def _driver_address(self) -> str:
-        """The address of this machine on the route to the first other host."""
+        """The address of this machine on the route to the first other host it has one to."""
         for host in self.remote_hosts:
             try:
                 return address_toward(host)
@@ -114,30 +152,80 @@ class HostsPlacement(Placement):
                 continue
         return routable_address()
 
+    @staticmethod
+    def _address_toward(host: str) -> str:
+        """This machine's address on the route to `host`, else its routable address."""
+        try:
+            return address_toward(host)
+        except OSError:
+            return routable_address()
+
+    def worker_hosts(self, request: LaunchRequest) -> List[str]:
+        return [self.hosts[spec.node_rank][0] for spec in host_plan(self.hosts, request.num_processes)]
+
     def start(self, job: JobContext) -> None:
         request = job.request
-        start_on_hosts = getattr(job.launcher, "start_on_hosts", None)
-        if start_on_hosts is None:
-            raise LaunchValidationError(
-                f"{type(job.launcher).__name__} cannot start ranks on other hosts; use "
-                "MpirunLauncher with a host list.")
         specs = host_plan(self.hosts, request.num_processes)
         used = [(host, sum(1 for s in specs if s.node_rank == i))
                 for i, (host, _) in enumerate(self.hosts[:specs[-1].node_rank + 1])]
         driver = self._driver_address()
         first = used[0][0]
-        master_addr = driver if first in self.local_hosts else first
-        master_port = free_port("0.0.0.0")
-        hub = f"{driver}:{job.hub_address[1]}"
-
-        def env_for(spec: RankSpec) -> dict:
-            env = rank_environment(spec, master_addr, master_port, job.run_id, request.env)
-            env.update(driver_side_env(job, spec, hub))
-            return env
-
+        master_addr = driver if self.is_local(first) else first
+        self._master = (master_addr, free_port("0.0.0.0"))
+        self._job = job
         self._supervisor = Supervisor(job.sink)
-        start_on_hosts(specs, used, self.ssh_args, env_for, self._supervisor)
+        if isinstance(job.launcher, PythonLauncher):
+            if request.elastic is not None:  # replacements on this machine fork from a warm server
+                job.launcher.keep_warm(self._env(specs[0], f"127.0.0.1:{job.hub_address[1]}"))
+            for spec in specs:
+                self._start_worker(used[spec.node_rank][0], spec)
+            return
+        start_on_hosts = getattr(job.launcher, "start_on_hosts", None)
+        if start_on_hosts is None:
+            raise LaunchValidationError(
+                f"{type(job.launcher).__name__} cannot start ranks on other hosts; use "
+                "MpirunLauncher or PythonLauncher with a host list.")
+        hub = f"{driver}:{job.hub_address[1]}"
+        start_on_hosts(specs, used, self.ssh_args, lambda spec: self._env(spec, hub),
+                       self._supervisor)
+
+    def _env(self, spec: RankSpec, hub: str) -> Dict[str, str]:
+        assert self._job is not None
+        env = rank_environment(spec, *self._master, self._job.run_id, self._job.request.env)
+        env.update(driver_side_env(self._job, spec, hub))
+        return env
+
+    def _start_worker(self, host: str, spec: RankSpec) -> None:
+        """One worker process on `host`: a local process, or one started over ssh."""
+        job, supervisor = self._job, self._supervisor
+        assert job is not None and supervisor is not None and isinstance(job.launcher, PythonLauncher)
+        port = job.hub_address[1]
+        if self.is_local(host):
+            job.launcher.start([spec], lambda s: self._env(s, f"127.0.0.1:{port}"), supervisor)
+            return
+        env = self._env(spec, f"{self._address_toward(host)}:{port}")
+        remote = ssh_worker_command(env, job.launcher.command(), os.getcwd())
+        supervisor.start(spec.rank, ["ssh", "-o", "BatchMode=yes", *self.ssh_args, host, remote],
+                         os.environ)
+
+    def add_worker(self, worker_id: int, host: str) -> None:
+        if self._job is None or not isinstance(self._job.launcher, PythonLauncher):
+            raise RuntimeError("add_worker needs a job started with a PythonLauncher")
+        # Placeholder coordinates: the worker learns its real ones when it joins a round.
+        spec = RankSpec(rank=worker_id, world_size=worker_id + 1, local_rank=0, local_world_size=1,
+                        node_rank=0, num_nodes=1)
+        self._start_worker(host, spec)
+
+    def stop_worker(self, worker_id: int) -> None:
+        supervisor = self._supervisor
+        if supervisor is not None:
+            threading.Thread(target=supervisor.stop, args=([worker_id],),
+                             name=f"stop-worker-{worker_id}", daemon=True).start()
 
     def stop(self) -> None:
         if self._supervisor is not None:
             self._supervisor.stop()
+
+    def close(self) -> None:
+        if self._job is not None:
+            self._job.launcher.release()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .elastic import check_elastic_args, refuse_elastic
+from .elastic import elastic_args
 from .job import HorovodJob
 
 
@@ -52,8 +52,14 @@ def run(
     `output_filename` writes each rank's output to ``<dir>/rank.<rank>/stdout|stderr`` as well.
     `network_interfaces` pins the ranks' traffic to those NICs. `start_timeout` defaults to
     HOROVOD_START_TIMEOUT, else 120 s (Horovod: 30 s). `disable_cache` has no effect (no checks are cached).
-    The elastic arguments are validated; an elastic launch is not available yet (see
-    `horovod_compat.launch.elastic`).
+
+    Elastic (as in Horovod, when `min_num_proc` or `host_discovery_script` is given): the job
+    starts `num_proc` workers and goes on while at least `min_num_proc` (default `num_proc`) live;
+    a failed worker is replaced on its host, hosts the discovery script adds get workers up to
+    `max_num_proc`, and `reset_limit` bounds the resets. HOROVOD_ELASTIC_TIMEOUT (default
+    600 s; Horovod's signature has no argument for it) bounds the wait for enough workers. The
+    values returned are those of the workers that finished, in their last rank order. See
+    `horovod_compat.launch.elastic`.
     """
     if network_interface:
         network_interfaces = network_interface.split(",")
@@ -74,14 +80,13 @@ def run(
         raise TypeError(f"horovod.run: kwargs must be a dict, got {type(kwargs).__name__}")
     if isinstance(network_interfaces, str):
         network_interfaces = [network_interfaces]
-    elastic = check_elastic_args(num_proc, min_num_proc, max_num_proc, slots, reset_limit,
-                                 cooldown_range, host_discovery_script)
+    elastic = elastic_args(num_proc, min_num_proc=min_num_proc, max_num_proc=max_num_proc,
+                           slots=slots, reset_limit=reset_limit, cooldown_range=cooldown_range,
+                           host_discovery_script=host_discovery_script)
     job = HorovodJob.create(
         num_proc, hosts=hosts, hostfile=hostfile, use_gloo=use_gloo, use_mpi=use_mpi,
         start_timeout=start_timeout, executable=executable, mpi_args=mpi_args,
         nics=network_interfaces, ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
-        output_filename=output_filename, verbose=bool(verbose),
+        output_filename=output_filename, verbose=bool(verbose), elastic=elastic,
     )
-    if elastic:
-        refuse_elastic("horovod.run")
     return job.run(job.function_target(func, args, kwargs or {}))

@@ -1,20 +1,44 @@
-"""Horovod's elastic launch arguments: checked here, carried out by the elastic work (not yet).
+"""Horovod's elastic launch arguments: checked, then turned into the engine's `ElasticPolicy`.
 
-`horovod.run`, `horovodrun` and `horovod.spark.run_elastic` accept Horovod's elastic arguments
-with their spelling and validate them before anything starts; an elastic launch then stops with
-`ElasticLaunchNotAvailable`, which says so plainly, instead of silently running a fixed-size job.
+`horovod.run` and `horovodrun` accept Horovod 0.28.1's elastic arguments with their spelling and
+defaults, validate them before anything starts, and run an elastic job (`distributor.elastic`):
+
+* a job is elastic when it has a host discovery script or a minimum size (Horovod's rule);
+* ``min_num_proc`` defaults to ``num_proc``; ``max_num_proc`` unset means no maximum;
+* ``elastic_timeout`` defaults to HOROVOD_ELASTIC_TIMEOUT, else 600 s;
+* the hosts are the discovery script's (`discovery.DiscoveryScript`), else the fixed ``hosts`` /
+  ``hostfile`` / ``localhost:num_proc`` (Horovod 0.28.1 refuses fewer than two fixed hosts; here
+  one host is fine: a failed worker is replaced on the same host);
+* every worker gets HOROVOD_ELASTIC=1, as from Horovod's gloo launcher; elastic jobs run in
+  Horovod's gloo mode, never under mpirun.
+
+`horovod.spark.run_elastic` still refuses with `ElasticLaunchNotAvailable` until it is built.
 """
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from distributor.elastic.policy import ElasticPolicy
+
+from .discovery import DiscoveryScript, HostDiscoveryError
+
+#: ``max_num_proc`` unset: Horovod puts no bound on the number of workers.
+UNBOUNDED_WORKERS = 2 ** 31 - 1
+#: Horovod's default of ``--elastic-timeout`` (seconds), unless HOROVOD_ELASTIC_TIMEOUT says otherwise.
+DEFAULT_ELASTIC_TIMEOUT = 600
+#: Variable Horovod's elastic launcher sets in every worker.
+ELASTIC_ENV = {"HOROVOD_ELASTIC": "1"}
 
 #: Where the elastic launch is being built (the project's issue tracker).
 ELASTIC_ISSUE = "issue 16 (elastic training and fault tolerance)"
 
 
 class ElasticLaunchNotAvailable(NotImplementedError):
-    """An elastic launch was asked for; this version runs fixed-size jobs only."""
+    """An elastic launch was asked for where this version runs fixed-size jobs only."""
 
 
 def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
@@ -64,10 +88,97 @@ def check_elastic_args(
     return host_discovery_script is not None or min_num_proc is not None
 
 
+@dataclass(frozen=True)
+class ElasticArgs:
+    """Horovod's elastic arguments after `check_elastic_args`."""
+
+    min_num_proc: Optional[int] = None
+    max_num_proc: Optional[int] = None
+    slots: Optional[int] = None
+    reset_limit: Optional[int] = None
+    cooldown_range: Optional[Sequence[int]] = None
+    host_discovery_script: Optional[str] = None
+    elastic_timeout: Optional[int] = None
+
+    def timeout(self) -> float:
+        """`elastic_timeout`, else HOROVOD_ELASTIC_TIMEOUT, else 600 s."""
+        if self.elastic_timeout is not None:
+            return float(self.elastic_timeout)
+        raw = os.environ.get("HOROVOD_ELASTIC_TIMEOUT", "").strip()
+        if not raw:
+            return float(DEFAULT_ELASTIC_TIMEOUT)
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if value <= 0:
+            raise ValueError(f"HOROVOD_ELASTIC_TIMEOUT={raw!r} is not a positive number of seconds")
+        return value
+
+    def discovery_script(self) -> Optional[DiscoveryScript]:
+        if self.host_discovery_script is None:
+            return None
+        return DiscoveryScript(os.path.abspath(self.host_discovery_script), self.slots)
+
+    def policy(self, num_proc: int, discovery: Callable[[], Mapping[str, int]]) -> ElasticPolicy:
+        """The engine's policy for a job that starts with `num_proc` workers."""
+        return ElasticPolicy(
+            min_workers=self.min_num_proc or num_proc,
+            max_workers=self.max_num_proc or UNBOUNDED_WORKERS,
+            reset_limit=self.reset_limit,
+            elastic_timeout=self.timeout(),
+            cooldown_range=tuple(self.cooldown_range) if self.cooldown_range else None,
+            discovery=discovery,
+        )
+
+
+def elastic_args(num_proc: Optional[int], **args: Any) -> Optional[ElasticArgs]:
+    """`check_elastic_args(num_proc, **args)`; the arguments when the job is elastic, else None."""
+    return ElasticArgs(**args) if check_elastic_args(num_proc, **args) else None
+
+
+class FixedHosts:
+    """Discovery for an elastic job without a script: the hosts it was given, always."""
+
+    def __init__(self, hosts: Sequence[Tuple[str, int]]) -> None:
+        self.hosts = list(hosts)
+
+    def __call__(self) -> Dict[str, int]:
+        return dict(self.hosts)
+
+    def __repr__(self) -> str:
+        return f"FixedHosts({self.hosts!r})"
+
+
+def wait_for_slots(discovery: DiscoveryScript, num_proc: int, timeout: float,
+                   poll: float = 1.0) -> List[Tuple[str, int]]:
+    """The discovered hosts once they offer `num_proc` slots (as Horovod waits before it starts
+    the first workers); ValueError after `timeout` seconds saying what the script printed."""
+    deadline = time.monotonic() + timeout
+    said = False
+    while True:
+        try:
+            hosts = discovery()
+        except HostDiscoveryError as exc:
+            raise ValueError(str(exc)) from None
+        if sum(hosts.values()) >= num_proc:
+            return [(host, slots) for host, slots in hosts.items() if slots > 0]
+        if time.monotonic() >= deadline:
+            listed = ",".join(f"{h}:{s}" for h, s in hosts.items()) or "no host"
+            raise ValueError(
+                f"the host discovery script {discovery.path!r} offered {listed} "
+                f"({sum(hosts.values())} slot(s)) for {timeout:g}s, fewer than the {num_proc} "
+                "processes to start; lower -np/num_proc or make the script list more hosts/slots")
+        if not said:
+            print(f"horovod-compat: waiting up to {timeout:g}s for the discovery script to offer "
+                  f"{num_proc} slots", file=sys.stderr, flush=True)
+            said = True
+        time.sleep(poll)
+
+
 def refuse_elastic(entry_point: str) -> None:
-    """Raise `ElasticLaunchNotAvailable` for `entry_point` (e.g. 'horovod.run')."""
+    """Raise `ElasticLaunchNotAvailable` for `entry_point` (e.g. 'horovod.spark.run_elastic')."""
     raise ElasticLaunchNotAvailable(
         f"{entry_point}: elastic launches (min_num_proc / host_discovery_script) are not "
-        f"available in this version of horovod-compat; they come with {ELASTIC_ISSUE}. Run a "
-        "fixed-size job (num_proc only) for now; hvd.elastic.run inside the training function "
-        "still retries after a failed collective.")
+        f"available here yet; they come with {ELASTIC_ISSUE}. horovod.run and horovodrun run "
+        "elastic jobs; or run a fixed-size job (num_proc only).")

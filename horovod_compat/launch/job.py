@@ -8,21 +8,28 @@ validation; `run(target)` picks the placement and launcher and starts the job:
   (`distributor.placement.HostsPlacement`);
 * ``use_mpi``: the ranks are started by ``mpirun`` (Open MPI's variables tell each its rank);
   otherwise (Horovod's gloo mode) directly, each rank also given Horovod's ``HOROVOD_*`` slot
-  variables, as Horovod's gloo launcher sets them.
+  variables, as Horovod's gloo launcher sets them;
+* an elastic job (`elastic.ElasticArgs`): always gloo mode; one process per worker on the hosts
+  (this machine's as local processes, others over ssh), and the engine may add workers on any
+  host the discovery script lists while the job runs (`distributor.placement.HostsPlacement`).
 """
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import shutil
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from distributor import CommandTarget, FunctionTarget, LaunchRequest, launch
+from distributor import CommandTarget, FunctionTarget, LaunchRequest, ScriptTarget, launch
+from distributor.elastic.policy import ElasticPolicy
 from distributor.launchers import MpirunLauncher, PythonLauncher
 
 from ..run_rank import call_with_slot_env
 from . import hosts as hostlib
+from .elastic import ELASTIC_ENV, UNBOUNDED_WORKERS, ElasticArgs, FixedHosts, wait_for_slots
 from .knobs import check_local_nics, nic_environment
 from .output import RankOutput
 
@@ -30,6 +37,26 @@ from .output import RankOutput
 #: Horovod's is 30 s; ranks here must only connect to the driver in that time, but hosts shared
 #: by several jobs can be slow to start processes, so the project keeps its 120 s.
 DEFAULT_START_TIMEOUT = 120.0
+
+
+_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
+#: Interpreter options an elastic ``python [OPTIONS] script.py`` command may carry (the workers
+#: are unbuffered anyway).
+_PYTHON_OPTIONS = ("-u", "-B")
+
+
+def python_script_command(command: Sequence[str]) -> tuple:
+    """(python, script, argv) of ``python [-u] [-B] script.py ARGS...``; ValueError otherwise."""
+    if command and _PYTHON.match(os.path.basename(command[0])):
+        rest = list(command[1:])
+        while rest and rest[0] in _PYTHON_OPTIONS:
+            rest.pop(0)
+        if rest and not rest[0].startswith("-"):
+            return shutil.which(command[0]) or command[0], rest[0], rest[1:]
+    raise ValueError(
+        f"an elastic job runs 'python script.py ARGS...' commands (the script runs inside each "
+        f"worker, so that hvd.init() can join the job's rendezvous rounds); got "
+        f"{' '.join(command)!r}. Write the command in that form.")
 
 
 def start_timeout_from(value: Optional[float], variable: str, default: float) -> float:
@@ -66,6 +93,7 @@ class HorovodJob:
     output_filename: Optional[str] = None
     prefix_output_with_timestamp: bool = False
     verbose: bool = False
+    elastic: Optional[ElasticPolicy] = None
 
     @classmethod
     def create(
@@ -86,21 +114,37 @@ class HorovodJob:
         output_filename: Optional[str] = None,
         prefix_output_with_timestamp: bool = False,
         verbose: bool = False,
+        elastic: Optional[ElasticArgs] = None,
     ) -> "HorovodJob":
-        """Check everything before any process starts; ValueError says what to change."""
+        """Check everything before any process starts; ValueError says what to change.
+
+        With `elastic` and a discovery script, the script is run here (its errors and a
+        shortage of slots are reported before any worker starts)."""
         if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
             raise ValueError(f"num_proc must be a positive int, got {num_proc!r}")
         if hosts is not None and hostfile is not None:
             raise ValueError("Argument hosts and hostfile only allow one provided.")
         if use_gloo and use_mpi:
             raise ValueError("Argument use_gloo and use_mpi only allow one set True.")
-        if hostfile is not None:
+        script = elastic.discovery_script() if elastic is not None else None
+        if elastic is not None and use_mpi:
+            raise ValueError("elastic training runs in Horovod's gloo mode (one process per worker, "
+                             "no mpirun), as in Horovod; drop --mpi / use_mpi=True")
+        if script is not None and (hosts or hostfile):
+            raise ValueError("host_discovery_script lists the hosts of an elastic job; pass it or "
+                             "hosts/hostfile, not both")
+        if script is not None:
+            host_list = wait_for_slots(script, num_proc, elastic.timeout())
+        elif hostfile is not None:
             host_list = hostlib.parse_hostfile(hostfile)
         elif hosts:
             host_list = hostlib.parse_hosts(hosts)
         else:
             host_list = [("localhost", num_proc)]
         used = hostlib.slots_for(host_list, num_proc)
+        policy = None
+        if elastic is not None:
+            policy = elastic.policy(num_proc, script or FixedHosts(host_list))
         local = hostlib.local_addresses()
         remote = not all(hostlib.is_local(host, local) for host, _ in used)
         if ssh_port is not None and (isinstance(ssh_port, bool) or not isinstance(ssh_port, int)
@@ -115,6 +159,8 @@ class HorovodJob:
         if nic_list and not remote:
             check_local_nics(nic_list)
         job_env = dict(env or {})
+        if policy is not None:
+            job_env.update(ELASTIC_ENV)
         if nic_list:
             job_env.update(nic_environment(nic_list))
         if isinstance(mpi_args, str):
@@ -122,19 +168,25 @@ class HorovodJob:
         else:
             mpi_arg_list = list(mpi_args or ())
         return cls(
-            num_proc=num_proc, hosts=used, remote=remote, use_mpi=bool(use_mpi) or remote,
+            num_proc=num_proc, hosts=used, remote=remote,
+            use_mpi=bool(use_mpi) or (remote and policy is None),
             env=job_env, start_timeout=start_timeout_from(start_timeout, "HOROVOD_START_TIMEOUT",
                                                           DEFAULT_START_TIMEOUT),
             executable=python, mpi_args=mpi_arg_list,
             binding_args=shlex.split(binding_args) if binding_args else None, nics=nic_list, ssh_port=ssh_port,
             ssh_identity_file=ssh_identity_file, output_filename=output_filename,
             prefix_output_with_timestamp=bool(prefix_output_with_timestamp), verbose=bool(verbose),
+            elastic=policy,
         )
 
     # ---- running ----------------------------------------------------------------------------
     def describe(self) -> str:
         where = ",".join(f"{h}:{n}" for h, n in self.hosts)
         how = "mpirun" + (" over ssh" if self.remote else "") if self.use_mpi else "direct processes"
+        if self.elastic is not None:
+            most = self.elastic.max_workers
+            how += (f", elastic: {self.elastic.min_workers} to "
+                    f"{'any number of' if most >= UNBOUNDED_WORKERS else most} workers")
         return f"{self.num_proc} process(es) on {where} via {how}"
 
     def function_target(self, fn: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> FunctionTarget:
@@ -142,12 +194,20 @@ class HorovodJob:
             return FunctionTarget(fn, tuple(args), dict(kwargs))
         return FunctionTarget(call_with_slot_env, (fn, *args), dict(kwargs))
 
-    def command_target(self, command: Sequence[str]) -> CommandTarget:
+    def command_target(self, command: Sequence[str]) -> Union[CommandTarget, ScriptTarget]:
+        """What each rank runs for `command`. In an elastic job a ``python script.py ...``
+        command runs the script inside the worker process (which talks to the driver), so that
+        its ``hvd.init()`` joins the job's rounds; the workers then use that Python."""
+        if self.elastic is not None:
+            self.executable, script, argv = python_script_command(command)
+            return ScriptTarget(script, tuple(argv))
         if self.use_mpi:
             return CommandTarget(tuple(command))
         return CommandTarget((self.executable, "-m", "horovod_compat.run_rank", *command))
 
     def _launcher(self) -> Any:
+        if self.elastic is not None:  # workers import torch; replacements fork with it imported
+            return PythonLauncher(python=self.executable, preload=("torch",))
         if not self.use_mpi:
             return PythonLauncher(python=self.executable)
         extra = list(self.mpi_args)
@@ -156,18 +216,20 @@ class HorovodJob:
         return MpirunLauncher(python=self.executable, extra_args=extra, binding=self.binding_args)
 
     def _placement(self) -> Any:
-        if not self.remote:
+        if not self.remote and self.elastic is None:
             return None  # the engine's default: this host
         from distributor.placement import HostsPlacement
 
         local = hostlib.local_addresses()
         return HostsPlacement(self.hosts, [h for h, _ in self.hosts if hostlib.is_local(h, local)],
-                              ssh_port=self.ssh_port, ssh_identity_file=self.ssh_identity_file)
+                              ssh_port=self.ssh_port, ssh_identity_file=self.ssh_identity_file,
+                              is_local=lambda host: hostlib.is_local(host, local))
 
     def run(self, target: Any, return_all: bool = True, stdout: Any = None, stderr: Any = None) -> Any:
         """Run `target` on every rank; every rank's value in rank order (function targets)."""
         request = LaunchRequest(target, self.num_proc, env=self.env,
-                                start_timeout=self.start_timeout, return_all=return_all)
+                                start_timeout=self.start_timeout, return_all=return_all,
+                                elastic=self.elastic)
         placement = self._placement()
         if self.verbose:
             print(f"horovod-compat: launching {self.describe()}", file=sys.stderr, flush=True)

@@ -164,6 +164,34 @@ def test_rank_failure_stops_every_rank_and_raises_the_rank_error(spark):
     assert _no_active_jobs(spark), "the barrier job was not cancelled"
 
 
+def _fail_on_rank_1_first_time(marker):
+    if os.environ["RANK"] == "1" and not os.path.exists(marker):
+        Path(marker).write_text("failed once")
+        raise RuntimeError("first attempt fails on purpose")
+    return os.environ["TORCHELASTIC_RESTART_COUNT"], os.getppid()
+
+
+def test_max_restarts_runs_every_rank_again_in_a_new_barrier_stage(spark, tmp_path):
+    groups = []
+
+    class Recording(SparkPlacement):
+        def start(self, job):
+            groups.append(job.run_id)  # the placement names its Spark job group after the job
+            super().start(job)
+
+    count, parent = run_function(_fail_on_rank_1_first_time, str(tmp_path / "marker"),
+                                 num_processes=2, max_restarts=1, placement=Recording(spark),
+                                 output=lambda *a: None)
+    assert count == "1" and parent != os.getpid()
+    tracker = spark.sparkContext.statusTracker()
+    assert len(set(groups)) == 2 and all(tracker.getJobIdsForGroup(g) for g in groups), \
+        "each attempt must run as its own Spark job"
+    assert (tmp_path / "marker").exists() and _no_active_jobs(spark)
+    assert TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
+                            max_restarts=1).run(_fail_on_rank_1_first_time,
+                                                str(tmp_path / "marker2"))[0] == "1"
+
+
 def test_job_timeout_cancels_the_stage_and_kills_the_ranks(spark):
     pids = []
     started = time.monotonic()

@@ -61,7 +61,7 @@ def test_check_build_is_truthful_in_horovods_layout():
     (["-np", "2", "--fusion-threshold-mb", "-1", "true"], "must be >= 0"),
     (["-np", "2", "--nics", "no-such-nic0", "true"], "do not exist on this host"),
     (["-np", "2", "--jsrun", "true"], "--jsrun"),
-    (["-np", "2", "--min-np", "1", "true"], "issue 16"),
+    (["-np", "2", "--min-np", "1", "--mpi", "true"], "elastic training runs in Horovod's gloo mode"),
     (["-np", "2", "--min-np", "3", "--max-np", "2", "true"], "larger than max_num_proc"),
     (["-np", "2", "-H", "a:1", "--hostfile", "f", "true"], "not allowed with"),
     (["-np", "2", "--start-timeout", "0", "true"], "positive number of seconds"),

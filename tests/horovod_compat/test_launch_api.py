@@ -11,7 +11,6 @@ import pytest
 
 import horovod
 from distributor import RankFailedError
-from horovod_compat.launch.elastic import ElasticLaunchNotAvailable
 
 
 def where(tag, scale=1):
@@ -95,17 +94,18 @@ def test_bad_arguments_fail_before_anything_starts(kwargs, message):
         horovod.run(where, args=("x",), **kwargs)
 
 
-def test_elastic_arguments_are_validated_then_refused_clearly(tmp_path):
+def test_elastic_arguments_are_validated_before_anything_starts(tmp_path):
     script = tmp_path / "discover.sh"
     script.write_text("#!/bin/sh\necho localhost:2\n")
     with pytest.raises(ValueError, match="not executable"):
         horovod.run(where, args=("x",), num_proc=2, host_discovery_script=str(script))
     script.chmod(0o755)
-    with pytest.raises(ElasticLaunchNotAvailable, match="issue 16"):
-        horovod.run(where, args=("x",), num_proc=2, host_discovery_script=str(script))
-    with warnings.catch_warnings(), pytest.raises(NotImplementedError, match="elastic"):
+    with pytest.raises(ValueError, match="not both"):
+        horovod.run(where, args=("x",), num_proc=2, hosts="localhost:2",
+                    host_discovery_script=str(script))
+    with warnings.catch_warnings(), pytest.raises(ValueError, match="gloo mode"):
         warnings.simplefilter("ignore", DeprecationWarning)
-        horovod.run(where, args=("x",), num_proc=2, min_np=1, max_np=2)
+        horovod.run(where, args=("x",), num_proc=2, min_np=1, max_np=2, use_mpi=True)
 
 
 def test_spark_run_without_a_spark_context_says_so():

@@ -101,3 +101,70 @@ def test_an_unreachable_host_fails_before_anything_starts(fake_ssh):
     assert "unreachable-host: ssh: Could not resolve hostname" in message
     assert "-p" in message and "-i" in message  # says what to check
     assert not any("prted" in c for c in log.read_text().splitlines()), "mpirun was started"
+
+
+def where_am_i():
+    import os
+
+    return os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["JOB_FLAG"], os.getcwd()
+
+
+def test_one_process_per_worker_local_or_over_ssh(fake_ssh, tmp_path, monkeypatch):
+    """Horovod's gloo mode across hosts (what elastic jobs use): this host's worker is a local
+    process, the other host's is started by `ssh -o BatchMode=yes host 'cd ... && env ... python
+    -m distributor.rank_entry'`."""
+    from distributor import run_function
+    from distributor.launchers import PythonLauncher
+    from distributor.placement import HostsPlacement
+
+    log, key = fake_ssh
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SSH_CONNECTION", "10.0.0.1 5000 10.0.0.2 22")  # this shell's, not the job's
+    placement = HostsPlacement([("localhost", 1), ("otherhost", 1)], ["localhost"], ssh_port=2222,
+                               ssh_identity_file=str(key))
+    assert placement.worker_hosts(type("R", (), {"num_processes": 2})()) == ["localhost", "otherhost"]
+    results = run_function(where_am_i, num_processes=2, return_all=True, env={"JOB_FLAG": "on"},
+                           placement=placement, launcher=PythonLauncher(), output=lambda *a: None)
+    assert results == [("0", "0", "on", str(tmp_path)), ("1", "0", "on", str(tmp_path))]
+    started = [c for c in log.read_text().splitlines() if "distributor.rank_entry" in c]
+    assert len(started) == 1, "only the other host's worker goes through ssh"
+    assert started[0].startswith(f"-o BatchMode=yes -p 2222 -i {key} otherhost cd ")
+    assert "JOB_FLAG=on" in started[0] and "DISTRIBUTOR_RANK=1" in started[0]
+    assert " SSH_CONNECTION=" not in started[0]
+
+
+def grow_to_two():
+    import time
+
+    import torch
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    state = hvd.elastic.ObjectState(steps=0, at_two=0)
+
+    @hvd.elastic.run
+    def train(state):
+        while state.at_two < 3:
+            size = int(hvd.allreduce(torch.ones(1), op=hvd.Sum).item())
+            state.at_two += size == 2
+            state.steps += 1
+            if state.steps > 3000:
+                raise RuntimeError("the worker on otherhost never joined")
+            time.sleep(0.05)
+            state.commit()
+        return hvd.rank(), hvd.size()
+
+    return train(state)
+
+
+def test_elastic_job_adds_a_worker_on_another_host_over_ssh(fake_ssh):
+    """horovod.run elastic over -H localhost:1,otherhost:1 with one worker to start: the engine
+    fills the other host's slot while the job runs (HostsPlacement.add_worker over ssh)."""
+    log, _key = fake_ssh
+    results = horovod.run(grow_to_two, num_proc=1, min_num_proc=1, max_num_proc=2,
+                          hosts="localhost:1,otherhost:1")
+    assert sorted(results) == [(0, 2), (1, 2)]
+    started = [c for c in log.read_text().splitlines() if "distributor.rank_entry" in c]
+    assert len(started) == 1 and " otherhost cd " in started[0], started
+    assert "DISTRIBUTOR_RANK=1" in started[0] and "HOROVOD_ELASTIC=1" in started[0]
