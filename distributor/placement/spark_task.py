@@ -267,3 +267,79 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
         remote.stop()
     channel.close()
     yield json.dumps({"partition": partition, "host": host, "ranks": [s.rank for s in specs]})
+
+
+def run_elastic(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
+    """Body of one task of an elastic job (a plain, non-barrier task): a supervisor that starts
+    the workers the driver asks for, one at a time, until the driver ends the job.
+
+    The task announces itself (`SLOT`: its host) on the placement's control connection, then
+    waits. Each `START_WORKER (worker id, RankSpec)` starts that worker here with the job's
+    launcher (the same environment contract as a fixed-size job, plus `DISTRIBUTOR_ELASTIC=1`);
+    a worker that fails is reported (`EXITED`) and the task stays, so that the driver can start
+    its replacement here. STOP, or the loss of the connection, stops the workers and ends the
+    task. A worker's failure never fails the task: only the loss of the executor does.
+    """
+    from pyspark import TaskContext
+
+    from ..worker import ELASTIC_VAR
+
+    context = TaskContext.get()
+    partition, attempt = context.partitionId(), context.attemptNumber()
+    host = _own_host(context)
+    gpus = _task_gpus(context) if config["use_gpu"] else []
+    secret = bytes.fromhex(config["secret"])
+    control = tuple(config["control_address"])
+    try:
+        channel = protocol.connect((control[0], int(control[1])), secret)
+    except OSError as exc:
+        raise RuntimeError(
+            f"{TASK_ERROR_MARKER} Spark task {partition} on {host} could not reach the driver at "
+            f"{control[0]}:{control[1]} ({exc}). Set spark.driver.host (and "
+            "spark.driver.bindAddress) to an address of the driver that the executors can reach."
+        ) from None
+    offer = {"host": host, "port": 0, "gpus": gpus}
+    channel.send(Kind.SLOT, ((context.stageId(), attempt), partition, int(config["tasks"]), offer))
+
+    launcher = cloudpickle.loads(config["launcher"])
+    if launcher.capabilities.runs_executor_python:
+        launcher.on_executor(sys.executable, config["driver_python"])
+    if config["reuse_worker"]:
+        launcher.in_reused_worker()
+    forwarder = _HubForwarder(channel, ())
+    supervisor = Supervisor(forwarder)
+    hub_text = "{}:{}".format(*config["hub_address"])
+    store_host = config["hub_address"][0]
+
+    def env_for(spec: RankSpec) -> Dict[str, str]:
+        # MASTER_ADDR/PORT are placeholders until the worker's first round (`join_world` sets
+        # them to the job's store); RANK is its worker id until then.
+        env = rank_environment(spec, store_host, 0, config["run_id"], config["env"])
+        env.update({HUB_ADDRESS_VAR: hub_text, SECRET_VAR: config["secret"],
+                    RANK_VAR: str(spec.rank), ELASTIC_VAR: "1"})
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        return env
+
+    started: List[int] = []
+    try:
+        while True:
+            kind, body = channel.recv()
+            if kind == Kind.STOP:
+                break
+            if kind != Kind.START_WORKER:
+                continue
+            spec = body
+            try:
+                launcher.start([spec], env_for, supervisor)
+                started.append(spec.rank)
+            except Exception as exc:  # noqa: BLE001 - the driver sees this worker fail to start
+                forwarder.on_output(spec.rank, "stderr",
+                                    f"could not start worker {spec.rank} on {host}: {exc!r}")
+                forwarder.on_exit(spec.rank, NOT_STARTED)
+    except (ConnectionError, OSError):
+        pass  # the driver ended the job (or is gone): nothing here may outlive it
+    finally:
+        supervisor.stop(grace=2.0)
+        channel.close()
+    yield json.dumps({"partition": partition, "attempt": attempt, "host": host, "ranks": started})
