@@ -4,6 +4,11 @@ The engine starts the driver hub, asks a placement to start the ranks, and then 
 stream of events (rank connected, output line, result, error, heartbeat, exit). The first
 failure ends the job: every other rank is stopped and one `RankFailedError` is raised, after
 every output line has been delivered.
+
+Each worker (rank process) has one `WorkerRecord` whose `state` follows the life cycle of
+`distributor.worker_state`. An elastic job (`request.elastic`) is run by
+`distributor.elastic.job.ElasticJob`, which shares this event handling but replaces failed
+workers instead of ending the job.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from .launchers import Launcher, PythonLauncher
 from .placement import JobContext, LocalPlacement, Placement
 from .protocol import SEND_NOTHING, SEND_RESULT, Channel, Kind
 from .spec import LaunchRequest, MessageHandler, OutputHandler
+from .worker_state import WorkerState, check_transition
 
 log = logging.getLogger(__name__)
 
@@ -66,24 +72,70 @@ def print_message(rank: int, message: Any) -> None:
 
 
 @dataclass
-class _RankState:
-    rank: int
-    connected: bool = False
+class WorkerRecord:
+    """What the driver knows of one worker (rank process): its `WorkerState` and the facts the
+    state derives from. `worker_id` is the rank in a fixed-size job."""
+
+    worker_id: int
+    host: str = "localhost"
+    state: WorkerState = WorkerState.STARTING
+    channel: Optional[Channel] = None  # its authenticated hub connection, once it said HELLO
     result: Optional[bytes] = None
     error: Optional[dict] = None
     returncode: Optional[int] = None
     exit_time: Optional[float] = None
-    stopped_by_driver: bool = False
-    finished_at: Optional[float] = None  # when the rank reported success
+    finished_at: Optional[float] = None  # when the worker reported success
     disconnected: bool = False  # its hub connection has been read to the end
     exit_seen: Optional[float] = None
     disconnect_time: Optional[float] = None
+    started_at: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
     tail: Deque[str] = field(default_factory=lambda: collections.deque(maxlen=OUTPUT_TAIL_LINES))
+
+    @property
+    def rank(self) -> int:  # the name fixed-size jobs use
+        return self.worker_id
+
+    @property
+    def connected(self) -> bool:
+        return self.channel is not None
+
+    @property
+    def stopped_by_driver(self) -> bool:
+        return self.state is WorkerState.STOPPED
+
+    def move(self, new: WorkerState) -> bool:
+        """Go to `new` (checked against `worker_state.TRANSITIONS`); False if already final."""
+        if self.state.final or self.state is new:
+            return False
+        self.state = check_transition(self.state, new)
+        return True
+
+    def settle(self, lost_connection_fails: bool = False) -> None:
+        """Derive the state from the facts after an event: an error report or a non-zero exit
+        before success is FAILED; a result and then an exit is SUCCEEDED; with
+        `lost_connection_fails` (elastic jobs, which must act at once) a connection lost before
+        a result is FAILED too (the worker, or its host, is gone)."""
+        if self.state.final:
+            return
+        if self.error is not None:
+            self.move(WorkerState.FAILED)
+        elif self.returncode is not None and self.returncode != 0 and self.finished_at is None:
+            self.move(WorkerState.FAILED)
+        elif lost_connection_fails and self.disconnected and self.finished_at is None:
+            self.move(WorkerState.FAILED)
+        elif self.returncode is not None and self.finished_at is not None:
+            self.move(WorkerState.SUCCEEDED)
+        elif self.returncode == 0 and self.disconnected:
+            self.move(WorkerState.FAILED)  # exited 0 without reporting its result
 
 
 class Job:
     """One run of a `LaunchRequest` on a placement."""
+
+    #: Whether a worker whose hub connection ends before its result is FAILED at once (before
+    #: its exit is reported). A fixed-size job waits for the exit to pick the root cause.
+    _lost_connection_fails = False
 
     def __init__(
         self,
@@ -99,7 +151,7 @@ class Job:
         self.launcher = launcher or PythonLauncher()
         self.output = output or print_output
         self.run_id = f"distributor-{uuid.uuid4().hex[:12]}"
-        self._states = {r: _RankState(r) for r in range(request.num_processes)}
+        self._states: Dict[int, WorkerRecord] = {r: WorkerRecord(r) for r in range(request.num_processes)}
         self._lock = threading.Lock()
         self._wake: "queue.Queue[str]" = queue.Queue()
         self._payload = b""
@@ -125,18 +177,21 @@ class Job:
             state = self._states[rank]
             state.returncode = returncode
             state.exit_time = time.time()
+            state.settle(self._lost_connection_fails)
         self._wake.put("exit")
 
     def _on_frame(self, channel: Channel, kind: Kind, body: Any) -> None:
         if kind == Kind.HELLO:
             rank, _pid = body
-            if rank not in self._states or self._states[rank].connected:
-                channel.close()
-                return
             with self._lock:
+                state = self._states.get(rank)
+                if state is None or state.connected or state.state is not WorkerState.STARTING:
+                    channel.close()
+                    return
                 self._channels[channel] = rank
-                self._states[rank].connected = True
-            flag = SEND_RESULT if (rank == 0 or self.request.return_all) else SEND_NOTHING
+                state.channel = channel
+                state.move(WorkerState.RUNNING)
+            flag = SEND_RESULT if self._sends_result(rank) else SEND_NOTHING
             channel.send(Kind.PAYLOAD, flag + self._payload, raw=True)
             self._wake.put("connected")
             return
@@ -167,18 +222,33 @@ class Job:
         state = self._states[rank]
         state.last_seen = time.monotonic()
         if kind == Kind.RESULT:
-            state.result = body or None  # empty: success, no value asked of this rank
-            state.finished_at = time.monotonic()
+            with self._lock:
+                state.result = body or None  # empty: success, no value asked of this rank
+                state.finished_at = time.monotonic()
+                state.settle(self._lost_connection_fails)
             self._wake.put("result")
         elif kind == Kind.ERROR:
-            state.error = body
+            with self._lock:
+                state.error = body
+                state.settle(self._lost_connection_fails)
             self._wake.put("error")
+        else:
+            self._on_worker_frame(state, kind, body)
+
+    def _on_worker_frame(self, state: WorkerRecord, kind: Kind, body: Any) -> None:
+        """A frame of a connected worker that the fixed-size job does not use (elastic: JOIN)."""
+
+    def _sends_result(self, rank: int) -> bool:
+        return rank == 0 or self.request.return_all
 
     def _on_close(self, channel: Channel) -> None:
         rank = self._channels.get(channel)
         if rank is not None:
-            self._states[rank].disconnected = True
-            self._states[rank].disconnect_time = time.time()
+            with self._lock:
+                state = self._states[rank]
+                state.disconnected = True
+                state.disconnect_time = time.time()
+                state.settle(self._lost_connection_fails)
         self._wake.put("closed")
 
     # ---- the run --------------------------------------------------------------------------
@@ -249,7 +319,7 @@ class Job:
         failure = self._failure_error() or self.placement.failure()
         return failure if failure is not None else timeout_error
 
-    def _check_timeouts(self, states: List[_RankState], elapsed: float, now: float) -> Optional[BaseException]:
+    def _check_timeouts(self, states: List[WorkerRecord], elapsed: float, now: float) -> Optional[BaseException]:
         request = self.request
         not_connected = [s.rank for s in states if not s.connected and s.returncode is None]
         if not_connected and elapsed > request.start_timeout:
@@ -277,7 +347,7 @@ class Job:
         return None
 
     @staticmethod
-    def _ended(state: _RankState, now: float) -> bool:
+    def _ended(state: WorkerRecord, now: float) -> bool:
         """Exited, and every frame it sent has been read (bounded, in case a child holds the socket)."""
         if state.returncode is None:
             return False
@@ -287,7 +357,7 @@ class Job:
         return now - state.exit_seen > DISCONNECT_GRACE_SECONDS
 
     @staticmethod
-    def _failed(state: _RankState) -> bool:
+    def _failed(state: WorkerRecord) -> bool:
         """Raised, or exited non-zero before reporting success."""
         return state.error is not None or (
             state.returncode not in (None, 0) and state.finished_at is None
@@ -301,7 +371,7 @@ class Job:
         with self._lock:
             for s in self._states.values():
                 if s.returncode is None:
-                    s.stopped_by_driver = True
+                    s.move(WorkerState.STOPPED)
         if self.hub is not None:
             self.hub.broadcast(Kind.STOP)
         self.placement.stop()
@@ -331,7 +401,7 @@ class Job:
         )
 
     @staticmethod
-    def _root_cause_key(state: _RankState) -> Tuple[int, float]:
+    def _root_cause_key(state: WorkerRecord) -> Tuple[int, float]:
         """Prefer a rank that failed on its own over one whose peers' death broke its collective."""
         message = (state.error or {}).get("exc_message", "") or ""
         collateral = any(marker in message for marker in _COLLATERAL_MARKERS)
@@ -342,7 +412,7 @@ class Job:
         return (1 if collateral else 0, when)
 
     @staticmethod
-    def _summary(state: _RankState) -> str:
+    def _summary(state: WorkerRecord) -> str:
         if state.stopped_by_driver and state.error is None:
             return f"stopped by the driver ({describe_exit(state.returncode)})"
         if state.error and state.error.get("exc_type"):

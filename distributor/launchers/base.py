@@ -47,6 +47,14 @@ class Launcher(abc.ABC):
         """Called in a Spark task whose Python worker Spark keeps for later tasks: the launcher
         may keep what speeds up the next job's start there (see `PythonLauncher`)."""
 
+    def keep_warm(self, env: Dict[str, str]) -> None:
+        """Called when ranks will be added while the job runs (an elastic job's replacements),
+        with the environment of one rank: the launcher may prepare to start them fast until
+        `release` (see `PythonLauncher`)."""
+
+    def release(self) -> None:
+        """End what `keep_warm` started; called once the job's ranks have ended."""
+
     @abc.abstractmethod
     def start(self, ranks: Sequence[RankSpec], env_for: EnvFactory, supervisor: Supervisor) -> None:
         """Start every rank of `ranks` under `supervisor`; return without waiting for them."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Sequence
+from typing import Dict, Optional, Sequence
 
 from .. import forkserver
 from ..rank_env import PARENT_PID_VAR
@@ -17,7 +17,9 @@ class PythonLauncher(Launcher):
 
     `preload` names modules every rank imports anyway (torch, for a PyTorch front end). In a Spark
     task whose Python worker is reused, the ranks are then forked from a warm `forkserver` that
-    imported them once for every later job of that worker; elsewhere they are plain processes.
+    imported them once for every later job of that worker. In a job that adds ranks while it
+    runs (`keep_warm`: an elastic job), the ranks are forked from a fork server of that job, so a
+    replacement rank starts with its modules already imported; elsewhere they are plain processes.
     """
 
     capabilities = LauncherCapabilities(adds_ranks=True, runs_executor_python=True)
@@ -26,6 +28,7 @@ class PythonLauncher(Launcher):
         self.python = python
         self.preload = tuple(preload)
         self._warm = False
+        self._job_server: Optional[forkserver.ForkServer] = None
 
     def on_executor(self, python: str, driver_python: str) -> None:
         if self.python == driver_python:  # the default: run the executor's interpreter
@@ -34,11 +37,29 @@ class PythonLauncher(Launcher):
     def in_reused_worker(self) -> None:
         self._warm = bool(self.preload)
 
+    def keep_warm(self, env: Dict[str, str]) -> None:
+        if self._job_server is None:
+            self._job_server = forkserver.ForkServer(self.python, self.preload, env, os.getcwd())
+
+    def release(self) -> None:
+        server, self._job_server = self._job_server, None
+        if server is not None:
+            server.close()
+
+    def _fork(self, env: Dict[str, str]) -> Optional[forkserver.ForkedProcess]:
+        server = self._job_server
+        if server is not None and server.usable:
+            try:
+                return server.spawn(env)
+            except OSError:
+                return None
+        return forkserver.spawn_warm(self.python, self.preload, env) if self._warm else None
+
     def start(self, ranks: Sequence[RankSpec], env_for: EnvFactory, supervisor: Supervisor) -> None:
         for spec in ranks:
             env = env_for(spec)
             env[PARENT_PID_VAR] = str(os.getpid())
-            forked = forkserver.spawn_warm(self.python, self.preload, env) if self._warm else None
+            forked = self._fork(env)
             if forked is not None:
                 supervisor.track(spec.rank, forked)
             else:

@@ -1,10 +1,17 @@
-"""The placement interface: find slots for the ranks, start them, stop them."""
+"""The placement interface: find slots for the ranks, start them, stop them.
+
+A placement says what it supports in `capabilities` (as launchers do); the engine reads that
+instead of probing attributes. An elastic job (`distributor.elastic`) also asks it where the
+initial workers run (`worker_hosts`), to start one more worker while the job runs (`add_worker`)
+and to stop one (`stop_worker`).
+"""
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
+from ..hub import routable_address
 from ..launchers import Launcher
 from ..spec import LaunchRequest
 from ..supervisor import RankEventSink
@@ -22,11 +29,28 @@ class JobContext:
     launcher: Launcher
 
 
+@dataclass(frozen=True)
+class PlacementCapabilities:
+    """What a placement supports.
+
+    - `adds_workers`: `add_worker` and `stop_worker` work while the job runs (after `start`), so
+      an elastic job can replace a failed worker or use a host that discovery added.
+    """
+
+    adds_workers: bool = False
+
+
 class Placement(abc.ABC):
-    """Decides where each rank runs and owns the processes (or Spark job) it starts."""
+    """Decides where each rank runs and owns the processes (or Spark job) it starts.
+
+    Ranks are identified by a worker id: in a fixed-size job the rank; in an elastic job the
+    initial workers are 0..n-1 and each added worker gets the next unused id (its rank changes
+    from round to round, its id never does; output lines and HELLO carry the id).
+    """
 
     #: Address the ranks use to reach the driver hub; "127.0.0.1" for ranks on this host.
     hub_bind_host: str = "127.0.0.1"
+    capabilities = PlacementCapabilities()
 
     def validate(self, request: LaunchRequest) -> None:
         """Raise `LaunchValidationError` if the request cannot run here; before anything starts."""
@@ -55,3 +79,31 @@ class Placement(abc.ABC):
 
     def close(self) -> None:
         """Release what `start` acquired; called once after every rank has ended."""
+
+    # ---- elastic jobs (only where `capabilities.adds_workers`) ------------------------------
+    def worker_hosts(self, request: LaunchRequest) -> List[str]:
+        """The host name of each initial worker (index = worker id), as `start` places them.
+
+        An elastic job takes these names as its hosts when it has no discovery; a replacement
+        goes to the failed worker's host. Default: every worker on "localhost".
+        """
+        return ["localhost"] * request.num_processes
+
+    def store_host(self) -> str:
+        """The address workers use to reach a server on the driver (the elastic job's c10d
+        store, which listens on every interface); called after `start`. Default: the hub's
+        bind address, or this host's routable address when the hub listens everywhere."""
+        if self.hub_bind_host not in ("0.0.0.0", "", "::"):
+            return self.hub_bind_host
+        return routable_address()
+
+    def add_worker(self, worker_id: int, host: str) -> None:
+        """Start one more worker, id `worker_id`, on `host` (one of the job's host names) while
+        the job runs; return once it is starting. Its events reach the job's sink under that id.
+        Its torchrun variables before it joins a round are placeholders (`join_world` sets the
+        real ones)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot add workers to a running job")
+
+    def stop_worker(self, worker_id: int) -> None:
+        """Stop one worker (SIGTERM, then SIGKILL) without waiting; its exit is reported as usual."""
+        raise NotImplementedError(f"{type(self).__name__} cannot stop a single worker")

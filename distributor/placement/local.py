@@ -1,17 +1,26 @@
-"""Local placement: every rank is a process on this host (the driver-only mode)."""
+"""Local placement: every rank is a process on this host (the driver-only mode).
+
+`hosts` may give this machine several names with slots ({"host-a": 2, "host-b": 2}): the ranks
+are still local processes, but each name is a host of its own for the torchrun variables
+(LOCAL_RANK, GROUP_RANK) and for an elastic job (a failed worker's replacement starts on the
+same name; discovery may add or remove names). It is how tests and benchmarks exercise multi-host
+behaviour on one machine.
+"""
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
 import sys
+import threading
 from typing import Dict, List, Mapping, Optional
 
 from ..errors import LaunchValidationError
 from ..rank_env import HUB_ADDRESS_VAR, RANK_VAR, SECRET_VAR, free_port, rank_environment
 from ..spec import LaunchRequest, RankSpec
 from ..supervisor import Supervisor
-from .base import JobContext, Placement
+from .base import JobContext, Placement, PlacementCapabilities
 
 
 def visible_gpus() -> List[str]:
@@ -59,13 +68,43 @@ def driver_side_env(job: JobContext, spec: RankSpec, hub_address: str) -> Dict[s
 
 
 class LocalPlacement(Placement):
-    """Ranks as child processes of the driver, one per rank."""
+    """Ranks as child processes of the driver, one per rank; `hosts` (name -> slots, in order)
+    are names for this machine, filled in order (default: one host holding every rank)."""
 
-    def __init__(self) -> None:
+    capabilities = PlacementCapabilities(adds_workers=True)
+
+    def __init__(self, hosts: Optional[Mapping[str, int]] = None) -> None:
         self._supervisor: Optional[Supervisor] = None
         self._gpus: List[str] = []
+        self.hosts = dict(hosts) if hosts else None
+        if self.hosts is not None:
+            for name, slots in self.hosts.items():
+                if not isinstance(name, str) or not name or isinstance(slots, bool) \
+                        or not isinstance(slots, int) or slots < 1:
+                    raise LaunchValidationError(
+                        f"hosts must map host names to slot counts >= 1, got {name!r}: {slots!r}.")
+        self._job: Optional[JobContext] = None
+        self._env_for = None
+
+    def _specs(self, n: int) -> List[RankSpec]:
+        if self.hosts is None:
+            return [RankSpec(rank=r, world_size=n, local_rank=r, local_world_size=n, node_rank=0,
+                             num_nodes=1) for r in range(n)]
+        from .hosts import host_plan  # hosts.py imports this module
+
+        return host_plan(list(self.hosts.items()), n)
+
+    def worker_hosts(self, request: LaunchRequest) -> List[str]:
+        if self.hosts is None:
+            return super().worker_hosts(request)
+        names = list(self.hosts)
+        return [names[spec.node_rank] for spec in self._specs(request.num_processes)]
 
     def validate(self, request: LaunchRequest) -> None:
+        if self.hosts is not None and sum(self.hosts.values()) < request.num_processes:
+            raise LaunchValidationError(
+                f"num_processes={request.num_processes} but the hosts {self.hosts} have only "
+                f"{sum(self.hosts.values())} slots; add slots or lower num_processes.")
         if not request.use_gpu:
             return
         self._gpus = visible_gpus()
@@ -87,11 +126,7 @@ class LocalPlacement(Placement):
         # Every rank sees the job's GPUs and picks cuda:LOCAL_RANK, as under torchrun, so that
         # unchanged code doing torch.cuda.set_device(local_rank) finds its own GPU.
         gpus = tuple(self._gpus[:n]) if request.use_gpu else ()
-        specs = [
-            RankSpec(rank=r, world_size=n, local_rank=r, local_world_size=n, node_rank=0,
-                     num_nodes=1, gpu_ids=gpus)
-            for r in range(n)
-        ]
+        specs = [dataclasses.replace(spec, gpu_ids=gpus) for spec in self._specs(n)]
         master_port = free_port()
         hub = f"{job.hub_address[0]}:{job.hub_address[1]}"
 
@@ -101,8 +136,29 @@ class LocalPlacement(Placement):
             return env
 
         self._supervisor = Supervisor(job.sink)
+        self._job, self._env_for = job, env_for
+        if request.elastic is not None:
+            job.launcher.keep_warm(env_for(specs[0]))
         job.launcher.start(specs, env_for, self._supervisor)
+
+    def add_worker(self, worker_id: int, host: str) -> None:
+        if self._job is None or self._supervisor is None or self._env_for is None:
+            raise RuntimeError("add_worker is called only after start")
+        # Placeholder coordinates: the worker learns its real ones when it joins a round.
+        spec = RankSpec(rank=worker_id, world_size=worker_id + 1, local_rank=0, local_world_size=1,
+                        node_rank=0, num_nodes=1)
+        self._job.launcher.start([spec], self._env_for, self._supervisor)
+
+    def stop_worker(self, worker_id: int) -> None:
+        supervisor = self._supervisor
+        if supervisor is not None:
+            threading.Thread(target=supervisor.stop, args=([worker_id],),
+                             name=f"stop-worker-{worker_id}", daemon=True).start()
 
     def stop(self) -> None:
         if self._supervisor is not None:
             self._supervisor.stop()
+
+    def close(self) -> None:
+        if self._job is not None:
+            self._job.launcher.release()
