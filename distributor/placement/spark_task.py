@@ -271,14 +271,14 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
 
 def run_elastic(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     """Body of one task of an elastic job (a plain, non-barrier task): a supervisor that starts
-    the workers the driver asks for, one at a time, until the driver ends the job.
+    and stops the workers the driver asks for, until the driver ends the job.
 
-    The task announces itself (`SLOT`: its host) on the placement's control connection, then
-    waits. Each `START_WORKER (worker id, RankSpec)` starts that worker here with the job's
-    launcher (the same environment contract as a fixed-size job, plus `DISTRIBUTOR_ELASTIC=1`);
-    a worker that fails is reported (`EXITED`) and the task stays, so that the driver can start
-    its replacement here. STOP, or the loss of the connection, stops the workers and ends the
-    task. A worker's failure never fails the task: only the loss of the executor does.
+    The task announces itself (`SLOT`) on the placement's control connection, then obeys
+    `WORKER` frames: ("start", RankSpec) starts that worker here with the job's launcher (the
+    environment contract of a fixed-size job plus `DISTRIBUTOR_ELASTIC=1`), ("stop", worker id)
+    stops one. A worker that fails is reported (`EXITED`) and the task stays, so that the driver
+    can start its replacement here: a worker's failure never fails the task. STOP, or the loss of
+    the connection, stops the workers and ends the task.
     """
     from pyspark import TaskContext
 
@@ -299,47 +299,52 @@ def run_elastic(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str
             "spark.driver.bindAddress) to an address of the driver that the executors can reach."
         ) from None
     offer = {"host": host, "port": 0, "gpus": gpus}
-    channel.send(Kind.SLOT, ((context.stageId(), attempt), partition, int(config["tasks"]), offer))
+    channel.send(Kind.SLOT, ((context.stageId(), attempt), partition, None, offer))
 
     launcher = cloudpickle.loads(config["launcher"])
     if launcher.capabilities.runs_executor_python:
         launcher.on_executor(sys.executable, config["driver_python"])
-    if config["reuse_worker"]:
-        launcher.in_reused_worker()
     forwarder = _HubForwarder(channel, ())
     supervisor = Supervisor(forwarder)
     hub_text = "{}:{}".format(*config["hub_address"])
-    store_host = config["hub_address"][0]
 
     def env_for(spec: RankSpec) -> Dict[str, str]:
-        # MASTER_ADDR/PORT are placeholders until the worker's first round (`join_world` sets
-        # them to the job's store); RANK is its worker id until then.
-        env = rank_environment(spec, store_host, 0, config["run_id"], config["env"])
+        # MASTER_ADDR/PORT and RANK are placeholders until the worker's first round
+        # (`worker.join_world` sets the round's, with the job's store as master).
+        env = rank_environment(spec, config["hub_address"][0], 0, config["run_id"], config["env"])
         env.update({HUB_ADDRESS_VAR: hub_text, SECRET_VAR: config["secret"],
                     RANK_VAR: str(spec.rank), ELASTIC_VAR: "1"})
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         return env
 
+    if config["reuse_worker"]:
+        launcher.in_reused_worker()  # replacements fork from the Python worker's warm server
+    else:
+        launcher.keep_warm(env_for(RankSpec(0, 1, 0, 1, 0, 1)))  # ... or from this task's
     started: List[int] = []
     try:
         while True:
             kind, body = channel.recv()
             if kind == Kind.STOP:
                 break
-            if kind != Kind.START_WORKER:
+            if kind != Kind.WORKER:
                 continue
-            spec = body
+            action, what = body
+            if action == "stop":
+                threading.Thread(target=supervisor.stop, args=([what],), daemon=True).start()
+                continue
             try:
-                launcher.start([spec], env_for, supervisor)
-                started.append(spec.rank)
+                launcher.start([what], env_for, supervisor)
+                started.append(what.rank)
             except Exception as exc:  # noqa: BLE001 - the driver sees this worker fail to start
-                forwarder.on_output(spec.rank, "stderr",
-                                    f"could not start worker {spec.rank} on {host}: {exc!r}")
-                forwarder.on_exit(spec.rank, NOT_STARTED)
+                forwarder.on_output(what.rank, "stderr",
+                                    f"could not start worker {what.rank} on {host}: {exc!r}")
+                forwarder.on_exit(what.rank, NOT_STARTED)
     except (ConnectionError, OSError):
         pass  # the driver ended the job (or is gone): nothing here may outlive it
     finally:
         supervisor.stop(grace=2.0)
+        launcher.release()
         channel.close()
     yield json.dumps({"partition": partition, "attempt": attempt, "host": host, "ranks": started})

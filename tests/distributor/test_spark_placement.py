@@ -375,6 +375,8 @@ def _worker_that_dies_once():
           f"elastic={os.environ.get('DISTRIBUTOR_ELASTIC')}", flush=True)
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 4:
+        time.sleep(120)  # until the driver stops it
     return rank, os.getppid(), sorted(k for k in os.environ if k.startswith("DISTRIBUTOR_") and k != "DISTRIBUTOR_ELASTIC")
 
 
@@ -394,20 +396,25 @@ def test_elastic_placement_replaces_a_killed_worker_inside_its_task(spark):
         driver.wait(lambda: 1 in driver.exits and 0 in driver.exits)
         assert driver.exits == {0: 0, 1: -signal.SIGKILL}
         hosts = placement.discover()
-        assert len(hosts) == 2 and set(hosts.values()) == {1}, hosts  # one host per task
-        host = placement.worker_host(1)
-        assert host in hosts and host != placement.worker_host(0)
-        placement.add_worker(2, host)  # what the engine does with a failed worker's host
+        assert hosts == {"task0": 1, "task1": 1}, hosts  # each task is a host, one slot each
+        assert placement.worker_hosts(request) == ["task0", "task1"]
+        placement.add_worker(2, "task1")  # what the engine does with a failed worker's host
         driver.wait(lambda: 2 in driver.exits)
         assert driver.exits[2] == 0
         started = {r: line.split() for r, _, line in driver.lines if line.startswith("worker")}
         parents = {r: int(words[5]) for r, words in started.items()}
         assert parents[2] == parents[1] != parents[0], "the replacement must run in worker 1's task"
-        assert all(line.endswith("elastic=1") for r, _, line in driver.lines if line.startswith("worker"))
-        assert sorted((r[0], r[2] == []) for r in driver.results.values()) == [(0, True), (2, True)]
-        placement.add_worker(3, "127.0.0.1/task9.0")  # no such task: fails at once, not silently
+        assert {words[6] for words in started.values()} == {"elastic=1"}
+        assert sorted((r[0], r[2]) for r in driver.results.values()) == [(0, []), (2, [])]
+        placement.add_worker(3, "task9")  # no such task: fails at once, not silently
         driver.wait(lambda: 3 in driver.exits)
         assert driver.exits[3] == 127
+        placement.add_worker(4, "task0")
+        driver.wait(lambda: any(r == 4 for r, _, line in driver.lines))
+        placement.stop_worker(4)
+        driver.wait(lambda: 4 in driver.exits)
+        assert driver.exits[4] == -signal.SIGTERM
+        started = {r: line.split() for r, _, line in driver.lines if line.startswith("worker")}
     except BaseException:
         placement.stop()
         raise
@@ -415,6 +422,6 @@ def test_elastic_placement_replaces_a_killed_worker_inside_its_task(spark):
         placement.close()  # the tasks see their connection close and return
         driver.hub.close()
     assert placement.failure() is None and placement.finished()
-    assert sorted(report["ranks"] for report in placement.task_reports) == [[0], [1, 2]]
+    assert sorted(report["ranks"] for report in placement.task_reports) == [[0, 4], [1, 2]]
     assert _no_active_jobs(spark)
     assert _wait_dead([int(words[3]) for words in started.values()]) == []
