@@ -105,12 +105,34 @@ def test_more_ranks_than_slots_fails_before_submitting(spark):
     assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
 
 
-def test_run_elastic_has_horovods_signature_and_says_it_is_not_built(spark):
+def _jobs_submitted(spark):
+    return spark.sparkContext._jsc.sc().statusStore().jobsList(None).size()
+
+
+def test_run_elastic_has_horovods_signature_and_checks_its_arguments_before_any_spark_job(spark):
     import inspect
 
     params = list(inspect.signature(horovod.spark.run_elastic).parameters)
     assert params == ["fn", "args", "kwargs", "num_proc", "min_num_proc", "max_num_proc",
                       "start_timeout", "elastic_timeout", "reset_limit", "env", "stdout", "stderr",
                       "verbose", "nics", "prefix_output_with_timestamp", "min_np", "max_np"]
-    with pytest.raises(NotImplementedError, match="issue 16"):
-        horovod.spark.run_elastic(fail_on_rank_1, num_proc=2, min_num_proc=1)
+    before = _jobs_submitted(spark)
+    bad = [
+        (dict(num_proc=2, min_num_proc=3), ValueError, "num_proc=2 is smaller than min_num_proc=3"),
+        (dict(num_proc=2, max_num_proc=1), ValueError, "num_proc=2 is larger than max_num_proc=1"),
+        (dict(num_proc=2, reset_limit=-1), ValueError, "reset_limit must be an int >= 0"),
+        (dict(num_proc=2, elastic_timeout=0), ValueError, "elastic_timeout must be an int >= 1"),
+        (dict(num_proc=2, start_timeout=-5), ValueError, "start_timeout must be a positive"),
+        (dict(num_proc=2, args=5), TypeError, "args must be a tuple"),
+        # three initial workers need three tasks at once; the cluster has two slots
+        (dict(num_proc=3, min_num_proc=1), LaunchValidationError, "only 2 task slot"),
+    ]
+    for kwargs, error, message in bad:
+        with pytest.raises(error, match=message):
+            horovod.spark.run_elastic(fail_on_rank_1, **kwargs)
+    with pytest.raises(TypeError, match="fn must be callable"):
+        horovod.spark.run_elastic("not a function", num_proc=2)
+    with pytest.warns(DeprecationWarning, match="min_np is deprecated"), \
+            pytest.raises(ValueError, match="smaller than min_num_proc=3"):
+        horovod.spark.run_elastic(fail_on_rank_1, num_proc=2, min_np=3)
+    assert _jobs_submitted(spark) == before, "a bad argument must fail before any Spark job"
