@@ -20,6 +20,9 @@ _EXPORTS = {
     "Job": ".engine",
     "launch": ".engine",
     "DistributedRunError": ".errors",
+    "ElasticJobFailedError": ".errors",
+    "ElasticTimeoutError": ".errors",
+    "ElasticPolicy": ".elastic.policy",
     "JobTimeoutError": ".errors",
     "LaunchTimeoutError": ".errors",
     "LaunchValidationError": ".errors",
@@ -39,9 +42,12 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # what static tools see
     from .api import run_function, run_script
+    from .elastic.policy import ElasticPolicy
     from .engine import Job, launch
     from .errors import (
         DistributedRunError,
+        ElasticJobFailedError,
+        ElasticTimeoutError,
         JobTimeoutError,
         LaunchTimeoutError,
         LaunchValidationError,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
+from .elastic.policy import ElasticPolicy
 from .engine import launch
 from .launchers import Launcher
 from .placement import Placement
@@ -21,16 +22,24 @@ def run_function(
     placement: Optional[Placement] = None,
     launcher: Optional[Launcher] = None,
     output: Optional[OutputHandler] = None,
+    elastic: Optional[ElasticPolicy] = None,
     **kwargs: Any,
 ) -> Any:
     """Run `fn(*args, **kwargs)` on `num_processes` ranks; return rank 0's value.
 
     With `return_all=True` the values of every rank come back as a list in rank order. Any rank
     failure raises `RankFailedError` after every rank has stopped.
+
+    With `elastic=ElasticPolicy(...)` the job is elastic (`distributor.elastic`): `fn` runs in
+    each worker, gets its world from `distributor.worker.join_world()`, and a failed worker is
+    replaced while the others go on; the value is the one of the worker with rank 0 in the last
+    round (`return_all`: every last-round worker's, in rank order). Exhausting the policy raises
+    `ElasticJobFailedError`, listing every attempt.
     """
     request = LaunchRequest(
         FunctionTarget(fn, tuple(args), dict(kwargs)), num_processes, use_gpu=use_gpu,
         env=dict(env or {}), start_timeout=start_timeout, timeout=timeout, return_all=return_all,
+        elastic=elastic,
     )
     return launch(request, placement, launcher, output)
 

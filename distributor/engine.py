@@ -442,4 +442,8 @@ def launch(
     on_message: Optional[MessageHandler] = None,
 ) -> Any:
     """Run `request` and return rank 0's value (or every rank's with `return_all`)."""
+    if request.elastic is not None:
+        from .elastic.job import ElasticJob  # imports torch's c10d store: elastic jobs only
+
+        return ElasticJob(request, placement, launcher, output, on_message).run()
     return Job(request, placement, launcher, output, on_message).run()

@@ -95,3 +95,36 @@ def describe_exit(exit_code: Optional[int]) -> str:
             name = f"signal {-exit_code}"
         return f"killed by {name}"
     return f"exit status {exit_code}"
+
+
+class ElasticJobFailedError(DistributedRunError):
+    """An elastic job gave up: its failure policy allowed no further reset.
+
+    `reason` says what happened and `advice` what to change; `attempts` lists every reset
+    (`distributor.elastic.policy.Attempt`) in order, and `root_cause` is the `RankFailedError` of
+    the failure that ended the job (None when none did, e.g. a timeout waiting for workers).
+    """
+
+    def __init__(self, reason: str, advice: str, attempts: Sequence = (),
+                 root_cause: Optional[RankFailedError] = None) -> None:
+        self.reason = reason
+        self.advice = advice
+        self.attempts = list(attempts)
+        self.root_cause = root_cause
+        lines = [f"The elastic job failed: {reason}"]
+        if self.attempts:
+            lines += ["", f"Attempts ({len(self.attempts)}):"]
+            lines += [f"  {attempt.describe()}" for attempt in self.attempts]
+        else:
+            lines += ["", "Attempts: none (no worker had failed before)."]
+        if root_cause is not None:
+            lines += ["", "Root cause:", str(root_cause)]
+        lines += ["", f"To fix: {advice}"]
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self):
+        return (type(self), (self.reason, self.advice, self.attempts, self.root_cause))
+
+
+class ElasticTimeoutError(ElasticJobFailedError, TimeoutError):
+    """An elastic job had fewer than `min_workers` workers for longer than `elastic_timeout`."""

@@ -34,7 +34,7 @@ class Kind(enum.IntEnum):
     PAYLOAD = 2  # driver → rank: the pickled target
     OUTPUT = 3  # (rank, stream, line) one output line, from a supervisor
     RESULT = 4  # raw pickled return value
-    ERROR = 5  # dict: exc_type, exc_message, traceback, time
+    ERROR = 5  # dict: exc_type, exc_message, traceback, time, where (innermost "file:line")
     HEARTBEAT = 6  # ()
     EXITED = 7  # (rank, returncode) from a supervisor
     STOP = 8  # driver → supervisor/rank: stop now

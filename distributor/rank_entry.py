@@ -132,12 +132,23 @@ def _user_traceback(exc: BaseException) -> str:
 _ENGINE_FILES = frozenset({__file__, runpy.__file__, "<frozen runpy>"})
 
 
+def _innermost(exc: BaseException) -> Optional[str]:
+    """"file:line" where `exc` was raised (the innermost frame), or None."""
+    tb = exc.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+
+
 def _error_report(exc: BaseException) -> dict:
     return {
         "exc_type": type(exc).__qualname__,
         "exc_message": str(exc),
         "traceback": _user_traceback(exc),
         "time": time.time(),
+        "where": _innermost(exc),  # an elastic job retries one exception at one place only once
     }
 
 

@@ -34,6 +34,12 @@ def attach(channel: Channel, rank: int) -> None:
     _channel, _rank = channel, rank
 
 
+def worker_id() -> Optional[int]:
+    """This worker's id (its rank in a fixed-size job; stable across rounds in an elastic job,
+    where a replacement gets a new id), or None outside a rank."""
+    return _rank
+
+
 def in_rank() -> bool:
     """True inside a rank process started by this engine."""
     return _channel is not None
