@@ -11,6 +11,13 @@ Where rank and size come from (first match wins):
    address and a free port and sends them to every rank through mpi4py.
 5. nothing: a size-1 job.
 
+In a worker of an elastic job (``distributor.worker.is_elastic()``) none of these is read: ``init``
+asks the driver for this worker's place in the next rendezvous round (``worker.join_world``) and
+joins that round's process group through the job's store, under the round's key prefix.  So a
+re-init after a failed collective (``hvd.elastic.run``'s reset) is a re-join, and a replacement
+process meets the survivors in the same round: everything ranks must agree on comes from the round
+(its store prefix, rank 0's broadcasts), never from this process's own init count.
+
 Re-initialisation (``init -> shutdown -> init``, which Horovod's own test-suite does for every test)
 needs care on ``torch.distributed``: gloo's full-mesh connect cannot reuse the keys of a previous
 group in the same store.  We keep one rendezvous store per process and give every init generation
@@ -33,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from . import runtime, stall
+from .exceptions import HorovodInternalError
 from .timeline import Session, State
 from .process_sets import ProcessSet, global_process_set
 
@@ -57,6 +65,13 @@ _malloc_tuned = False
 _atexit_registered = False
 #: an env-started timeline paused by shutdown(), handed to the next init's runtime
 _paused_timeline: Optional[Session] = None
+#: elastic jobs: one client of the job's store per process, reused by every round
+_elastic_client: Optional[dist.Store] = None
+_elastic_client_addr: Optional[tuple] = None
+#: Horovod's variables, rewritten to each new round's place when the launcher had set them
+_HOROVOD_VARS = {"HOROVOD_RANK": "rank", "HOROVOD_SIZE": "size", "HOROVOD_LOCAL_RANK": "local_rank",
+                 "HOROVOD_LOCAL_SIZE": "local_size", "HOROVOD_CROSS_RANK": "cross_rank",
+                 "HOROVOD_CROSS_SIZE": "cross_size"}
 
 
 def _env_int(*names: str) -> Optional[int]:
@@ -110,6 +125,48 @@ def _discover() -> Dict[str, Any]:
                     addr=e.get("MASTER_ADDR"), port=_env_int("MASTER_PORT"))
     return dict(source="none", rank=0, size=1, local_rank=0, local_size=1, cross_rank=0,
                 cross_size=1, addr=None, port=None)
+
+
+def _elastic_timeout() -> float:
+    """Seconds a worker waits for a round to form (Horovod's ``HOROVOD_ELASTIC_TIMEOUT``)."""
+    value = os.environ.get("HOROVOD_ELASTIC_TIMEOUT", "").strip()
+    try:
+        return float(value) if value else 600.0
+    except ValueError:
+        raise ValueError(f"HOROVOD_ELASTIC_TIMEOUT={value!r} is not a number of seconds; "
+                         "unset it or give e.g. 600") from None
+
+
+def _join_round() -> tuple:
+    """Elastic jobs: this worker's place in the next round, and the round's store.
+
+    The store is ``PrefixStore(world.store_prefix, client)`` over one client of the job's
+    ``TCPStore`` per process (the driver hosts the store; membership came over the hub)."""
+    global _elastic_client, _elastic_client_addr
+    from distributor import worker
+
+    world = worker.join_world(timeout=_elastic_timeout())
+    addr = (world.store_host, world.store_port)
+    if _elastic_client is None or _elastic_client_addr != addr:
+        timeout = timedelta(seconds=float(os.environ.get("HOROVOD_COMPAT_INIT_TIMEOUT", "300")))
+        _elastic_client = dist.TCPStore(world.store_host, world.store_port, is_master=False,
+                                        timeout=timeout)
+        _elastic_client_addr = addr
+    info = dict(source="elastic", rank=world.rank, size=world.size, local_rank=world.local_rank,
+                local_size=world.local_size, cross_rank=world.cross_rank,
+                cross_size=world.cross_size, addr=world.store_host, port=world.store_port,
+                round=world.round)
+    for var, field in _HOROVOD_VARS.items():
+        if var in os.environ:
+            os.environ[var] = str(info[field])
+    # PrefixStore puts its own "/" between prefix and key
+    return info, dist.PrefixStore(world.store_prefix.rstrip("/"), _elastic_client)
+
+
+def _elastic_worker() -> bool:
+    from distributor import worker
+
+    return worker.is_elastic()
 
 
 def _mpi_rendezvous(info: Dict[str, Any]) -> None:
@@ -220,29 +277,40 @@ def init(comm: Any = None, process_sets: Union[None, str, Sequence[ProcessSet]] 
         if runtime.active() is not None:
             return
         _tune_malloc()
-        info = _discover()
+        elastic = not dist.is_initialized() and _elastic_worker()
+        info, store = _join_round() if elastic else (_discover(), None)
         owns = False
         prefix = f"horovod_compat/{_generation}/"
-        store = None
         if dist.is_available() and dist.is_initialized():
             info.update(rank=dist.get_rank(), size=dist.get_world_size())
             if info["source"] == "none":
                 info["source"] = "torch.distributed"
                 info.update(local_rank=None, local_size=None, cross_rank=None, cross_size=None)
         else:
-            if info["source"] == "mpirun" and (not info["addr"] or not info["port"]) and info["size"] > 1:
-                _mpi_rendezvous(info)
-            if info["size"] == 1 and not (info["addr"] and info["port"]):
+            if store is not None:
+                pass  # elastic: the round's store (_join_round)
+            elif info["size"] == 1 and not (info["addr"] and info["port"]):
                 store = dist.HashStore()
             else:
+                if info["source"] == "mpirun" and (not info["addr"] or not info["port"]):
+                    _mpi_rendezvous(info)
                 if not info["addr"] or not info["port"]:
                     raise ValueError(
                         f"hvd.init(): a {info['size']}-rank job ({info['source']}) needs a rendezvous "
                         "address: set MASTER_ADDR and MASTER_PORT")
                 store = dist.PrefixStore(prefix, _store_for(info))
-            timeout = timedelta(seconds=float(os.environ.get("HOROVOD_COMPAT_OP_TIMEOUT", "1800")))
-            dist.init_process_group(_backend_name(), store=store, rank=info["rank"],
-                                    world_size=info["size"], timeout=timeout)
+            seconds = float(os.environ.get("HOROVOD_COMPAT_OP_TIMEOUT", "1800"))
+            try:
+                dist.init_process_group(_backend_name(), store=store, rank=info["rank"],
+                                        world_size=info["size"],
+                                        timeout=timedelta(seconds=min(seconds, _elastic_timeout())
+                                                          if elastic else seconds))
+            except Exception as exc:
+                if not elastic:
+                    raise
+                # a member of the round died before it joined: hvd.elastic.run re-joins
+                raise HorovodInternalError(f"hvd.init(): joining round {info['round']} of the elastic "
+                                           f"job failed: {exc}") from exc
             owns = True
         _generation += 1
         dynamic = process_sets == "dynamic" or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") == "1"
@@ -263,11 +331,15 @@ def init(comm: Any = None, process_sets: Union[None, str, Sequence[ProcessSet]] 
                 local_rank=info["local_rank"], local_size=info["local_size"],
                 cross_rank=info["cross_rank"], cross_size=info["cross_size"],
                 source=info["source"], mpi=mpi)
-        except BaseException:
+        except BaseException as exc:
             if rt is not None:
                 rt.close()
             elif owns:
                 dist.destroy_process_group()
+            if elastic and isinstance(exc, (RuntimeError, OSError)) and not isinstance(exc, HorovodInternalError):
+                # a member of the round died while the process sets were set up: re-join
+                raise HorovodInternalError(f"hvd.init(): setting up round {info['round']} of the "
+                                           f"elastic job failed: {exc}") from exc
             raise
         runtime.activate(rt)
         if not _atexit_registered:

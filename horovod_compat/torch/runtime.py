@@ -97,13 +97,16 @@ class Runtime:
 
     def control_store(self) -> Optional[dist.Store]:
         """A store shared by the job's ranks for small control data (the stall inspector's posts)."""
-        base = self.store
-        if base is None and dist.is_initialized():
-            try:
-                base = dist.distributed_c10d._get_default_store()
-            except Exception:
-                return None
-        if base is None:
+        if self.store is not None:
+            # this init's own store: its key prefix already belongs to this generation (or, in an
+            # elastic job, to the round, which survivors and replacements share whatever their
+            # own init counts)
+            return dist.PrefixStore("horovod_compat/stall/", self.store)
+        if not dist.is_initialized():
+            return None
+        try:  # the user's own process group: its store, under this generation's prefix
+            base = dist.distributed_c10d._get_default_store()
+        except Exception:
             return None
         return dist.PrefixStore(f"horovod_compat/stall/{self.generation}/", base)
 

@@ -1,11 +1,13 @@
-"""``hvd.elastic``: Horovod's elastic-training API (``run``, ``TorchState``, ``ElasticSampler``) for
-fixed-size jobs.
+"""``hvd.elastic``: Horovod's elastic-training API (``run``, ``TorchState``, ``ElasticSampler``).
 
-Scripts written for elastic Horovod keep working unchanged: ``@hvd.elastic.run`` synchronizes the
-state from rank 0 before training, and when a collective fails (``HorovodInternalError``) it restores
-every rank to the last ``state.commit()``, re-initializes Horovod, calls the reset callbacks and
-runs the training function again.  Hosts are never added or removed here (no driver discovers
-hosts), so ``HostsUpdatedInterrupt`` only arrives if user code raises it.
+In an elastic job (started with an ``ElasticPolicy``: ``horovodrun --min-np/--max-np``,
+``horovod.run(min_num_proc=...)``, ``run_function(elastic=...)``) a worker that dies is replaced
+while the others keep their memory: ``@hvd.elastic.run`` catches the failed collective, restores the
+last ``state.commit()``, re-joins the job's next rendezvous round (``hvd.init()`` asks the driver),
+syncs the state from rank 0 and calls the training function again.  Hosts that come or go are
+announced by the driver and raise ``HostsUpdatedInterrupt`` at the next ``state.commit()`` on every
+rank at once.  In a fixed-size job the same loop retries after a failed collective in the same
+world, at most ``HOROVOD_ELASTIC_RESET_LIMIT`` times.
 """
 from __future__ import annotations
 

@@ -1,10 +1,23 @@
-"""``hvd.elastic.run``: retry the training function from the last commit when a collective fails."""
+"""``hvd.elastic.run``: Horovod's elastic loop around a training function.
+
+Each attempt syncs the state from rank 0 (unless skipped) and calls the function.  When it raises
+``HorovodInternalError`` (a collective failed: a peer died) the state goes back to the last commit;
+when it raises ``HostsUpdatedInterrupt`` (hosts changed, seen at a commit) it does not.  Either way
+Horovod is reset -- ``shutdown()`` then ``init()``, which in an elastic job is a re-join: this worker
+gets its place in the driver's next round -- the state's ``on_reset()`` runs its callbacks, and the
+function runs again.  A failure while re-joining or syncing counts as a failed collective too.
+
+In an elastic job the driver enforces ``reset_limit``; in a fixed-size job (no driver that replaces
+workers) ``HOROVOD_ELASTIC_RESET_LIMIT`` bounds the retries here.
+"""
 from __future__ import annotations
 
 import functools
 import logging
 import os
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Optional, TypeVar
+
+from distributor import worker
 
 from .. import lifecycle
 from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt
@@ -16,41 +29,64 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _reset() -> None:
-    """Re-initialize Horovod (fresh process groups) after a failed collective."""
-    if lifecycle.is_initialized():
-        lifecycle.shutdown()
-        lifecycle.init()
+    """Leave the current world and join the next one (a fresh process group)."""
+    lifecycle.shutdown()
+    lifecycle.init()
+
+
+def _local_reset_limit() -> Optional[int]:
+    """``HOROVOD_ELASTIC_RESET_LIMIT`` in a fixed-size job; None (unlimited here) otherwise."""
+    if worker.is_elastic():
+        return None  # the driver counts resets over the whole job
+    value = os.environ.get("HOROVOD_ELASTIC_RESET_LIMIT", "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"HOROVOD_ELASTIC_RESET_LIMIT={value!r} is not an integer; unset it or "
+                         "give the number of resets allowed, e.g. 3") from None
 
 
 def run(func: F) -> F:
-    """Decorator: ``func(state, *args, **kwargs)`` runs with elastic semantics.
+    """Decorator: ``func(state, *args, **kwargs)`` runs with Horovod's elastic semantics.
 
-    Before the first attempt every rank takes rank 0's state (``state.sync()``).  When
-    ``HorovodInternalError`` escapes ``func`` (a collective failed), the state is restored to the last
-    ``state.commit()``, Horovod is re-initialized, ``state.on_reset()`` runs the reset callbacks, the
-    state is synced again and ``func`` is called again.  ``HostsUpdatedInterrupt`` skips the restore.
-    At most ``HOROVOD_ELASTIC_RESET_LIMIT`` resets (unlimited when unset, like Horovod).
+    Do not run a collective in the code that calls the decorated function: a worker that joins
+    later would meet it while the others sync their state.
     """
     @functools.wraps(func)
     def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
-        limit_env = os.environ.get("HOROVOD_ELASTIC_RESET_LIMIT", "")
-        limit = int(limit_env) if limit_env.strip() else None
-        resets = 0
-        skip_sync = False
-        while True:
-            if not skip_sync:
-                state.sync()
-            try:
-                return func(state, *args, **kwargs)
-            except HorovodInternalError as exc:
-                log.warning("collective failed (%s): restoring the last commit and retrying", exc)
-                state.restore()
-                skip_sync = False
-            except HostsUpdatedInterrupt as exc:
-                skip_sync = bool(getattr(exc, "skip_sync", False))
-            resets += 1
-            if limit is not None and resets > limit:
-                raise RuntimeError(f"hvd.elastic.run: reset limit ({limit}) reached")
-            _reset()
-            state.on_reset()
+        limit = _local_reset_limit()
+        elastic = worker.is_elastic()
+        listener = state.on_hosts_updated
+        if elastic:
+            worker.add_hosts_listener(listener)
+        try:
+            resets = 0
+            reset_required = False
+            skip_sync = False
+            while True:
+                try:
+                    if reset_required:
+                        _reset()
+                        state.on_reset()
+                    if not skip_sync:
+                        state.sync()
+                    return func(state, *args, **kwargs)
+                except HorovodInternalError as exc:
+                    log.warning("hvd.elastic.run: %s; restoring the last commit and resetting", exc)
+                    state.restore()
+                    skip_sync = False
+                except HostsUpdatedInterrupt as exc:
+                    log.info("hvd.elastic.run: hosts changed; resetting")
+                    skip_sync = bool(exc.skip_sync)
+                resets += 1
+                if limit is not None and resets > limit:
+                    raise RuntimeError(
+                        f"hvd.elastic.run: the reset limit HOROVOD_ELASTIC_RESET_LIMIT={limit} is "
+                        f"reached ({resets} resets); raise it or unset it for no limit")
+                reset_required = True
+        finally:
+            if elastic:
+                worker.remove_hosts_listener(listener)
     return wrapper  # type: ignore[return-value]

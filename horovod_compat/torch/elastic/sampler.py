@@ -1,24 +1,35 @@
-"""``ElasticSampler``: a distributed sampler that remembers which samples were processed this epoch,
-so a restored job does not repeat (or skip) them."""
+"""``ElasticSampler``: a distributed sampler that knows how much of the epoch the job has processed,
+so after a reset the rest of the epoch is split over the new world without repeating or skipping a
+sample (Horovod 0.28.1's behaviour and order).
+
+The epoch's order is one permutation shared by every rank (``random.Random(seed + epoch)``).  The job
+works through it front to back: a batch step of ``batch_size`` samples per rank consumes the next
+``batch_size * num_replicas`` entries (rank ``r`` takes every ``num_replicas``-th from ``r``), which
+``record_batch`` counts in ``processed_num``.  ``reset()`` (after ``load_state_dict`` or a new world)
+keeps the entries from ``processed_num`` on and deals them out again, so whatever the number of
+ranks before and after, the processed part is a prefix of the permutation and the rest is dealt
+once.  As with ``DistributedSampler``, the last step is padded with the first remaining entries
+when they do not divide evenly.
+"""
 from __future__ import annotations
 
 import math
+import random
 from typing import Any, Dict, Iterator, List, Sized
 
 import torch
-import torch.distributed as dist
 
 from .. import lifecycle
-from ..functions import allgather_object
 
 __all__ = ["ElasticSampler"]
 
 
 class ElasticSampler(torch.utils.data.Sampler):
-    """Shard ``dataset`` over the ranks, skipping samples already processed in this epoch.
+    """Shard ``dataset`` over the ranks and re-shard what is left of the epoch after a reset.
 
-    Call ``record_batch(batch_idx, batch_size)`` (or ``record_indices``) after each batch and
-    ``set_epoch(epoch)`` at each new epoch; the state travels in ``TorchState``.
+    Track it in a ``TorchState``, call ``record_batch(batch_idx, batch_size)`` after each step and
+    ``set_epoch(epoch + 1)`` at the end of each epoch (not the beginning: a resumed epoch must not
+    start over).  ``seed`` must be the same on every rank.
     """
 
     def __init__(self, dataset: Sized, shuffle: bool = True, seed: int = 0) -> None:
@@ -26,66 +37,57 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
-        self.processed_indices: set = set()
+        self.processed_num = 0
+        self.num_replicas = 0
+        self.rank = 0
+        self.remaining_indices: List[int] = []
+        self.num_samples = 0
+        self.total_size = 0
         self.indices: List[int] = []
         self.reset()
 
     def set_epoch(self, epoch: int) -> None:
-        """Start a new epoch: nothing processed yet, a new shuffle."""
+        """Start epoch ``epoch``: a new order, nothing processed yet."""
         self.epoch = epoch
-        self.processed_indices = set()
+        self.processed_num = 0
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Mark this rank's batch ``batch_idx`` (of ``batch_size`` samples) as processed."""
-        self.record_indices(self.get_indices(batch_idx, batch_size))
-
-    def record_indices(self, indices: Any) -> None:
-        self.processed_indices.update(int(i) for i in indices)
+        """One step of ``batch_size`` samples per rank is done (by every rank of the job)."""
+        self.processed_num += batch_size * self.num_replicas
 
     def get_indices(self, batch_idx: int, batch_size: int) -> List[int]:
-        start = batch_idx * batch_size
-        return self.indices[start:min(start + batch_size, len(self.indices))]
+        """This rank's dataset indices of batch ``batch_idx`` of the current pass (``batch_size``
+        per rank), e.g. to log which samples a step saw."""
+        mine = self._my_indices()
+        return mine[batch_idx * batch_size:(batch_idx + 1) * batch_size]
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"epoch": self.epoch, "processed_num": self.processed_num}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self.epoch = state_dict["epoch"]
-        self.processed_indices = set(state_dict["processed_indices"])
+        self.processed_num = state_dict["processed_num"]
         self.reset()
-
-    def state_dict(self) -> Dict[str, Any]:
-        return {"epoch": self.epoch, "processed_indices": set(self.processed_indices)}
-
-    def sync(self) -> None:
-        """Every rank learns the samples processed by any rank (used by ``TorchState.sync``)."""
-        everyone = allgather_object(sorted(self.processed_indices))
-        self.processed_indices = set().union(*map(set, everyone))
-        self.reset()
-
-    def _topology(self) -> tuple:
-        try:
-            return lifecycle.size(), lifecycle.rank()
-        except ValueError:  # before hvd.init(): a single replica
-            return 1, 0
 
     def reset(self) -> None:
-        """Recompute this rank's shard of the not-yet-processed samples."""
-        self.num_replicas, self.rank = self._topology()
+        """Take the current world (``hvd.size()``/``hvd.rank()``) and deal out the rest of the epoch."""
+        self.num_replicas, self.rank = lifecycle.size(), lifecycle.rank()
+        order = list(range(len(self.dataset)))
         if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(len(self.dataset), generator=g).tolist()
-        else:
-            order = list(range(len(self.dataset)))
-        self.remaining_indices = [i for i in order if i not in self.processed_indices]
+            random.Random(self.seed + self.epoch).shuffle(order)
+        self.remaining_indices = order[self.processed_num:]
         self.num_samples = int(math.ceil(len(self.remaining_indices) / self.num_replicas))
         self.total_size = self.num_samples * self.num_replicas
-        indices = list(self.remaining_indices)
-        if indices:
-            while len(indices) < self.total_size:  # pad so every rank gets the same count
-                indices += indices[:self.total_size - len(indices)]
-        self.indices = indices[self.rank:self.total_size:self.num_replicas]
+
+    def _my_indices(self) -> List[int]:
+        padded = list(self.remaining_indices)
+        while padded and len(padded) < self.total_size:  # fewer left than ranks: wrap round again
+            padded += padded[:self.total_size - len(padded)]
+        return padded[self.rank:self.total_size:self.num_replicas]
 
     def __iter__(self) -> Iterator[int]:
+        self.indices = self._my_indices()
         return iter(self.indices)
 
     def __len__(self) -> int:
