@@ -100,7 +100,9 @@ class SparkElasticPlacement(SparkPlacement):
         self._tasks = request.elastic.max_workers if request.elastic else request.num_processes
 
     def worker_hosts(self, request: LaunchRequest) -> List[str]:
-        """Initial worker i runs in partition i."""
+        """Initial worker i runs in partition i (asked before `start`: `discover` lists these
+        from now on, so that its first answer removes none of them)."""
+        self._initial = request.num_processes
         return [task_host(p) for p in range(request.num_processes)]
 
     def store_host(self) -> str:
@@ -162,13 +164,14 @@ class SparkElasticPlacement(SparkPlacement):
             for partition, _task in lost:
                 del self._running[partition]
         job = self._job
-        if job is None or self._stop_requested.is_set():
+        if job is None:
             return
         for partition, task in lost:
-            for worker in sorted(task.workers):
-                job.sink.on_output(worker, "stderr", (
-                    f"Spark task {partition} (attempt {task.attempt}) on executor host "
-                    f"{task.executor} was lost, and worker {worker} with it"))
+            for worker in sorted(task.workers):  # started there, exit not reported: never will be
+                if not self._stop_requested.is_set():
+                    job.sink.on_output(worker, "stderr", (
+                        f"Spark task {partition} (attempt {task.attempt}) on executor host "
+                        f"{task.executor} was lost, and worker {worker} with it"))
                 job.sink.on_exit(worker, LOST_WITH_TASK)
 
     def _send_start(self, partition: int, spec: RankSpec) -> None:
@@ -198,11 +201,14 @@ class SparkElasticPlacement(SparkPlacement):
         self._send_start(partition, self._spec(worker_id))
 
     def stop_worker(self, worker_id: int) -> None:
-        """Ask the task running `worker_id` to stop it; its exit is reported as usual."""
+        """Ask the task running `worker_id` to stop it; its exit is reported as usual (at once
+        for a worker still waiting for its task)."""
         with self._lock:
             tasks = [t for t in self._running.values() if worker_id in t.workers]
+            waiting = [spec for q in self._queued.values() for spec in q if spec.rank == worker_id]
             for queued in self._queued.values():
                 queued[:] = [spec for spec in queued if spec.rank != worker_id]
+        self._never_started(waiting)
         for task in tasks:
             try:
                 task.channel.send(Kind.WORKER, ("stop", worker_id))
@@ -219,9 +225,19 @@ class SparkElasticPlacement(SparkPlacement):
         return {task_host(p): 1 for p in partitions}
 
     # ---- the end --------------------------------------------------------------------------------
+    def _never_started(self, specs: List[RankSpec]) -> None:
+        job = self._job
+        for spec in specs:
+            if job is not None:
+                job.sink.on_exit(spec.rank, -int(signal.SIGTERM))
+
     def stop(self) -> None:
         """STOP every task (they stop their workers), then cancel the Spark job group."""
         self._stop_requested.set()
+        with self._lock:
+            waiting = [spec for q in self._queued.values() for spec in q]
+            self._queued.clear()
+        self._never_started(waiting)
         if self._control is not None:
             self._control.broadcast(Kind.STOP)
         super().stop()

@@ -136,3 +136,71 @@ def test_run_elastic_has_horovods_signature_and_checks_its_arguments_before_any_
             pytest.raises(ValueError, match="smaller than min_num_proc=3"):
         horovod.spark.run_elastic(fail_on_rank_1, num_proc=2, min_np=3)
     assert _jobs_submitted(spark) == before, "a bad argument must fail before any Spark job"
+
+
+def elastic_train(marker, steps):
+    """(w - 1)^2 on every worker, so the averaged gradient does not depend on the world size: after
+    S committed steps from w = 0 with lr 0.1, w = 1 - 0.8**S exactly when each step counted once.
+    The first worker to reach step 5 as rank 1 SIGKILLs itself once (`marker` records it); the
+    loop goes on past `steps` until the replacement is back in the world (size 2)."""
+    import os
+    import signal
+    import time
+
+    import torch
+
+    import horovod.torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    print(f"joined as rank {hvd.rank()} of {hvd.size()}", flush=True)
+    model = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    resets = []
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < steps or hvd.size() < 2:
+            if state.step == 5 and hvd.rank() == 1 and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+            opt.zero_grad()
+            ((model.weight - 1.0) ** 2).sum().backward()
+            model.weight.grad = hvd.allreduce(model.weight.grad, op=hvd.Average, name="grad")
+            opt.step()
+            state.step += 1
+            state.commit()
+            time.sleep(0.02)
+        return state.step, hvd.size(), model.weight.item()
+
+    step, size, weight = train(state)
+    return {"step": step, "size": size, "weight": weight, "rank": hvd.rank(), "resets": resets}
+
+
+def test_run_elastic_replaces_a_killed_worker_inside_its_task_and_the_result_is_right(
+        spark, tmp_path, monkeypatch):
+    marker_env = f"HOROVOD_TEST_MARKER_{uuid.uuid4().hex}"
+    monkeypatch.setenv("HOROVOD_TEST_MARKER", marker_env)  # driver HOROVOD_* reach every worker
+    out, err = io.StringIO(), io.StringIO()
+    marker = str(tmp_path / "killed")
+    before = _jobs_submitted(spark)
+    results = horovod.spark.run_elastic(elastic_train, args=(marker, 30), num_proc=2,
+                                        min_num_proc=1, stdout=out, stderr=err)
+    assert _jobs_submitted(spark) == before + 1  # one Spark job, never resubmitted
+    assert Path(marker).exists(), "a worker must have been killed"
+    assert [r["rank"] for r in results] == [0, 1] and {r["size"] for r in results} == {2}
+    steps = {r["step"] for r in results}
+    assert len(steps) == 1 and steps.pop() >= 30
+    for r in results:  # every committed step counted exactly once, none lost, none repeated
+        assert abs(r["weight"] - (1 - 0.8 ** r["step"])) < 1e-5, r
+    assert any(r["resets"] for r in results), "the survivor must have been reset"
+    # the replacement (worker 2, in the killed worker's task) joined the survivor as rank 1
+    assert "[rank 2] joined as rank 1 of 2" in out.getvalue(), out.getvalue()
+    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    deadline = time.monotonic() + 15
+    while _ranks_with_marker(marker_env) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _ranks_with_marker(marker_env) == [], "a worker outlived the job"
