@@ -7,6 +7,9 @@ GPUs. ``use_mpi=True`` starts the ranks with one mpirun across the tasks (ranks 
 that host's first task, as Horovod's MPI mode does); otherwise each task starts its rank directly
 with Horovod's ``HOROVOD_*`` variables (gloo mode).
 
+``run_elastic`` runs Horovod's elastic jobs as one plain stage of `max_num_proc` tasks
+(`distributor.placement.spark_elastic`): a failed worker is replaced inside its own task.
+
 Unlike Horovod, a request for more ranks than the cluster's free task slots fails at once (Horovod
 waits out its 600 s start timeout), and a failing rank's exception type, message and traceback
 reach the driver within seconds, the Spark job group cancelled and no rank left running.
