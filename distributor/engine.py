@@ -125,6 +125,8 @@ class WorkerRecord:
         elif lost_connection_fails and self.disconnected and self.finished_at is None:
             self.move(WorkerState.FAILED)
         elif self.returncode is not None and self.finished_at is not None:
+            if self.state is WorkerState.WAITING:  # gave up waiting for a round, and returned
+                self.move(WorkerState.RUNNING)
             self.move(WorkerState.SUCCEEDED)
         elif self.returncode == 0 and self.disconnected:
             self.move(WorkerState.FAILED)  # exited 0 without reporting its result

@@ -28,6 +28,7 @@ import collections
 import dataclasses
 import logging
 import pickle
+import queue
 import threading
 import time
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
@@ -38,6 +39,7 @@ from ..errors import (
     ElasticJobFailedError,
     ElasticTimeoutError,
     JobTimeoutError,
+    LaunchValidationError,
     RankFailedError,
     describe_exit,
 )
@@ -55,6 +57,9 @@ log = logging.getLogger(__name__)
 
 #: How often the control thread looks at timers when no event wakes it.
 TICK_SECONDS = 0.1
+#: How long a worker whose connection was lost may take to report its exit status (which names
+#: the signal that killed it) before its failure is handled without it.
+EXIT_WAIT_SECONDS = 1.0
 
 
 class ElasticJob(Job):
@@ -83,6 +88,7 @@ class ElasticJob(Job):
         self._handled: Set[int] = set()  # workers whose final state was handled
         self._worlds: Dict[int, World] = {}  # each worker's latest world
         self._replaces: Dict[int, int] = {}  # replacement worker id -> the failed worker's id
+        self._owed: List[int] = []  # failed workers whose replacement has not started yet
         self._hosts: Dict[str, int] = {}  # host -> slots the job may use now
         self._discovered: Optional[Dict[str, int]] = None  # last discovery answer not applied yet
         self._cooldown_until: Dict[str, float] = {}
@@ -94,6 +100,8 @@ class ElasticJob(Job):
         self._short_since: Optional[float] = None  # since when too few workers to form a round
         self._fatal: Optional[BaseException] = None
         self._completing = False
+        self._finishing = False  # a worker succeeded: the job ends when the round's members have
+        self._failures: Dict[int, Tuple[bool, float]] = {}  # failed, not handled: (was member, until)
         self._next_id = request.num_processes
         self._store: Any = None
         self._store_host = "127.0.0.1"
@@ -115,7 +123,7 @@ class ElasticJob(Job):
     # ---- the run ---------------------------------------------------------------------------
     def run(self) -> Any:
         if not self.placement.capabilities.adds_workers or not self.launcher.capabilities.adds_ranks:
-            raise DistributedRunError(
+            raise LaunchValidationError(
                 f"An elastic job needs a placement that adds workers while the job runs and a "
                 f"launcher that adds ranks; {type(self.placement).__name__} with "
                 f"{type(self.launcher).__name__} cannot. Use LocalPlacement, HostsPlacement or "
@@ -158,7 +166,7 @@ class ElasticJob(Job):
         while True:
             try:
                 self._wake.get(timeout=TICK_SECONDS)
-            except Exception:  # queue.Empty
+            except queue.Empty:
                 pass
             now = time.monotonic()
             if self._fatal is None and self.placement.failure() is not None:
@@ -181,17 +189,14 @@ class ElasticJob(Job):
             self._stop_all()
 
     def _collect(self) -> Any:
-        finished = sorted(
-            ((self._worlds[s.worker_id].round, -self._worlds[s.worker_id].rank, s)
-             for s in self._states.values()
-             if s.state is WorkerState.SUCCEEDED and s.worker_id in self._worlds),
-            key=lambda t: (t[0], t[1]))
+        finished = [s for s in self._states.values()
+                    if s.state is WorkerState.SUCCEEDED and s.worker_id in self._worlds]
         if not finished:
             raise ElasticJobFailedError(
                 "no worker finished its training", "look at the workers' output above",
                 self.attempts)
-        last_round = finished[-1][0]
-        last = sorted((s for r, _, s in finished if r == last_round),
+        last_round = max(self._worlds[s.worker_id].round for s in finished)
+        last = sorted((s for s in finished if self._worlds[s.worker_id].round == last_round),
                       key=lambda s: self._worlds[s.worker_id].rank)
         values = []
         for s in last:
@@ -219,9 +224,17 @@ class ElasticJob(Job):
                 "and have been stopped. Their last output lines above show where they were.")
         for s in ended:
             self._handled.add(s.worker_id)
-            was_member = s.worker_id in rounds.members
-            rounds.leave(s.worker_id)
+            if s.state is WorkerState.SUCCEEDED:
+                self._finishing = True  # training is over: no slot freed now is refilled
             if s.state is WorkerState.FAILED and not self._completing:
+                # Acted on once its exit status is known (it names the signal), which follows
+                # the lost connection within milliseconds; the round does not wait for it.
+                self._failures[s.worker_id] = (s.worker_id in rounds.members, now + EXIT_WAIT_SECONDS)
+            rounds.leave(s.worker_id)
+        for wid, (was_member, deadline) in list(self._failures.items()):
+            s = self._record(wid)
+            if s.returncode is not None or now >= deadline:
+                del self._failures[wid]
                 self._on_failure(s, was_member, now)
         for wid in joins:
             self._on_join(wid)
@@ -256,12 +269,14 @@ class ElasticJob(Job):
 
     def _root_cause(self, s: WorkerRecord) -> RankFailedError:
         error = s.error or {}
+        world = self._worlds.get(s.worker_id)
         return RankFailedError(
-            rank=s.worker_id, exit_code=s.returncode, exc_type=error.get("exc_type"),
+            rank=world.rank if world else s.worker_id, exit_code=s.returncode, exc_type=error.get("exc_type"),
             exc_message=error.get("exc_message") or self._causes.get(s.worker_id),
             traceback=error.get("traceback"), output_tail=list(s.tail))
 
     def _on_failure(self, s: WorkerRecord, was_member: bool, now: float) -> None:
+        """Record the attempt; give up (raise) if the policy says so; else start a replacement."""
         cause = self._describe(s)
         self.timeline.append((now, f"failed: worker {s.worker_id}"))
         number = len(self.attempts) + 1
@@ -272,7 +287,7 @@ class ElasticJob(Job):
             raise ElasticJobFailedError(
                 f"{error['exc_type']} was raised again at {key[1]} after a reset; an error that "
                 "repeats at the same place is a bug in the training code, not a lost worker",
-                "fix the error shown in the traceback below (an elastic job replaces workers "
+                "fix the error shown in the traceback above (an elastic job replaces workers "
                 "that die; it does not retry code that raises)", self.attempts, self._root_cause(s))
         needs_reset = was_member or s.worker_id not in self._worlds
         limit = self.policy.reset_limit
@@ -281,7 +296,7 @@ class ElasticJob(Job):
             raise ElasticJobFailedError(
                 f"a worker failed after {self._resets} reset(s), and reset_limit={limit}",
                 "raise reset_limit (None: unlimited), or find why workers keep failing in the "
-                "attempts and root cause below", self.attempts, self._root_cause(s))
+                "attempts and root cause above", self.attempts, self._root_cause(s))
         if key is not None:
             self._user_errors.add(key)
         if was_member:
@@ -292,7 +307,8 @@ class ElasticJob(Job):
         if self.policy.cooldown_range is not None:
             low, high = self.policy.cooldown_range
             self._cooldown_until[s.host] = now + min(low * 2 ** (k - 1), high)
-        added = self._fill(now, prefer=s.host, replaces=s.worker_id)
+        self._owed.append(s.worker_id)
+        added = self._fill(now, prefer=s.host)
         live = sum(1 for r in self._states.values() if not r.state.final)
         if added:
             action = f"replacement worker {added[0]} on host {self._states[added[0]].host}"
@@ -301,7 +317,7 @@ class ElasticJob(Job):
         else:
             action = "no free slot for a replacement"
         if live - len(added) >= self.policy.min_workers:
-            action += f"; the {live - len(added)} others go on without waiting"
+            action += f"; {live - len(added)} other worker(s) go on without waiting"
         else:
             action += f"; waiting for {self.policy.min_workers} workers (min_workers)"
         self.attempts.append(Attempt(number, time.time(), cause, action))
@@ -319,8 +335,14 @@ class ElasticJob(Job):
         if member or rounds.round < 0 or rounds.open:
             return
         # A new worker while a round runs: tell the members, who join the next round with it.
-        if wid not in self._replaces:
-            self._reset_cause = self._reset_cause or f"worker {wid} on host {s.host} was added"
+        if wid not in self._replaces and self._reset_cause is None:
+            limit = self.policy.reset_limit
+            if limit is not None and self._resets >= limit:
+                log.warning("elastic job: not adding worker %s on host %s: reset_limit=%s resets "
+                            "were made already", wid, s.host, limit)
+                self._stop_worker(wid)
+                return
+            self._reset_cause = f"worker {wid} on host {s.host} was added"
         self._notify(HostUpdate.ADDED)
 
     def _notify(self, update: HostUpdate, only: Optional[List[int]] = None) -> None:
@@ -362,13 +384,15 @@ class ElasticJob(Job):
     def _live_by_host(self) -> Dict[str, int]:
         counts: Dict[str, int] = collections.Counter()
         for s in self._states.values():
-            if not s.state.final:
-                counts[s.host] += 1
+            if not s.state.final or s.worker_id in self._failures:  # a failure not handled yet
+                counts[s.host] += 1                                 # keeps its slot until then
         return counts
 
-    def _fill(self, now: float, prefer: Optional[str] = None, replaces: Optional[int] = None) -> List[int]:
-        """Start workers on listed hosts with free slots (not cooling down), up to max_workers."""
-        if self._completing or self._fatal is not None:
+    def _fill(self, now: float, prefer: Optional[str] = None) -> List[int]:
+        """Start workers on listed hosts with free slots (not cooling down), up to max_workers:
+        first the replacements owed to failed workers, then (while reset_limit allows another
+        reset) workers for slots that discovery added."""
+        if self._completing or self._finishing or self._fatal is not None:
             return []
         added: List[int] = []
         live = self._live_by_host()
@@ -378,12 +402,15 @@ class ElasticJob(Job):
             if self._cooldown_until.get(host, 0) > now:
                 continue
             while live[host] < self._hosts[host] and total < self.policy.max_workers:
+                limit = self.policy.reset_limit
+                if not self._owed and limit is not None and self._resets >= limit:
+                    return added  # one more worker would need one more reset
                 wid = self._next_id
                 self._next_id += 1
                 with self._lock:
                     self._states[wid] = WorkerRecord(wid, host)
-                if replaces is not None and not added:
-                    self._replaces[wid] = replaces
+                if self._owed:
+                    self._replaces[wid] = self._owed.pop(0)
                 self.timeline.append((time.monotonic(), f"start: worker {wid} on {host}"))
                 try:
                     self.placement.add_worker(wid, host)

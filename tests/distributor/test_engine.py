@@ -321,3 +321,23 @@ def test_request_pythonpath_is_kept_ahead_of_the_drivers_paths(tmp_path):
     value = run_function(lambda: os.environ["PYTHONPATH"].split(os.pathsep)[0], num_processes=1,
                          env={"PYTHONPATH": str(tmp_path)})
     assert value == str(tmp_path)
+
+
+def _fail_on_rank_1():
+    if os.environ["RANK"] == "1":
+        raise KeyError("rank 1's bug")
+    time.sleep(30)
+
+
+def test_worker_records_end_in_their_final_states():
+    from distributor.worker_state import WorkerState
+
+    job = Job(LaunchRequest(FunctionTarget(lambda: 7), 2), output=lambda *a: None)
+    assert job.run() == 7
+    assert [s.state for s in job._states.values()] == [WorkerState.SUCCEEDED] * 2
+    job = Job(LaunchRequest(FunctionTarget(_fail_on_rank_1), 2), output=lambda *a: None)
+    with pytest.raises(RankFailedError) as info:
+        job.run()
+    assert info.value.rank == 1 and info.value.other_failures == [
+        (0, "stopped by the driver (killed by SIGTERM)")]
+    assert job._states[1].state is WorkerState.FAILED and job._states[0].state is WorkerState.STOPPED
