@@ -39,6 +39,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
+from distributor import worker as _worker
+
 from . import runtime, stall
 from .exceptions import HorovodInternalError
 from .timeline import Session, State
@@ -143,9 +145,7 @@ def _join_round() -> tuple:
     The store is ``PrefixStore(world.store_prefix, client)`` over one client of the job's
     ``TCPStore`` per process (the driver hosts the store; membership came over the hub)."""
     global _elastic_client, _elastic_client_addr
-    from distributor import worker
-
-    world = worker.join_world(timeout=_elastic_timeout())
+    world = _worker.join_world(timeout=_elastic_timeout())
     addr = (world.store_host, world.store_port)
     if _elastic_client is None or _elastic_client_addr != addr:
         timeout = timedelta(seconds=float(os.environ.get("HOROVOD_COMPAT_INIT_TIMEOUT", "300")))
@@ -161,12 +161,6 @@ def _join_round() -> tuple:
             os.environ[var] = str(info[field])
     # PrefixStore puts its own "/" between prefix and key
     return info, dist.PrefixStore(world.store_prefix.rstrip("/"), _elastic_client)
-
-
-def _elastic_worker() -> bool:
-    from distributor import worker
-
-    return worker.is_elastic()
 
 
 def _mpi_rendezvous(info: Dict[str, Any]) -> None:
@@ -277,7 +271,7 @@ def init(comm: Any = None, process_sets: Union[None, str, Sequence[ProcessSet]] 
         if runtime.active() is not None:
             return
         _tune_malloc()
-        elastic = not dist.is_initialized() and _elastic_worker()
+        elastic = not dist.is_initialized() and _worker.is_elastic()
         info, store = _join_round() if elastic else (_discover(), None)
         owns = False
         prefix = f"horovod_compat/{_generation}/"

@@ -37,6 +37,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from distributor import worker as _worker
+
 from . import collectives as _collectives
 from . import hooks as _hooks
 from . import ops, runtime
@@ -117,21 +119,13 @@ class _GradReducer:
         self.bpps = backward_passes_per_step
         self.process_set = process_set
         require_member(process_set)  # fails early for an unregistered set / non-member
-        self.size = process_set.size()
-        self.root = self._first_global_rank()
+        self.predivide = predivide
         self.sparse_as_dense = sparse_as_dense
         self.explicit_groups = explicit_groups
         # the same reduction as a Horovod op code, for the shared-memory transport
         self.wire_code = ops.Sum if op_name == "Average" else ops.by_name(op_name)
-        if op_name == "Average":
-            if predivide == 1.0:
-                # Like DDP: divide while copying into the bucket (one pass), nothing afterwards.
-                self.prescale, self.postscale = 1.0 / self.size, 1.0
-            else:
-                # Horovod: prescale 1/f before the sum, postscale f/size after it.
-                self.prescale, self.postscale = 1.0 / predivide, predivide / self.size
-        else:
-            self.prescale, self.postscale = 1.0, 1.0
+        self.world: Any = None  # the runtime (hvd.init) whose size and root the fields below follow
+        self._enter_world()
         self.delay = [self.bpps] * len(params)
         self.touched = False            # a hook fired since the last synchronize (Horovod: _handles)
         self.next_bucket = 0
@@ -149,13 +143,38 @@ class _GradReducer:
         self.handles = []
         self._register_hooks()
 
+    def _enter_world(self) -> None:
+        """Follow the current init's world (an elastic reset changes size and ranks).
+
+        Called at the start of every iteration; in a new world every rank -- a survivor of the
+        previous round as well as a replacement on its first iteration -- checks agreement again
+        and observes the gradients' arrival again, so all of them run the same collectives and end
+        with the first rank's bucket layout (``_maybe_rebuild``)."""
+        rt = runtime.active()
+        if rt is self.world:
+            return
+        self.world = rt
+        self.size = self.process_set.size()
+        self.root = self.process_set.ranks[0]
+        if self.op_name == "Average":
+            if self.predivide == 1.0:
+                # Like DDP: divide while copying into the bucket (one pass), nothing afterwards.
+                self.prescale, self.postscale = 1.0 / self.size, 1.0
+            else:
+                # Horovod: prescale 1/f before the sum, postscale f/size after it.
+                self.prescale, self.postscale = 1.0 / self.predivide, self.predivide / self.size
+        else:
+            self.prescale, self.postscale = 1.0, 1.0
+        self.checked = False
+        if getattr(self, "buckets", None):  # not the constructor: agree on the layout again
+            self.arrival = []
+
     # ----------------------------------------------------------------------------- bucket layout
-    def _first_global_rank(self) -> int:
-        return self.process_set.ranks[0]
 
     def _build(self, order: List[int]) -> None:
         """Assign parameters (given in expected gradient arrival order) to buckets."""
         self.buckets = []
+        self.order = list(order)
         self.slot = [None] * len(self.params)  # type: ignore[list-item]
         first_cap, cap = _fusion_thresholds()
         if self.comp_kind == "custom":
@@ -308,6 +327,8 @@ class _GradReducer:
         d = self.delay[i]
         if d <= 0:
             raise AssertionError(_TOO_MANY_BACKWARDS)
+        if not self.touched:
+            self._enter_world()
         self.touched = True
         if d > 1:
             self.delay[i] = d - 1
@@ -442,6 +463,8 @@ class _GradReducer:
     # ----------------------------------------------------------------------------- synchronize
     def synchronize(self) -> None:
         """Reduce every gradient (missing ones as zeros), wait, and write results into ``p.grad``."""
+        if not self.touched:
+            self._enter_world()
         for b in self.buckets[self.next_bucket:]:
             if b.pending:
                 for s, i in enumerate(b.members):
@@ -539,7 +562,7 @@ class _GradReducer:
         t = _collectives.allreduce(t, op=ops.Sum, name=f"DistributedOptimizer.{self.uid}.order",
                                    process_set=self.process_set)
         got, order = int(t[0]), t[1:].tolist()
-        if got == 1 and order != list(reversed(range(len(self.params)))):
+        if got == 1 and order != self.order:
             for b in self.buckets:
                 b.buffer = None
                 b.views = []
@@ -623,7 +646,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         index = {id(p): i for i, p in enumerate(params_list)}
         explicit = _explicit_groups(groups, params_list, index)
 
-        if process_set.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
+        # an elastic job's world may grow: reduce even while it has one rank
+        if process_set.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1" or _worker.is_elastic():
             self._hvd_reducer = _GradReducer(
                 params_list, [self._parameter_names.get(p, "") for p in params_list],
                 op_name=ops.name_of(op), compression=compression,

@@ -1,7 +1,7 @@
 """``hvd.elastic``: Horovod's elastic-training API (``run``, ``TorchState``, ``ElasticSampler``).
 
-In an elastic job (started with an ``ElasticPolicy``: ``horovodrun --min-np/--max-np``,
-``horovod.run(min_num_proc=...)``, ``run_function(elastic=...)``) a worker that dies is replaced
+In an elastic job (started with an ``ElasticPolicy``, e.g. ``distributor.run_function(...,
+elastic=ElasticPolicy(min_workers, max_workers))``) a worker that dies is replaced
 while the others keep their memory: ``@hvd.elastic.run`` catches the failed collective, restores the
 last ``state.commit()``, re-joins the job's next rendezvous round (``hvd.init()`` asks the driver),
 syncs the state from rank 0 and calls the training function again.  Hosts that come or go are

@@ -22,7 +22,7 @@ from distributor import worker
 from .. import lifecycle
 from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-__all__ = ["run"]
+__all__ = ["run", "run_fn"]
 
 log = logging.getLogger("horovod_compat.elastic")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -54,6 +54,12 @@ def run(func: F) -> F:
     Do not run a collective in the code that calls the decorated function: a worker that joins
     later would meet it while the others sync their state.
     """
+    return run_fn(func, _reset)
+
+
+def run_fn(func: F, reset: Callable[[], None]) -> F:
+    """``run`` with another reset than ``shutdown()`` + ``init()`` (Horovod's
+    ``horovod.common.elastic.run_fn``)."""
     @functools.wraps(func)
     def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
         limit = _local_reset_limit()
@@ -68,7 +74,7 @@ def run(func: F) -> F:
             while True:
                 try:
                     if reset_required:
-                        _reset()
+                        reset()
                         state.on_reset()
                     if not skip_sync:
                         state.sync()

@@ -4,7 +4,7 @@ collective, and ``sync()`` copies from rank 0 when a round starts (Horovod 0.28.
 - ``State``: reset callbacks, host-change notices and ``check_host_updates`` (every rank takes rank
   0's view of the notices, so all of them raise ``HostsUpdatedInterrupt`` at the same commit).
 - ``ObjectState``: plain picklable attributes (``state.epoch``), broadcast from rank 0.
-- ``TorchState``: a model, an optimizer, ``ElasticSampler`` s and plain attributes; each torch
+- ``TorchState``: a model, an optimizer, ``ElasticSampler`` objects and plain attributes; each torch
   object through a handler from ``get_handler_registry()``.
 
 Commits are cheap: the model's and the optimizer's tensors are copied into buffers allocated at the
@@ -176,42 +176,21 @@ class StateHandler:
     def sync(self) -> None:
         raise NotImplementedError()
 
+    def reset(self) -> None:
+        """The world changed (after a reset, before the sync): nothing to do by default."""
+
     def set_value(self, value: Any) -> None:
         """The attribute was assigned a new object: track it, and save it now."""
         self.value = value
         self.save()
 
 
-class ModelStateHandler(StateHandler):
-    """A ``torch.nn.Module``: its ``state_dict()`` tensors, copied into reused buffers."""
+class _TensorStateHandler(StateHandler):
+    """An object with ``state_dict()``/``load_state_dict()``: saved by copying its tensors into the
+    buffers of the previous save."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__(model)
-        self._saved: Any = None
-        self.save()
-
-    def save(self) -> None:
-        self._saved = _snapshot(self.value.state_dict(), self._saved)
-
-    def restore(self) -> None:
-        with torch.no_grad():
-            live = self.value.state_dict()
-            if live.keys() == self._saved.keys() and all(
-                    live[k].shape == v.shape for k, v in self._saved.items()):
-                for k, v in self._saved.items():
-                    live[k].copy_(v)
-            else:
-                self.value.load_state_dict(_fresh(self._saved))
-
-    def sync(self) -> None:
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
-
-
-class OptimizerStateHandler(StateHandler):
-    """A ``torch.optim.Optimizer`` (incl. ``hvd.DistributedOptimizer``): state and param groups."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        super().__init__(optimizer)
+    def __init__(self, value: Any) -> None:
+        super().__init__(value)
         self._saved: Any = None
         self.save()
 
@@ -220,6 +199,27 @@ class OptimizerStateHandler(StateHandler):
 
     def restore(self) -> None:
         self.value.load_state_dict(_fresh(self._saved))
+
+
+class ModelStateHandler(_TensorStateHandler):
+    """A ``torch.nn.Module``: its parameters and buffers (``state_dict()``)."""
+
+    def restore(self) -> None:
+        live = self.value.state_dict()
+        if live.keys() == self._saved.keys() and all(
+                live[k].shape == v.shape for k, v in self._saved.items()):
+            with torch.no_grad():  # in place: the optimizer keeps referring to the same tensors
+                for k, v in self._saved.items():
+                    live[k].copy_(v)
+        else:
+            super().restore()
+
+    def sync(self) -> None:
+        broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+class OptimizerStateHandler(_TensorStateHandler):
+    """A ``torch.optim.Optimizer`` (incl. ``hvd.DistributedOptimizer``): state and param groups."""
 
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
@@ -242,6 +242,11 @@ class SamplerStateHandler(StateHandler):
     def sync(self) -> None:
         # rank 0's progress; loading it also repartitions the rest of the epoch over the new world
         self.value.load_state_dict(broadcast_object(self.value.state_dict()))
+
+    def reset(self) -> None:
+        # deal the rest of the epoch over the new world even when no sync follows (hosts only
+        # removed: Horovod 0.28.1 kept the old world's shards then)
+        self.value.reset()
 
 
 _handler_registry: List[Tuple[Type[Any], Type[StateHandler]]] = [
@@ -306,6 +311,10 @@ class TorchState(ObjectState):
         for handler in self._handlers.values():
             handler.sync()
         super().sync()
+
+    def reset(self) -> None:
+        for handler in self._handlers.values():
+            handler.reset()
 
     def __setattr__(self, name: str, value: Any) -> None:
         handlers = self.__dict__.get("_handlers", {})

@@ -364,3 +364,46 @@ def test_elastic_init_joins_rounds_and_run_rejoins_after_a_failure(fake_driver):
     for seed in (0, 1, 99, 2, 3):
         _step(ref, ref_opt, seed)
     assert torch.equal(_flat(model, opt), _flat(ref, ref_opt))
+
+
+def test_a_round_whose_peer_never_joins_is_left_for_the_next(fake_driver, monkeypatch):
+    """The peer of round 1 dies before joining: init times out (HOROVOD_ELASTIC_TIMEOUT) with
+    HorovodInternalError, so run() restores and re-joins instead of failing the worker."""
+    store, joins = fake_driver
+    monkeypatch.setenv("HOROVOD_ELASTIC_TIMEOUT", "2")
+    real_join = worker.join_world
+
+    def join_world(timeout=None):
+        world = real_join(timeout)
+        if world.round == 1:  # a 2-worker round whose other worker is gone
+            world = World(round=1, rank=0, size=2, local_rank=0, local_size=2, cross_rank=0,
+                          cross_size=1, store_host=world.store_host, store_port=world.store_port)
+        return world
+
+    monkeypatch.setattr(worker, "join_world", join_world)
+    hvd.init()
+    state = CountingState(x=0)
+    attempts = []
+
+    @hvd.elastic.run
+    def train(state):
+        attempts.append(len(joins))
+        if len(attempts) == 1:
+            raise HorovodInternalError("a peer died")
+        return hvd.size()
+
+    assert train(state) == 1
+    assert attempts == [1, 3] and state.calls.count("restore") == 2
+
+
+def test_reset_deals_the_sampler_over_the_new_world_without_a_sync(size1, monkeypatch):
+    """Hosts only removed: run() resets without syncing; the sampler must still take the new
+    world (Horovod 0.28.1 kept the old shards)."""
+    sampler = hvd.elastic.ElasticSampler(list(range(12)), shuffle=False)
+    state = hvd.elastic.TorchState(sampler=sampler, epoch=0)
+    sampler.record_batch(0, 2)  # one step of 2 on the 1-rank world
+    state.commit()
+    monkeypatch.setattr(sampler_mod.lifecycle, "size", lambda: 2)
+    monkeypatch.setattr(sampler_mod.lifecycle, "rank", lambda: 1)
+    state.on_reset()
+    assert list(sampler) == [3, 5, 7, 9, 11]
