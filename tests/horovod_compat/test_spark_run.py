@@ -156,7 +156,8 @@ def elastic_train(marker, steps):
     print(f"joined as rank {hvd.rank()} of {hvd.size()}", flush=True)
     model = torch.nn.Linear(1, 1, bias=False)
     torch.nn.init.zeros_(model.weight)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, opt, step=0)
     resets = []
     state.register_reset_callbacks([lambda: resets.append(hvd.size())])
@@ -169,7 +170,6 @@ def elastic_train(marker, steps):
                 os.kill(os.getpid(), signal.SIGKILL)
             opt.zero_grad()
             ((model.weight - 1.0) ** 2).sum().backward()
-            model.weight.grad = hvd.allreduce(model.weight.grad, op=hvd.Average, name="grad")
             opt.step()
             state.step += 1
             state.commit()
