@@ -127,8 +127,8 @@ def _barrier_task(config: dict, entry: str = "run") -> Callable[[Iterator[Any]],
 _PY_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): (.*)$", re.M)
 
 
-def explain_spark_failure(exc: BaseException, group: str = "") -> SparkPlacementError:
-    """Turn Spark's error for the barrier job into one short `SparkPlacementError`."""
+def explain_spark_failure(exc: BaseException, group: str = "", job: str = "barrier job") -> SparkPlacementError:
+    """Turn Spark's error for the `job` running the ranks into one short `SparkPlacementError`."""
     text = str(exc)
     marked = re.search(re.escape(TASK_ERROR_MARKER) + r"\s*(.*)", text)
     if marked:
@@ -145,7 +145,7 @@ def explain_spark_failure(exc: BaseException, group: str = "") -> SparkPlacement
         summary = summary.split(": ", 1)[1] if summary.startswith(":") else summary
     where = f" (Spark job group {group})" if group else ""
     return SparkPlacementError(
-        f"The Spark barrier job running the ranks failed{where}: {summary}", text
+        f"The Spark {job} running the ranks failed{where}: {summary}", text
     )
 
 
@@ -180,6 +180,9 @@ class SparkPlacement(Placement):
         self._stop_requested = threading.Event()
         self._failure: Optional[BaseException] = None
         self.task_reports: List[dict] = []
+
+    #: How error messages name the Spark job that runs the ranks.
+    job_kind = "barrier job"
 
     # ---- checks -----------------------------------------------------------------------------
     @property
@@ -318,7 +321,7 @@ class SparkPlacement(Placement):
             self.task_reports = [json.loads(row) for row in self._stage(task).collect()]
         except BaseException as exc:  # noqa: BLE001 - handed to the engine through failure()
             if not self._stop_requested.is_set():
-                self._failure = explain_spark_failure(exc, self._group)
+                self._failure = explain_spark_failure(exc, self._group, self.job_kind)
                 log.debug("Spark barrier job failed", exc_info=True)
         finally:
             self._done.set()

@@ -23,7 +23,6 @@ retrying, and the spare partitions (`num_processes` .. `max_workers`-1) whose ta
 """
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -35,9 +34,7 @@ from ..protocol import Channel, Kind
 from ..spec import LaunchRequest, RankSpec
 from .base import JobContext, PlacementCapabilities
 from .spark import SparkPlacement, _barrier_task
-from .spark_task import NOT_STARTED
-
-log = logging.getLogger(__name__)
+from .spark_plan import NOT_STARTED
 
 #: Exit status reported for the workers of a task whose executor was lost (they were killed with
 #: it: the Python worker's death SIGKILLs them).
@@ -72,6 +69,7 @@ class SparkElasticPlacement(SparkPlacement):
     """
 
     capabilities = PlacementCapabilities(adds_workers=True)
+    job_kind = "job (elastic, one task per worker)"
 
     def __init__(self, spark: Any = None, required_modules: Sequence[str] = ("torch",)) -> None:
         super().__init__(spark, required_modules)

@@ -24,10 +24,8 @@ from ..protocol import Channel, Kind
 from ..rank_env import GPU_IDS_VAR, HUB_ADDRESS_VAR, RANK_VAR, SECRET_VAR, free_port, rank_environment
 from ..spec import RankSpec
 from ..supervisor import Supervisor
-from .spark_plan import GPU_RESOURCE, TASK_ERROR_MARKER, TaskSlot, plan_ranks
+from .spark_plan import GPU_RESOURCE, NOT_STARTED, TASK_ERROR_MARKER, TaskSlot, plan_ranks
 
-#: Exit status reported for a rank whose process could not be started at all.
-NOT_STARTED = 127
 
 
 class _HubForwarder:
@@ -186,6 +184,26 @@ def _gather_slots(channel: Channel, context: Any, partition: int, mine: TaskSlot
             return None
 
 
+def _connect_to_driver(address: Any, secret_hex: str, partition: int, host: str) -> Channel:
+    """An authenticated connection to the driver's hub at `address`, or one marked sentence."""
+    try:
+        return protocol.connect((address[0], int(address[1])), bytes.fromhex(secret_hex))
+    except OSError as exc:
+        raise RuntimeError(
+            f"{TASK_ERROR_MARKER} Spark task {partition} on {host} could not reach the driver hub "
+            f"at {address[0]}:{address[1]} ({exc}). Set spark.driver.host (and "
+            "spark.driver.bindAddress) to an address of the driver that the executors can reach."
+        ) from None
+
+
+def _task_launcher(config: Mapping[str, Any]) -> Any:
+    """The job's launcher, adapted to this executor's Python."""
+    launcher = cloudpickle.loads(config["launcher"])
+    if launcher.capabilities.runs_executor_python:
+        launcher.on_executor(sys.executable, config["driver_python"])
+    return launcher
+
+
 def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     """Body of one barrier task: runs its ranks to their end, then yields one JSON line naming
     its partition, host and ranks (their outcomes went to the driver through the hub)."""
@@ -198,16 +216,8 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     host = _own_host(context)
     mine = TaskSlot(host, _free_port_on(host), tuple(_task_gpus(context)) if use_gpu else ())
 
-    secret = bytes.fromhex(config["secret"])
     hub = tuple(config["hub_address"])
-    try:
-        channel = protocol.connect((hub[0], int(hub[1])), secret)
-    except OSError as exc:
-        raise RuntimeError(
-            f"{TASK_ERROR_MARKER} Spark task {partition} on {host} could not reach the driver hub "
-            f"at {hub[0]}:{hub[1]} ({exc}). Set spark.driver.host (and spark.driver.bindAddress) "
-            "to an address of the driver that the executors can reach."
-        ) from None
+    channel = _connect_to_driver(hub, config["secret"], partition, host)
     slots = _gather_slots(channel, context, partition, mine)
     if slots is None:  # the driver stopped the job while the tasks were gathering
         channel.close()
@@ -217,9 +227,7 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     specs: List[RankSpec] = plan[partition]
     master_addr, master_port = slots[0].host, slots[0].port
 
-    launcher = cloudpickle.loads(config["launcher"])
-    if launcher.capabilities.runs_executor_python:
-        launcher.on_executor(sys.executable, config["driver_python"])
+    launcher = _task_launcher(config)
     if config["reuse_worker"]:
         launcher.in_reused_worker()
     # A launcher that spans tasks (mpirun) is started by task 0 alone, which then reports every
@@ -288,22 +296,11 @@ def run_elastic(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str
     partition, attempt = context.partitionId(), context.attemptNumber()
     host = _own_host(context)
     gpus = _task_gpus(context) if config["use_gpu"] else []
-    secret = bytes.fromhex(config["secret"])
-    control = tuple(config["control_address"])
-    try:
-        channel = protocol.connect((control[0], int(control[1])), secret)
-    except OSError as exc:
-        raise RuntimeError(
-            f"{TASK_ERROR_MARKER} Spark task {partition} on {host} could not reach the driver at "
-            f"{control[0]}:{control[1]} ({exc}). Set spark.driver.host (and "
-            "spark.driver.bindAddress) to an address of the driver that the executors can reach."
-        ) from None
+    channel = _connect_to_driver(config["control_address"], config["secret"], partition, host)
     offer = {"host": host, "port": 0, "gpus": gpus}
     channel.send(Kind.SLOT, ((context.stageId(), attempt), partition, None, offer))
 
-    launcher = cloudpickle.loads(config["launcher"])
-    if launcher.capabilities.runs_executor_python:
-        launcher.on_executor(sys.executable, config["driver_python"])
+    launcher = _task_launcher(config)
     forwarder = _HubForwarder(channel, ())
     supervisor = Supervisor(forwarder)
     hub_text = "{}:{}".format(*config["hub_address"])
