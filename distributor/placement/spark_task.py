@@ -5,6 +5,9 @@ exchanges them with the other tasks through the hub (a gather like `BarrierTaskC
 without its 1 s polling steps), works out its ranks (`spark_plan.plan_ranks`), starts its ranks with the job's launcher under a `Supervisor`, and forwards every output line and
 exit to the hub. A STOP from the driver, or the loss of the hub connection (driver killed),
 stops the ranks at once; and the ranks die with this Python worker if Spark kills the task.
+
+`run_elastic` is the task of an elastic job (`spark_elastic.py`): no gather, no rank plan; it
+starts and stops the workers the driver names, and outlives their failures.
 """
 from __future__ import annotations
 
