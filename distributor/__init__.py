@@ -18,7 +18,7 @@ _EXPORTS = {
     "run_function": ".api",
     "run_script": ".api",
     "Job": ".engine",
-    "launch": ".engine",
+    "launch": ".api",
     "DistributedRunError": ".errors",
     "ElasticJobFailedError": ".errors",
     "ElasticTimeoutError": ".errors",

@@ -3,11 +3,25 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
+from .elastic.job import ElasticJob
 from .elastic.policy import ElasticPolicy
-from .engine import launch
+from .engine import Job
 from .launchers import Launcher
 from .placement import Placement
-from .spec import FunctionTarget, LaunchRequest, OutputHandler, ScriptTarget
+from .spec import FunctionTarget, LaunchRequest, MessageHandler, OutputHandler, ScriptTarget
+
+
+def launch(
+    request: LaunchRequest,
+    placement: Optional[Placement] = None,
+    launcher: Optional[Launcher] = None,
+    output: Optional[OutputHandler] = None,
+    on_message: Optional[MessageHandler] = None,
+) -> Any:
+    """Run `request` and return rank 0's value (or every rank's with `return_all`); an elastic
+    request (`request.elastic`) runs as an `ElasticJob`."""
+    job_type = ElasticJob if request.elastic is not None else Job
+    return job_type(request, placement, launcher, output, on_message).run()
 
 
 def run_function(

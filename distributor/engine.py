@@ -8,7 +8,7 @@ every output line has been delivered.
 Each worker (rank process) has one `WorkerRecord` whose `state` follows the life cycle of
 `distributor.worker_state`. An elastic job (`request.elastic`) is run by
 `distributor.elastic.job.ElasticJob`, which shares this event handling but replaces failed
-workers instead of ending the job.
+workers instead of ending the job; `distributor.api.launch` runs a request with either.
 """
 from __future__ import annotations
 
@@ -434,18 +434,3 @@ class Job:
                 )
             values.append(pickle.loads(data))
         return values if self.request.return_all else values[0]
-
-
-def launch(
-    request: LaunchRequest,
-    placement: Optional[Placement] = None,
-    launcher: Optional[Launcher] = None,
-    output: Optional[OutputHandler] = None,
-    on_message: Optional[MessageHandler] = None,
-) -> Any:
-    """Run `request` and return rank 0's value (or every rank's with `return_all`)."""
-    if request.elastic is not None:
-        from .elastic.job import ElasticJob  # imports torch's c10d store: elastic jobs only
-
-        return ElasticJob(request, placement, launcher, output, on_message).run()
-    return Job(request, placement, launcher, output, on_message).run()

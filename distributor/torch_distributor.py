@@ -13,7 +13,7 @@ import sys
 import tempfile
 from typing import Any, Optional, Sequence
 
-from .engine import launch
+from .api import launch
 from .errors import LaunchValidationError
 from .launchers import PythonLauncher
 from .spec import FunctionTarget, LaunchRequest, ScriptTarget, validate_num_processes

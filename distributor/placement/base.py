@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from ..hub import routable_address
 from ..launchers import Launcher
-from ..spec import LaunchRequest
+from ..spec import LaunchRequest, RankSpec
 from ..supervisor import RankEventSink
 
 
@@ -27,6 +27,23 @@ class JobContext:
     secret: bytes
     sink: RankEventSink
     launcher: Launcher
+
+
+def host_plan(hosts: Sequence[Tuple[str, int]], num_processes: int) -> List[RankSpec]:
+    """Ranks host by host: host i runs the next `slots` ranks (fewer on the last one used)."""
+    specs: List[RankSpec] = []
+    used = []
+    left = num_processes
+    for host, slots in hosts:
+        take = min(slots, left)
+        if take:
+            used.append(take)
+        left -= take
+    for node, count in enumerate(used):
+        for local in range(count):
+            specs.append(RankSpec(rank=len(specs), world_size=num_processes, local_rank=local,
+                                  local_world_size=count, node_rank=node, num_nodes=len(used)))
+    return specs
 
 
 @dataclass(frozen=True)

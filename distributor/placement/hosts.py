@@ -23,28 +23,11 @@ from ..hub import address_toward, routable_address
 from ..rank_env import free_port, rank_environment
 from ..spec import LaunchRequest, RankSpec
 from ..supervisor import Supervisor
-from .base import JobContext, Placement
+from .base import JobContext, Placement, host_plan
 from .local import driver_side_env
 
 #: Seconds each `ssh <host> true` check may take.
 SSH_CHECK_SECONDS = 30.0
-
-
-def host_plan(hosts: Sequence[Tuple[str, int]], num_processes: int) -> List[RankSpec]:
-    """Ranks host by host: host i runs the next `slots` ranks (fewer on the last one used)."""
-    specs: List[RankSpec] = []
-    used = []
-    left = num_processes
-    for host, slots in hosts:
-        take = min(slots, left)
-        if take:
-            used.append(take)
-        left -= take
-    for node, count in enumerate(used):
-        for local in range(count):
-            specs.append(RankSpec(rank=len(specs), world_size=num_processes, local_rank=local,
-                                  local_world_size=count, node_rank=node, num_nodes=len(used)))
-    return specs
 
 
 class HostsPlacement(Placement):

@@ -20,7 +20,7 @@ from ..errors import LaunchValidationError
 from ..rank_env import HUB_ADDRESS_VAR, RANK_VAR, SECRET_VAR, free_port, rank_environment
 from ..spec import LaunchRequest, RankSpec
 from ..supervisor import Supervisor
-from .base import JobContext, Placement, PlacementCapabilities
+from .base import JobContext, Placement, PlacementCapabilities, host_plan
 
 
 def visible_gpus() -> List[str]:
@@ -90,8 +90,6 @@ class LocalPlacement(Placement):
         if self.hosts is None:
             return [RankSpec(rank=r, world_size=n, local_rank=r, local_world_size=n, node_rank=0,
                              num_nodes=1) for r in range(n)]
-        from .hosts import host_plan  # hosts.py imports this module
-
         return host_plan(list(self.hosts.items()), n)
 
     def worker_hosts(self, request: LaunchRequest) -> List[str]:
