@@ -48,6 +48,7 @@ class Kind(enum.IntEnum):
     JOIN = 15  # (last round seen, or -1) the worker left its world and waits for the next one
     WORLD = 16  # driver → worker: its `elastic.world.World` in the round that just formed
     HOSTS_UPDATED = 17  # driver → worker: (timestamp, HostUpdate flags) hosts were added/removed
+    WORKER = 18  # driver → Spark task of an elastic job: ("start", RankSpec) or ("stop", worker id)
 
 
 #: First byte of a PAYLOAD frame: whether the rank must send its return value back.

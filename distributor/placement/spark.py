@@ -94,9 +94,9 @@ def active_spark_context(spark: Any = None) -> Any:
     return context
 
 
-def _barrier_task(config: dict) -> Callable[[Iterator[Any]], Iterator[str]]:
-    """The function each barrier task runs, pickled by value so that an executor without this
-    project still unpickles it and reports what is missing in one clear sentence."""
+def _barrier_task(config: dict, entry: str = "run") -> Callable[[Iterator[Any]], Iterator[str]]:
+    """The function each task runs (`spark_task.<entry>`), pickled by value so that an executor
+    without this project still unpickles it and reports what is missing in one clear sentence."""
     marker = TASK_ERROR_MARKER
     required = tuple(config["required_modules"])
 
@@ -119,7 +119,7 @@ def _barrier_task(config: dict) -> Callable[[Iterator[Any]], Iterator[str]]:
                 f"{marker} The executors' Python ({task_sys.executable}) has no "
                 f"{', '.join(repr(m) for m in missing)} module. {hint}"
             )
-        return spark_task.run(config, rows)
+        return getattr(spark_task, entry)(config, rows)
 
     return distributor_barrier_task
 
@@ -127,8 +127,8 @@ def _barrier_task(config: dict) -> Callable[[Iterator[Any]], Iterator[str]]:
 _PY_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): (.*)$", re.M)
 
 
-def explain_spark_failure(exc: BaseException, group: str = "") -> SparkPlacementError:
-    """Turn Spark's error for the barrier job into one short `SparkPlacementError`."""
+def explain_spark_failure(exc: BaseException, group: str = "", job: str = "barrier job") -> SparkPlacementError:
+    """Turn Spark's error for the `job` running the ranks into one short `SparkPlacementError`."""
     text = str(exc)
     marked = re.search(re.escape(TASK_ERROR_MARKER) + r"\s*(.*)", text)
     if marked:
@@ -145,7 +145,7 @@ def explain_spark_failure(exc: BaseException, group: str = "") -> SparkPlacement
         summary = summary.split(": ", 1)[1] if summary.startswith(":") else summary
     where = f" (Spark job group {group})" if group else ""
     return SparkPlacementError(
-        f"The Spark barrier job running the ranks failed{where}: {summary}", text
+        f"The Spark {job} running the ranks failed{where}: {summary}", text
     )
 
 
@@ -180,6 +180,9 @@ class SparkPlacement(Placement):
         self._stop_requested = threading.Event()
         self._failure: Optional[BaseException] = None
         self.task_reports: List[dict] = []
+
+    #: How error messages name the Spark job that runs the ranks.
+    job_kind = "barrier job"
 
     # ---- checks -----------------------------------------------------------------------------
     @property
@@ -267,11 +270,14 @@ class SparkPlacement(Placement):
             raise RuntimeError("this SparkPlacement is still running a job; use one per job")
         if self._tasks == 0:
             self.validate(request)
-        self._done = threading.Event()
-        self._stop_requested = threading.Event()
-        self._failure = None
-        self.task_reports = []
-        config = {
+        config = self._task_config(job)
+        description = f"distributor {job.run_id}: {request.num_processes} ranks in {self._tasks} barrier tasks"
+        self._submit(job, _barrier_task(config), description)
+
+    def _task_config(self, job: JobContext) -> dict:
+        """What every task needs to reach the driver and start its ranks (travels in the closure)."""
+        request = job.request
+        return {
             "secret": job.secret.hex(),
             "hub_address": [self.hub_host_for_executors(job.hub_address[0]), job.hub_address[1]],
             "run_id": job.run_id,
@@ -285,11 +291,20 @@ class SparkPlacement(Placement):
             "reuse_worker": self._conf.get("spark.python.worker.reuse", "true").lower() == "true",
             "required_modules": list(self._required),
         }
+
+    def _submit(self, job: JobContext, task: Callable[[Iterator[Any]], Iterator[str]], description: str) -> None:
+        """Run the Spark job of `task` from a background thread under the job's own group."""
+        self._done = threading.Event()
+        self._stop_requested = threading.Event()
+        self._failure = None
+        self.task_reports = []
         self._group = job.run_id
-        task = _barrier_task(config)
-        description = f"distributor {job.run_id}: {request.num_processes} ranks in {self._tasks} barrier tasks"
         self._thread = _spark_thread(self._run_spark_job, task, description)
         self._thread.start()
+
+    def _stage(self, task: Callable[[Iterator[Any]], Iterator[str]]) -> Any:
+        """The RDD whose collect() runs the tasks: one barrier stage of `self._tasks` tasks."""
+        return self._sc.parallelize(range(self._tasks), self._tasks).barrier().mapPartitions(task)
 
     def hub_host_for_executors(self, bound_host: str) -> str:
         """The driver address the tasks connect to: spark.driver.host, which executors already
@@ -303,11 +318,10 @@ class SparkPlacement(Placement):
             self._sc.setJobGroup(self._group, description, interruptOnCancel=True)
             if self._stop_requested.is_set():
                 return
-            rdd = self._sc.parallelize(range(self._tasks), self._tasks).barrier().mapPartitions(task)
-            self.task_reports = [json.loads(row) for row in rdd.collect()]
+            self.task_reports = [json.loads(row) for row in self._stage(task).collect()]
         except BaseException as exc:  # noqa: BLE001 - handed to the engine through failure()
             if not self._stop_requested.is_set():
-                self._failure = explain_spark_failure(exc, self._group)
+                self._failure = explain_spark_failure(exc, self._group, self.job_kind)
                 log.debug("Spark barrier job failed", exc_info=True)
         finally:
             self._done.set()

@@ -16,6 +16,10 @@ from ..spec import RankSpec
 #: it in Spark's error text and shows that sentence alone instead of a Java stack dump.
 TASK_ERROR_MARKER = "[distributor-spark]"
 
+#: Exit status reported for a rank whose process could not be started at all (in its task, or
+#: because its task is gone).
+NOT_STARTED = 127
+
 #: Spark's resource name for GPUs (spark.task.resource.gpu.amount, TaskContext.resources()["gpu"]).
 GPU_RESOURCE = "gpu"
 

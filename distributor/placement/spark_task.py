@@ -5,6 +5,9 @@ exchanges them with the other tasks through the hub (a gather like `BarrierTaskC
 without its 1 s polling steps), works out its ranks (`spark_plan.plan_ranks`), starts its ranks with the job's launcher under a `Supervisor`, and forwards every output line and
 exit to the hub. A STOP from the driver, or the loss of the hub connection (driver killed),
 stops the ranks at once; and the ranks die with this Python worker if Spark kills the task.
+
+`run_elastic` is the task of an elastic job (`spark_elastic.py`): no gather, no rank plan; it
+starts and stops the workers the driver names, and outlives their failures.
 """
 from __future__ import annotations
 
@@ -24,10 +27,8 @@ from ..protocol import Channel, Kind
 from ..rank_env import GPU_IDS_VAR, HUB_ADDRESS_VAR, RANK_VAR, SECRET_VAR, free_port, rank_environment
 from ..spec import RankSpec
 from ..supervisor import Supervisor
-from .spark_plan import GPU_RESOURCE, TASK_ERROR_MARKER, TaskSlot, plan_ranks
+from .spark_plan import GPU_RESOURCE, NOT_STARTED, TASK_ERROR_MARKER, TaskSlot, plan_ranks
 
-#: Exit status reported for a rank whose process could not be started at all.
-NOT_STARTED = 127
 
 
 class _HubForwarder:
@@ -186,6 +187,26 @@ def _gather_slots(channel: Channel, context: Any, partition: int, mine: TaskSlot
             return None
 
 
+def _connect_to_driver(address: Any, secret_hex: str, partition: int, host: str) -> Channel:
+    """An authenticated connection to the driver's hub at `address`, or one marked sentence."""
+    try:
+        return protocol.connect((address[0], int(address[1])), bytes.fromhex(secret_hex))
+    except OSError as exc:
+        raise RuntimeError(
+            f"{TASK_ERROR_MARKER} Spark task {partition} on {host} could not reach the driver hub "
+            f"at {address[0]}:{address[1]} ({exc}). Set spark.driver.host (and "
+            "spark.driver.bindAddress) to an address of the driver that the executors can reach."
+        ) from None
+
+
+def _task_launcher(config: Mapping[str, Any]) -> Any:
+    """The job's launcher, adapted to this executor's Python."""
+    launcher = cloudpickle.loads(config["launcher"])
+    if launcher.capabilities.runs_executor_python:
+        launcher.on_executor(sys.executable, config["driver_python"])
+    return launcher
+
+
 def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     """Body of one barrier task: runs its ranks to their end, then yields one JSON line naming
     its partition, host and ranks (their outcomes went to the driver through the hub)."""
@@ -198,16 +219,8 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     host = _own_host(context)
     mine = TaskSlot(host, _free_port_on(host), tuple(_task_gpus(context)) if use_gpu else ())
 
-    secret = bytes.fromhex(config["secret"])
     hub = tuple(config["hub_address"])
-    try:
-        channel = protocol.connect((hub[0], int(hub[1])), secret)
-    except OSError as exc:
-        raise RuntimeError(
-            f"{TASK_ERROR_MARKER} Spark task {partition} on {host} could not reach the driver hub "
-            f"at {hub[0]}:{hub[1]} ({exc}). Set spark.driver.host (and spark.driver.bindAddress) "
-            "to an address of the driver that the executors can reach."
-        ) from None
+    channel = _connect_to_driver(hub, config["secret"], partition, host)
     slots = _gather_slots(channel, context, partition, mine)
     if slots is None:  # the driver stopped the job while the tasks were gathering
         channel.close()
@@ -217,9 +230,7 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     specs: List[RankSpec] = plan[partition]
     master_addr, master_port = slots[0].host, slots[0].port
 
-    launcher = cloudpickle.loads(config["launcher"])
-    if launcher.capabilities.runs_executor_python:
-        launcher.on_executor(sys.executable, config["driver_python"])
+    launcher = _task_launcher(config)
     if config["reuse_worker"]:
         launcher.in_reused_worker()
     # A launcher that spans tasks (mpirun) is started by task 0 alone, which then reports every
@@ -267,3 +278,73 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
         remote.stop()
     channel.close()
     yield json.dumps({"partition": partition, "host": host, "ranks": [s.rank for s in specs]})
+
+
+def run_elastic(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
+    """Body of one task of an elastic job (a plain, non-barrier task): a supervisor that starts
+    and stops the workers the driver asks for, until the driver ends the job.
+
+    The task announces itself (`SLOT`) on the placement's control connection, then obeys
+    `WORKER` frames: ("start", RankSpec) starts that worker here with the job's launcher (the
+    environment contract of a fixed-size job plus `DISTRIBUTOR_ELASTIC=1`), ("stop", worker id)
+    stops one. A worker that fails is reported (`EXITED`) and the task stays, so that the driver
+    can start its replacement here: a worker's failure never fails the task. STOP, or the loss of
+    the connection, stops the workers and ends the task.
+    """
+    from pyspark import TaskContext
+
+    from ..worker import ELASTIC_VAR
+
+    context = TaskContext.get()
+    partition, attempt = context.partitionId(), context.attemptNumber()
+    host = _own_host(context)
+    gpus = _task_gpus(context) if config["use_gpu"] else []
+    channel = _connect_to_driver(config["control_address"], config["secret"], partition, host)
+    offer = {"host": host, "port": 0, "gpus": gpus}
+    channel.send(Kind.SLOT, ((context.stageId(), attempt), partition, None, offer))
+
+    launcher = _task_launcher(config)
+    forwarder = _HubForwarder(channel, ())
+    supervisor = Supervisor(forwarder)
+    hub_text = "{}:{}".format(*config["hub_address"])
+
+    def env_for(spec: RankSpec) -> Dict[str, str]:
+        # MASTER_ADDR/PORT and RANK are placeholders until the worker's first round
+        # (`worker.join_world` sets the round's, with the job's store as master).
+        env = rank_environment(spec, config["hub_address"][0], 0, config["run_id"], config["env"])
+        env.update({HUB_ADDRESS_VAR: hub_text, SECRET_VAR: config["secret"],
+                    RANK_VAR: str(spec.rank), ELASTIC_VAR: "1"})
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        return env
+
+    if config["reuse_worker"]:
+        launcher.in_reused_worker()  # replacements fork from the Python worker's warm server
+    else:
+        launcher.keep_warm(env_for(RankSpec(0, 1, 0, 1, 0, 1)))  # ... or from this task's
+    started: List[int] = []
+    try:
+        while True:
+            kind, body = channel.recv()
+            if kind == Kind.STOP:
+                break
+            if kind != Kind.WORKER:
+                continue
+            action, what = body
+            if action == "stop":
+                threading.Thread(target=supervisor.stop, args=([what],), daemon=True).start()
+                continue
+            try:
+                launcher.start([what], env_for, supervisor)
+                started.append(what.rank)
+            except Exception as exc:  # noqa: BLE001 - the driver sees this worker fail to start
+                forwarder.on_output(what.rank, "stderr",
+                                    f"could not start worker {what.rank} on {host}: {exc!r}")
+                forwarder.on_exit(what.rank, NOT_STARTED)
+    except (ConnectionError, OSError):
+        pass  # the driver ended the job (or is gone): nothing here may outlive it
+    finally:
+        supervisor.stop(grace=2.0)
+        launcher.release()
+        channel.close()
+    yield json.dumps({"partition": partition, "attempt": attempt, "host": host, "ranks": started})

@@ -7,6 +7,9 @@ GPUs. ``use_mpi=True`` starts the ranks with one mpirun across the tasks (ranks 
 that host's first task, as Horovod's MPI mode does); otherwise each task starts its rank directly
 with Horovod's ``HOROVOD_*`` variables (gloo mode).
 
+``run_elastic`` runs Horovod's elastic jobs as one plain stage of `max_num_proc` tasks
+(`distributor.placement.spark_elastic`): a failed worker is replaced inside its own task.
+
 Unlike Horovod, a request for more ranks than the cluster's free task slots fails at once (Horovod
 waits out its 600 s start timeout), and a failing rank's exception type, message and traceback
 reach the driver within seconds, the Spark job group cancelled and no rank left running.
@@ -22,7 +25,7 @@ from distributor.launchers import MpirunLauncher, PythonLauncher
 from distributor.placement import SparkPlacement
 from distributor.placement.spark_plan import NODE_PER_HOST
 
-from ..launch.elastic import check_elastic_args, refuse_elastic
+from ..launch.elastic import check_elastic_args
 from ..launch.job import start_timeout_from
 from ..launch.knobs import nic_environment
 from ..launch.output import RankOutput
@@ -33,6 +36,8 @@ log = logging.getLogger("horovod_compat.spark")
 
 #: Horovod's default for start_timeout when HOROVOD_SPARK_START_TIMEOUT is not set (seconds).
 DEFAULT_SPARK_START_TIMEOUT = 600.0
+#: Horovod's default for elastic_timeout when HOROVOD_ELASTIC_TIMEOUT is not set (seconds).
+DEFAULT_ELASTIC_TIMEOUT = 600.0
 
 
 def _spark_context() -> Any:
@@ -151,9 +156,23 @@ def run_elastic(
     min_np: Optional[int] = None,
     max_np: Optional[int] = None,
 ) -> List[Any]:
-    """Horovod's elastic Spark launcher: its arguments are validated, then it raises
-    `ElasticLaunchNotAvailable` (a NotImplementedError) — elastic recovery is not built yet."""
+    """Elastic Horovod on Spark: `fn(*args, **kwargs)` on `num_proc` workers (default
+    ``sc.defaultParallelism``) that may shrink to `min_num_proc` and grow to `max_num_proc`
+    (both default to `num_proc`, as in Horovod); every finished worker's value, in the order of
+    their last ranks.
+
+    `fn` uses ``hvd.elastic.run`` and a ``hvd.elastic.State``. The job is one plain Spark stage of
+    `max_num_proc` tasks (see `distributor.placement.spark_elastic`): a worker that fails is
+    replaced inside its own task while the others keep their state; a task whose executor is
+    lost takes its worker with it, and the others go on while at least `min_num_proc` remain
+    (Spark runs the task again elsewhere and its replacement joins there). `reset_limit` bounds
+    the resets (default: none), `elastic_timeout` (default HOROVOD_ELASTIC_TIMEOUT, else 600 s)
+    how long the job waits for enough workers. `min_np`/`max_np` are Horovod's older names.
+    """
     import warnings
+
+    from distributor.elastic.policy import ElasticPolicy
+    from distributor.placement.spark_elastic import SparkElasticPlacement
 
     if min_np is not None:
         warnings.warn("min_np is deprecated, use min_num_proc instead", DeprecationWarning, stacklevel=2)
@@ -162,10 +181,28 @@ def run_elastic(
         warnings.warn("max_np is deprecated, use max_num_proc instead", DeprecationWarning, stacklevel=2)
         max_num_proc = max_np
     _checked_call(fn, args, kwargs)
-    start_timeout_from(start_timeout, "HOROVOD_SPARK_START_TIMEOUT", DEFAULT_SPARK_START_TIMEOUT)
+    timeout = start_timeout_from(start_timeout, "HOROVOD_SPARK_START_TIMEOUT",
+                                 DEFAULT_SPARK_START_TIMEOUT)
     context = _spark_context()
     num_proc = _checked_num_proc(num_proc, context, verbose)
     check_elastic_args(num_proc, min_num_proc, max_num_proc, reset_limit=reset_limit,
                        elastic_timeout=elastic_timeout)
-    refuse_elastic("horovod.spark.run_elastic")
-    raise AssertionError("unreachable")  # refuse_elastic always raises
+    settle_timeout = start_timeout_from(elastic_timeout, "HOROVOD_ELASTIC_TIMEOUT",
+                                        DEFAULT_ELASTIC_TIMEOUT)
+    job_env = {**horovod_environment(), **dict(env or {})}
+    nic_list = sorted(set(nics or ()))
+    if nic_list:
+        job_env.update(nic_environment(nic_list))
+    placement = SparkElasticPlacement(context, required_modules=("horovod_compat",))
+    most = max_num_proc or num_proc
+    policy = ElasticPolicy(
+        min_workers=min_num_proc or num_proc, max_workers=most, reset_limit=reset_limit,
+        elastic_timeout=settle_timeout,
+        # spare tasks (beyond num_proc) join as hosts once Spark runs them
+        discovery=placement.discover if most > num_proc else None,
+    )
+    request = LaunchRequest(FunctionTarget(fn, tuple(args), dict(kwargs)), num_proc, env=job_env,
+                            start_timeout=timeout, return_all=True, elastic=policy)
+    launcher = PythonLauncher(preload=("torch",))
+    with RankOutput(stdout, stderr, timestamps=prefix_output_with_timestamp, size=most) as output:
+        return launch(request, placement=placement, launcher=launcher, output=output)

@@ -353,3 +353,103 @@ def test_sigkill_of_the_driver_leaves_nothing_on_the_executors(tmp_path):
             driver.kill()
             driver.wait()
         driver.stdout.close()
+
+
+# ---- elastic jobs: workers in plain tasks, a failed worker replaced inside its task ----------
+class _PlacementDriver:
+    """The part of the engine an elastic placement talks to, without rounds: a real hub that
+    hands each worker its payload and keeps results, and the sink of the tasks' events."""
+
+    def __init__(self, fn):
+        from distributor import payload, protocol
+        from distributor.hub import DriverHub
+
+        self.secret = protocol.new_secret()
+        self._payload = protocol.SEND_RESULT + payload.dumps_target(FunctionTarget(fn))
+        self.results, self.exits, self.lines = {}, {}, []
+        self.changed = threading.Condition()
+        self.hub = DriverHub(self.secret, self._on_frame, lambda channel: None)
+
+    def _on_frame(self, channel, kind, body):
+        import pickle
+
+        from distributor.protocol import Kind
+
+        if kind == Kind.HELLO:
+            channel.send(Kind.PAYLOAD, self._payload, raw=True)
+        elif kind == Kind.RESULT:
+            with self.changed:
+                self.results[len(self.results)] = pickle.loads(body)
+                self.changed.notify_all()
+
+    def on_output(self, rank, stream, line):
+        with self.changed:
+            self.lines.append((rank, stream, line))
+            self.changed.notify_all()
+
+    def on_exit(self, rank, returncode):
+        with self.changed:
+            self.exits[rank] = returncode
+            self.changed.notify_all()
+
+    def wait(self, predicate, timeout=120.0):
+        with self.changed:
+            assert self.changed.wait_for(predicate, timeout), (self.exits, self.lines)
+
+
+def _worker_that_dies_once():
+    rank = int(os.environ["RANK"])
+    print(f"worker {rank} pid {os.getpid()} in {os.getppid()} "
+          f"elastic={os.environ.get('DISTRIBUTOR_ELASTIC')}", flush=True)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 4:
+        time.sleep(120)  # until the driver stops it
+    return rank, os.getppid(), sorted(k for k in os.environ if k.startswith("DISTRIBUTOR_") and k != "DISTRIBUTOR_ELASTIC")
+
+
+def test_elastic_placement_replaces_a_killed_worker_inside_its_task(spark):
+    from distributor.elastic.policy import ElasticPolicy
+    from distributor.launchers import PythonLauncher
+    from distributor.placement import JobContext
+    from distributor.placement.spark_elastic import SparkElasticPlacement
+
+    driver = _PlacementDriver(_worker_that_dies_once)
+    request = LaunchRequest(FunctionTarget(_worker_that_dies_once), 2,
+                            elastic=ElasticPolicy(min_workers=1, max_workers=2))
+    placement = SparkElasticPlacement(spark)
+    placement.start(JobContext(request, "elastic-test", driver.hub.address, driver.secret, driver,
+                               PythonLauncher()))
+    try:
+        driver.wait(lambda: 1 in driver.exits and 0 in driver.exits)
+        assert driver.exits == {0: 0, 1: -signal.SIGKILL}
+        hosts = placement.discover()
+        assert hosts == {"task0": 1, "task1": 1}, hosts  # each task is a host, one slot each
+        assert placement.worker_hosts(request) == ["task0", "task1"]
+        placement.add_worker(2, "task1")  # what the engine does with a failed worker's host
+        driver.wait(lambda: 2 in driver.exits)
+        assert driver.exits[2] == 0
+        started = {r: line.split() for r, _, line in driver.lines if line.startswith("worker")}
+        parents = {r: int(words[5]) for r, words in started.items()}
+        assert parents[2] == parents[1] != parents[0], "the replacement must run in worker 1's task"
+        assert {words[6] for words in started.values()} == {"elastic=1"}
+        assert sorted((r[0], r[2]) for r in driver.results.values()) == [(0, []), (2, [])]
+        placement.add_worker(3, "task9")  # no such task: fails at once, not silently
+        driver.wait(lambda: 3 in driver.exits)
+        assert driver.exits[3] == 127
+        placement.add_worker(4, "task0")
+        driver.wait(lambda: any(r == 4 for r, _, line in driver.lines))
+        placement.stop_worker(4)
+        driver.wait(lambda: 4 in driver.exits)
+        assert driver.exits[4] == -signal.SIGTERM
+        started = {r: line.split() for r, _, line in driver.lines if line.startswith("worker")}
+    except BaseException:
+        placement.stop()
+        raise
+    finally:
+        placement.close()  # the tasks see their connection close and return
+        driver.hub.close()
+    assert placement.failure() is None and placement.finished()
+    assert sorted(report["ranks"] for report in placement.task_reports) == [[0, 4], [1, 2]]
+    assert _no_active_jobs(spark)
+    assert _wait_dead([int(words[3]) for words in started.values()]) == []
