@@ -12,7 +12,8 @@ defaults, validate them before anything starts, and run an elastic job (`distrib
 * every worker gets HOROVOD_ELASTIC=1, as from Horovod's gloo launcher; elastic jobs run in
   Horovod's gloo mode, never under mpirun.
 
-`horovod.spark.run_elastic` still refuses with `ElasticLaunchNotAvailable` until it is built.
+`horovod.spark.run_elastic` checks its own arguments (`horovod_compat.spark.runner`) and runs on the
+elastic Spark placement.
 """
 from __future__ import annotations
 
@@ -32,14 +33,6 @@ UNBOUNDED_WORKERS = 2 ** 31 - 1
 DEFAULT_ELASTIC_TIMEOUT = 600
 #: Variable Horovod's elastic launcher sets in every worker.
 ELASTIC_ENV = {"HOROVOD_ELASTIC": "1"}
-
-#: Where the elastic launch is being built (the project's issue tracker).
-ELASTIC_ISSUE = "issue 16 (elastic training and fault tolerance)"
-
-
-class ElasticLaunchNotAvailable(NotImplementedError):
-    """An elastic launch was asked for where this version runs fixed-size jobs only."""
-
 
 def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -175,10 +168,3 @@ def wait_for_slots(discovery: DiscoveryScript, num_proc: int, timeout: float,
             said = True
         time.sleep(poll)
 
-
-def refuse_elastic(entry_point: str) -> None:
-    """Raise `ElasticLaunchNotAvailable` for `entry_point` (e.g. 'horovod.spark.run_elastic')."""
-    raise ElasticLaunchNotAvailable(
-        f"{entry_point}: elastic launches (min_num_proc / host_discovery_script) are not "
-        f"available here yet; they come with {ELASTIC_ISSUE}. horovod.run and horovodrun run "
-        "elastic jobs; or run a fixed-size job (num_proc only).")
