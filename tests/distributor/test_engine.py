@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 import time
@@ -338,6 +339,8 @@ def test_worker_records_end_in_their_final_states():
     job = Job(LaunchRequest(FunctionTarget(_fail_on_rank_1), 2), output=lambda *a: None)
     with pytest.raises(RankFailedError) as info:
         job.run()
-    assert info.value.rank == 1 and info.value.other_failures == [
-        (0, "stopped by the driver (killed by SIGTERM)")]
+    # rank 0 ends by the driver's SIGTERM or by its own SIGKILL on the hub's STOP, whichever is first
+    assert info.value.rank == 1 and [r for r, _ in info.value.other_failures] == [0]
+    assert re.fullmatch(r"stopped by the driver \(killed by SIG(TERM|KILL)\)",
+                        info.value.other_failures[0][1]), info.value.other_failures
     assert job._states[1].state is WorkerState.FAILED and job._states[0].state is WorkerState.STOPPED
