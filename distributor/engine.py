@@ -147,10 +147,10 @@ class Job:
         output: Optional[OutputHandler] = None,
         on_message: Optional[MessageHandler] = None,
     ) -> None:
-        self.request = request
+        request = self.request = self._prepared(request)
         self.on_message = on_message or print_message
         self.placement = placement or LocalPlacement()
-        self.launcher = launcher or PythonLauncher()
+        self.launcher = launcher or self._default_launcher()
         self.output = output or print_output
         self.run_id = f"distributor-{uuid.uuid4().hex[:12]}"
         self._states: Dict[int, WorkerRecord] = {r: WorkerRecord(r) for r in range(request.num_processes)}
@@ -163,6 +163,15 @@ class Job:
         self._launcher_tail: Deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self._spawns = SpawnRouter()
         self._slots = TaskRendezvous()
+
+    @staticmethod
+    def _prepared(request: LaunchRequest) -> LaunchRequest:
+        """The request as this kind of job runs it (a subclass may add to its environment)."""
+        return request
+
+    @staticmethod
+    def _default_launcher() -> Launcher:
+        return PythonLauncher()
 
     # ---- events, called from hub and supervisor threads -------------------------------------
     def on_output(self, rank: Optional[int], stream: str, line: str) -> None:

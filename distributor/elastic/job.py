@@ -44,9 +44,8 @@ from ..errors import (
     describe_exit,
 )
 from ..launchers import Launcher, PythonLauncher
-from ..placement import Placement
 from ..protocol import Kind
-from ..spec import LaunchRequest, MessageHandler, OutputHandler
+from ..spec import LaunchRequest
 from ..worker import ELASTIC_VAR
 from ..worker_state import WorkerState
 from .policy import Attempt, ElasticPolicy
@@ -67,20 +66,20 @@ class ElasticJob(Job):
 
     _lost_connection_fails = True
 
-    def __init__(
-        self,
-        request: LaunchRequest,
-        placement: Optional[Placement] = None,
-        launcher: Optional[Launcher] = None,
-        output: Optional[OutputHandler] = None,
-        on_message: Optional[MessageHandler] = None,
-    ) -> None:
+    @staticmethod
+    def _prepared(request: LaunchRequest) -> LaunchRequest:
         if request.elastic is None:
             raise ValueError("ElasticJob runs requests with an elastic policy")
-        request = dataclasses.replace(request, env={**request.env, ELASTIC_VAR: "1"})
+        return dataclasses.replace(request, env={**request.env, ELASTIC_VAR: "1"})
+
+    @staticmethod
+    def _default_launcher() -> Launcher:
         # Replacements fork from a server that already imported torch (PythonLauncher.keep_warm).
-        super().__init__(request, placement, launcher or PythonLauncher(preload=("torch",)),
-                         output, on_message)
+        return PythonLauncher(preload=("torch",))
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # Job's arguments
+        request = self.request
         self.policy: ElasticPolicy = request.elastic
         self.attempts: List[Attempt] = []
         self.rounds_formed = 0
