@@ -41,9 +41,9 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # what static tools see
-    from .api import run_function, run_script
+    from .api import launch, run_function, run_script
     from .elastic.policy import ElasticPolicy
-    from .engine import Job, launch
+    from .engine import Job
     from .errors import (
         DistributedRunError,
         ElasticJobFailedError,

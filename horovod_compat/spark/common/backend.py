@@ -73,7 +73,7 @@ class SparkBackend(Backend):
     def run(self, fn: Any, args: Sequence[Any] = (), kwargs: Optional[dict] = None,
             env: Optional[Dict[str, str]] = None) -> List[Any]:
         """Run `fn(*args, **kwargs)` on every rank; return the values in rank order."""
-        from distributor.engine import launch
+        from distributor.api import launch
         from distributor.placement.spark import SparkPlacement
         from distributor.spec import FunctionTarget, LaunchRequest
 
