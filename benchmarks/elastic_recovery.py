@@ -99,18 +99,19 @@ def run_local(num: int, minimum: int, steps: int, kill_at: int, step_sleep: floa
 
 
 def run_spark(runs: int) -> List[Dict[str, Any]]:
-    """`benchmarks/spark_elastic_recovery.py`'s measurement on a fresh local-cluster[2,1,1024]."""
-    from pyspark.sql import SparkSession
-
+    """`benchmarks/spark_elastic_recovery.py`'s measurement on a local-cluster[2,1,1024] session
+    (started as launch_spark.py starts it), after one warm-up run."""
     sys.path.insert(0, str(HERE))
+    from launch_spark import _start_session, _stop_session
     from spark_elastic_recovery import measure_recovery
 
-    spark = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("elastic_recovery")
-             .config("spark.ui.enabled", "false").getOrCreate())
-    try:
-        return measure_recovery(spark, runs=runs)
-    finally:
-        spark.stop()
+    with tempfile.TemporaryDirectory(prefix="elastic_recovery-") as tmp:
+        spark = _start_session(Path(tmp), None)
+        try:
+            measure_recovery(spark, runs=1)  # warm-up: the executors' Python workers, imports
+            return measure_recovery(spark, runs=runs)
+        finally:
+            _stop_session(spark)
 
 
 def commit_cost(optimizer: str, rounds: int) -> List[Dict[str, float]]:
@@ -175,22 +176,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--commit-rounds", type=int, default=10)
     ap.add_argument("--skip-spark", action="store_true")
     args = ap.parse_args(argv)
-    rows = []
+    print(f"{'measurement':78} {'seconds':>10} {'target':>8} met")
+
+    def row(name: str, value: Optional[float], target: float) -> None:
+        met = "yes" if value is not None and value <= target else "NO"
+        print(f"{name:78} {_fmt(value):>10} {target:>6.1f} s {met}", flush=True)
+
     shrink = run_local(3, 2, args.steps, args.kill_at, args.step_sleep)
-    rows.append(("local, 3 workers, min 2: kill -> survivors' first step (shrunk)", shrink["shrink"], 0.5))
-    rows.append(("local, 3 workers, min 2: kill -> first step with the replacement back", shrink["back"], 5.0))
+    row("local, 3 workers, min 2: kill -> survivors' first step (shrunk)", shrink["shrink"], 0.5)
+    row("local, 3 workers, min 2: kill -> first step with the replacement back", shrink["back"], 5.0)
     full = run_local(3, 3, args.steps, args.kill_at, args.step_sleep)
-    rows.append(("local, 3 workers, min 3: kill -> first step of the full world again", full["back"], 5.0))
+    row("local, 3 workers, min 3: kill -> first step of the full world again", full["back"], 5.0)
     if not args.skip_spark:
         spark = run_spark(1)[0]
-        rows.append(("Spark local-cluster, 2 workers, min 1: kill -> survivor's first step",
-                     spark["to_first_step"], 0.5))
-        rows.append(("Spark local-cluster, 2 workers, min 1: kill -> replacement back",
-                     spark["to_replacement_step"], 15.0))
-    print(f"{'measurement':78} {'seconds':>10} {'target':>8} met")
-    for name, value, target in rows:
-        met = "yes" if value is not None and value <= target else "NO"
-        print(f"{name:78} {_fmt(value):>10} {target:>6.1f} s {met}")
+        row("Spark local-cluster, 2 workers, min 1: kill -> survivor's first step",
+            spark["to_first_step"], 0.5)
+        row("Spark local-cluster, 2 workers, min 1: kill -> replacement back",
+            spark["to_replacement_step"], 15.0)
     print(f"\nstate.commit() vs one optimizer step, 25M-parameter MLP, hvd.DistributedOptimizer, 2 ranks "
           f"(medians of {args.commit_rounds}):")
     print(f"{'optimizer':10} {'rank':>4} {'step ms':>9} {'commit ms':>10} {'commit/step':>12} "
