@@ -148,7 +148,7 @@ class SparkElasticPlacement(SparkPlacement):
                     task.workers.discard(worker)
             job.sink.on_exit(*body)
         elif kind == Kind.SLOT:
-            (_stage, attempt), partition, offer = body[0], body[1], body[3]
+            attempt, partition, offer = body[0][1], body[1], body[3]  # body[0]: (stage, attempt)
             with self._lock:
                 self._running[partition] = _Task(channel, offer["host"], attempt)
                 queued = self._queued.pop(partition, [])
