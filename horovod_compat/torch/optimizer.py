@@ -135,7 +135,7 @@ class _GradReducer:
         self.grad_views = False         # p.grad as views of the buckets (after the first iteration)
         self.buckets: List[_Bucket] = []
         self.slot: List[Tuple[_Bucket, int]] = []
-        self._build(list(reversed(range(len(params)))))
+        self._build(self._initial_order())
         # Checked before the first reduction (not here: constructing an optimizer must not be a
         # collective, some scripts build one on a single rank).
         self.checked = False
@@ -167,9 +167,25 @@ class _GradReducer:
             self.prescale, self.postscale = 1.0, 1.0
         self.checked = False
         if getattr(self, "buckets", None):  # not the constructor: agree on the layout again
+            # A replacement starts from the constructor's layout; a survivor may have rebuilt its
+            # own from the arrival order of an earlier world. Every rank goes back to the
+            # constructor's layout for the first iteration here (its reductions must match), and
+            # the new world agrees on the first rank's observed order after it.
+            initial = self._initial_order()
+            if self.order != initial:
+                for b in self.buckets:
+                    b.buffer = None
+                    b.views = []
+                self._build(initial)
+            self.grad_views = False  # p.grad keeps its values; it becomes a bucket view again later
             self.arrival = []
 
     # ----------------------------------------------------------------------------- bucket layout
+
+    def _initial_order(self) -> List[int]:
+        """The layout every rank starts from before it has observed gradients arrive: reversed
+        registration order (backward usually produces the last layers' gradients first)."""
+        return list(reversed(range(len(self.params))))
 
     def _build(self, order: List[int]) -> None:
         """Assign parameters (given in expected gradient arrival order) to buckets."""

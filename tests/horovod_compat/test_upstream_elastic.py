@@ -111,8 +111,10 @@ def test_mnist_elastic_survives_a_killed_worker(tmp_path, example_imports):
 def test_synthetic_benchmark_elastic_survives_a_killed_worker(tmp_path, example_imports):
     argv = [*HOROVODRUN, sys.executable, str(SYNTHETIC), "--model", "squeezenet1_1",
             "--batch-size", "2", "--num-warmup-batches", "2", "--num-batches-per-iter", "2",
-            "--num-iters", "8"]
+            "--num-iters", "30"]
     code, out, killed = run_and_kill_once(argv, tmp_path, r"Iter #1:")
     _check_recovered(code, out, killed)
-    assert re.search(r"\[rank 0\] Iter #7: [\d.]+ img/sec per CPU", out), out[-3000:]
-    assert re.search(r"\[rank 0\] Total img/sec on \d CPU\(s\): [\d.]+ \+-[\d.]+", out), out[-3000:]
+    assert re.search(r"\[rank 0\] Iter #29: [\d.]+ img/sec per CPU", out), out[-3000:]
+    # The replacement came back (the job ends with 2 workers again): the survivor and the new
+    # process met in one round, synced, and trained on through DistributedOptimizer together.
+    assert re.search(r"\[rank 0\] Total img/sec on 2 CPU\(s\): [\d.]+ \+-[\d.]+", out), out[-3000:]

@@ -8,7 +8,10 @@ gets its place in the driver's next round -- the state's ``on_reset()`` runs its
 function runs again.  A failure while re-joining or syncing counts as a failed collective too.
 
 In an elastic job the driver enforces ``reset_limit``; in a fixed-size job (no driver that replaces
-workers) ``HOROVOD_ELASTIC_RESET_LIMIT`` bounds the retries here.
+workers) ``HOROVOD_ELASTIC_RESET_LIMIT`` bounds the retries here. A collective that fails the same
+way `REPEATS_WITHOUT_PROGRESS` times in a row with no commit in between is not a lost peer but a
+mismatch that a reset cannot cure: it leaves ``run`` as a `RuntimeError` (the worker fails, and the
+driver's rule for repeated errors ends the job with its traceback) instead of looping for ever.
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt
 __all__ = ["run", "run_fn"]
 
 log = logging.getLogger("horovod_compat.elastic")
+#: Identical collective failures, with no commit between them, after which ``run`` gives up.
+REPEATS_WITHOUT_PROGRESS = 3
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -71,6 +76,8 @@ def run_fn(func: F, reset: Callable[[], None]) -> F:
             resets = 0
             reset_required = False
             skip_sync = False
+            last_failure: Optional[tuple] = None  # (message, commits at that time)
+            repeats = 0
             while True:
                 try:
                     if reset_required:
@@ -80,6 +87,14 @@ def run_fn(func: F, reset: Callable[[], None]) -> F:
                         state.sync()
                     return func(state, *args, **kwargs)
                 except HorovodInternalError as exc:
+                    failure = (str(exc), getattr(state, "commits", None))
+                    repeats = repeats + 1 if failure == last_failure else 1
+                    last_failure = failure
+                    if repeats >= REPEATS_WITHOUT_PROGRESS:
+                        raise RuntimeError(
+                            f"hvd.elastic.run: the same collective failure came {repeats} times in "
+                            f"a row without a commit in between, so resetting does not cure it: "
+                            f"{exc}") from exc
                     log.warning("hvd.elastic.run: %s; restoring the last commit and resetting", exc)
                     state.restore()
                     skip_sync = False

@@ -44,6 +44,8 @@ class State:
         self._host_messages: "queue.Queue[Tuple[float, HostUpdate]]" = queue.Queue()
         self._last_updated_timestamp: float = 0
         self._reset_callbacks: List[Callable[[], None]] = []
+        #: commits made so far (``hvd.elastic.run`` tells progress from a failure loop by it)
+        self.commits = 0
 
     def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
         """Functions called (in order) after every reset, e.g. to rescale the learning rate to the
@@ -64,6 +66,7 @@ class State:
     def commit(self) -> None:
         """Save the state (the point a failure rolls back to), then ``check_host_updates()``."""
         self.save()
+        self.commits += 1
         self.check_host_updates()
 
     def check_host_updates(self) -> None:

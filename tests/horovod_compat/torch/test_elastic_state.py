@@ -276,7 +276,7 @@ def test_run_reset_limit_in_a_fixed_size_job(size1, monkeypatch):
     @hvd.elastic.run
     def train(state):
         attempts.append(1)
-        raise HorovodInternalError("always")
+        raise HorovodInternalError(f"peer {len(attempts)} died")  # a new failure each time
 
     with pytest.raises(RuntimeError, match="HOROVOD_ELASTIC_RESET_LIMIT=2"):
         train(hvd.elastic.ObjectState(x=1))
@@ -407,3 +407,21 @@ def test_reset_deals_the_sampler_over_the_new_world_without_a_sync(size1, monkey
     monkeypatch.setattr(sampler_mod.lifecycle, "rank", lambda: 1)
     state.on_reset()
     assert list(sampler) == [3, 5, 7, 9, 11]
+
+
+def test_the_same_collective_failure_without_progress_is_not_retried_for_ever(size1):
+    attempts = []
+
+    @hvd.elastic.run
+    def train(state):
+        attempts.append(state.commits)
+        if len(attempts) <= 2:  # a failure after a commit each time: progress, keep going
+            state.commit()
+        raise HorovodInternalError("Mismatched gradient fusion layout")
+
+    with pytest.raises(RuntimeError, match="3 times in a row without a commit") as info:
+        train(hvd.elastic.ObjectState(x=1))
+    assert isinstance(info.value.__cause__, HorovodInternalError)
+    # the first failure follows a commit; the next three (after the second commit) have none
+    # between them, and the third of those ends the loop
+    assert attempts == [0, 1, 2, 2]
