@@ -8,13 +8,14 @@ and to stop one (`stop_worker`).
 from __future__ import annotations
 
 import abc
+import threading
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 from ..hub import routable_address
 from ..launchers import Launcher
 from ..spec import LaunchRequest, RankSpec
-from ..supervisor import RankEventSink
+from ..supervisor import RankEventSink, Supervisor
 
 
 @dataclass(frozen=True)
@@ -124,3 +125,18 @@ class Placement(abc.ABC):
     def stop_worker(self, worker_id: int) -> None:
         """Stop one worker (SIGTERM, then SIGKILL) without waiting; its exit is reported as usual."""
         raise NotImplementedError(f"{type(self).__name__} cannot stop a single worker")
+
+
+def added_worker_spec(worker_id: int) -> RankSpec:
+    """The `RankSpec` a placement starts an added worker with: placeholder coordinates (rank =
+    worker id, one rank per host), since the worker learns its real ones when it joins a round."""
+    return RankSpec(rank=worker_id, world_size=worker_id + 1, local_rank=0, local_world_size=1,
+                    node_rank=0, num_nodes=1)
+
+
+def stop_in_background(supervisor: Optional[Supervisor], worker_id: int) -> None:
+    """`Placement.stop_worker` for a placement whose supervisor runs the worker: SIGTERM, then
+    SIGKILL after the grace period, from a thread so the caller does not wait."""
+    if supervisor is not None:
+        threading.Thread(target=supervisor.stop, args=([worker_id],),
+                         name=f"stop-worker-{worker_id}", daemon=True).start()

@@ -37,7 +37,9 @@ from ..launchers import PythonLauncher
 from ..rank_env import free_port, rank_environment
 from ..spec import LaunchRequest, RankSpec
 from ..supervisor import Supervisor
-from .base import JobContext, Placement, PlacementCapabilities, host_plan
+from .base import (
+    JobContext, Placement, PlacementCapabilities, added_worker_spec, host_plan, stop_in_background,
+)
 from .local import driver_side_env
 
 #: Seconds each `ssh <host> true` check may take.
@@ -211,16 +213,10 @@ class HostsPlacement(Placement):
     def add_worker(self, worker_id: int, host: str) -> None:
         if self._job is None or not isinstance(self._job.launcher, PythonLauncher):
             raise RuntimeError("add_worker needs a job started with a PythonLauncher")
-        # Placeholder coordinates: the worker learns its real ones when it joins a round.
-        spec = RankSpec(rank=worker_id, world_size=worker_id + 1, local_rank=0, local_world_size=1,
-                        node_rank=0, num_nodes=1)
-        self._start_worker(host, spec)
+        self._start_worker(host, added_worker_spec(worker_id))
 
     def stop_worker(self, worker_id: int) -> None:
-        supervisor = self._supervisor
-        if supervisor is not None:
-            threading.Thread(target=supervisor.stop, args=([worker_id],),
-                             name=f"stop-worker-{worker_id}", daemon=True).start()
+        stop_in_background(self._supervisor, worker_id)
 
     def stop(self) -> None:
         if self._supervisor is not None:

@@ -13,14 +13,15 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from typing import Dict, List, Mapping, Optional
 
 from ..errors import LaunchValidationError
 from ..rank_env import HUB_ADDRESS_VAR, RANK_VAR, SECRET_VAR, free_port, rank_environment
 from ..spec import LaunchRequest, RankSpec
 from ..supervisor import Supervisor
-from .base import JobContext, Placement, PlacementCapabilities, host_plan
+from .base import (
+    JobContext, Placement, PlacementCapabilities, added_worker_spec, host_plan, stop_in_background,
+)
 
 
 def visible_gpus() -> List[str]:
@@ -142,16 +143,10 @@ class LocalPlacement(Placement):
     def add_worker(self, worker_id: int, host: str) -> None:
         if self._job is None or self._supervisor is None or self._env_for is None:
             raise RuntimeError("add_worker is called only after start")
-        # Placeholder coordinates: the worker learns its real ones when it joins a round.
-        spec = RankSpec(rank=worker_id, world_size=worker_id + 1, local_rank=0, local_world_size=1,
-                        node_rank=0, num_nodes=1)
-        self._job.launcher.start([spec], self._env_for, self._supervisor)
+        self._job.launcher.start([added_worker_spec(worker_id)], self._env_for, self._supervisor)
 
     def stop_worker(self, worker_id: int) -> None:
-        supervisor = self._supervisor
-        if supervisor is not None:
-            threading.Thread(target=supervisor.stop, args=([worker_id],),
-                             name=f"stop-worker-{worker_id}", daemon=True).start()
+        stop_in_background(self._supervisor, worker_id)
 
     def stop(self) -> None:
         if self._supervisor is not None:

@@ -32,7 +32,7 @@ from ..errors import LaunchValidationError
 from ..hub import DriverHub
 from ..protocol import Channel, Kind
 from ..spec import LaunchRequest, RankSpec
-from .base import JobContext, PlacementCapabilities
+from .base import JobContext, PlacementCapabilities, added_worker_spec
 from .spark import SparkPlacement, _barrier_task
 from .spark_plan import NOT_STARTED
 
@@ -116,7 +116,7 @@ class SparkElasticPlacement(SparkPlacement):
         self.validate(request)
         self._job = job
         self._initial = request.num_processes
-        self._queued = {p: [self._spec(p)] for p in range(request.num_processes)}
+        self._queued = {p: [added_worker_spec(p)] for p in range(request.num_processes)}
         self._control = DriverHub(job.secret, self._on_frame, self._on_close,
                                   bind_host=self.hub_bind_host)
         config = self._task_config(job)
@@ -129,12 +129,6 @@ class SparkElasticPlacement(SparkPlacement):
     def _stage(self, task: Callable[[Iterator[Any]], Iterator[str]]) -> Any:
         """A plain stage: one task's failure does not take the others down."""
         return self._sc.parallelize(range(self._tasks), self._tasks).mapPartitions(task)
-
-    @staticmethod
-    def _spec(worker_id: int) -> RankSpec:
-        # Placeholder coordinates: the worker learns its real ones when it joins a round.
-        return RankSpec(rank=worker_id, world_size=worker_id + 1, local_rank=0,
-                        local_world_size=1, node_rank=0, num_nodes=1)
 
     def _on_frame(self, channel: Channel, kind: Kind, body: Any) -> None:
         job = self._job
@@ -196,7 +190,7 @@ class SparkElasticPlacement(SparkPlacement):
                                f"could not start worker {worker_id}: {host!r} is no task of this job")
             job.sink.on_exit(worker_id, NOT_STARTED)
             return
-        self._send_start(partition, self._spec(worker_id))
+        self._send_start(partition, added_worker_spec(worker_id))
 
     def stop_worker(self, worker_id: int) -> None:
         """Ask the task running `worker_id` to stop it; its exit is reported as usual (at once
