@@ -1,19 +1,34 @@
-"""Serialising the user's function for the ranks, with errors that name what cannot be pickled.
+"""The PAYLOAD format: the user's target serialised for the ranks, with errors that name what
+cannot be pickled, and its loading on the rank (`loads_target`).
 
 Functions are pickled by value (cloudpickle) when their module is the user's own code, not an
 installed library: a rank may not be able to import a notebook, `__main__` or a test file, and it
 must run exactly the code the driver has.
+
+A rank's traceback must still name the user's file and line and show the source line. So code
+objects travel whole, as `marshal` writes them (file name, line table and positions included;
+cloudpickle 3.1.3 and later write "<dynamic-code>" as every file name), and a function payload
+carries the source text of the user files its code comes from: the rank puts it in `linecache`
+before it unpickles the call, so a notebook cell or a file the rank cannot read shows its lines.
+
+A function payload is ``pickle(("function", call, sources))``: ``call`` the pickled
+``(fn, args, kwargs)``, ``sources`` ``{file name: lines}``. Script and command payloads are
+``("script", path, argv)`` and ``("command", argv)``.
 """
 from __future__ import annotations
 
 import contextlib
 import inspect
+import io
+import linecache
+import marshal
 import os
+import pickle
 import sys
 import sysconfig
 import types
 import warnings
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 import cloudpickle
 
@@ -61,7 +76,9 @@ def dumps_function(fn: Any, args: tuple, kwargs: dict) -> bytes:
     """Pickle a function call for the ranks, or raise `PayloadPicklingError` naming the culprit."""
     try:
         with _by_value(fn, *args, *kwargs.values()):
-            return cloudpickle.dumps(("function", fn, args, kwargs))
+            buffer = io.BytesIO()
+            pickler = _CodeKeepingPickler(buffer)
+            pickler.dump((fn, args, kwargs))
     except Exception as exc:  # noqa: BLE001 - any pickling failure gets the same diagnosis
         culprit = _find_unpicklable(fn, args, kwargs)
         where = f" {culprit[0]} ({type(culprit[1]).__name__})" if culprit else " an object"
@@ -69,6 +86,8 @@ def dumps_function(fn: Any, args: tuple, kwargs: dict) -> bytes:
             f"Cannot pickle the training function {getattr(fn, '__qualname__', fn)!r}: it refers "
             f"to{where} that cannot be pickled ({type(exc).__name__}: {exc}). {_ADVICE}"
         ) from exc
+    sources = source_texts(pickler.code_files)
+    return pickle.dumps(("function", buffer.getvalue(), sources), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def dumps_script(path: str, argv: Sequence[str]) -> bytes:
@@ -79,6 +98,80 @@ def dumps_script(path: str, argv: Sequence[str]) -> bytes:
 def dumps_command(argv: Sequence[str]) -> bytes:
     """Pickle a command run for the ranks."""
     return cloudpickle.dumps(("command", list(argv)))
+
+
+def loads_target(data: bytes) -> tuple:
+    """The target a PAYLOAD carries, on the rank: ``("function", fn, args, kwargs)``,
+    ``("script", path, argv)`` or ``("command", argv)``. A function's source texts are put in
+    `linecache` before the call is unpickled, so that even a failure while unpickling it shows
+    the user's lines."""
+    target = pickle.loads(data)
+    if target[0] != "function":
+        return target
+    _, call, sources = target
+    restore_sources(sources)
+    fn, args, kwargs = pickle.loads(call)
+    return "function", fn, args, kwargs
+
+
+#: At most this many bytes of source text travel with one function payload; files past it are
+#: left out (their tracebacks still name file and line, and show the line where the rank can
+#: read the file).
+SOURCE_BUDGET_BYTES = 4 * 1024 * 1024
+
+
+class _CodeKeepingPickler(cloudpickle.Pickler):
+    """cloudpickle's pickler, except that each code object travels as `marshal` writes it: whole,
+    with its real file name, on every cloudpickle. It records the file names it met."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.code_files: Set[str] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.CodeType:
+            try:
+                data = marshal.dumps(obj)
+            except ValueError:  # not marshallable: cloudpickle's own reduction (file name lost)
+                return super().reducer_override(obj)
+            self.code_files.update(_file_names(obj))
+            return marshal.loads, (data,)
+        return super().reducer_override(obj)
+
+
+def _file_names(code: types.CodeType) -> Iterator[str]:
+    """The file names of `code` and of the code objects nested in it (functions, lambdas,
+    comprehensions and classes defined inside it)."""
+    yield code.co_filename
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _file_names(const)
+
+
+def source_texts(files: Iterable[str]) -> Dict[str, List[str]]:
+    """``{file name: lines}`` of the user's files among `files`, as the driver's `linecache`
+    knows them: a file on disk, or a notebook cell that IPython registered there. Files of
+    installed packages are left out (every rank has the same installation)."""
+    installed = _installed_prefixes()
+    sources: Dict[str, List[str]] = {}
+    budget = SOURCE_BUDGET_BYTES
+    for name in sorted(files):
+        if os.path.isabs(name) and os.path.realpath(name).startswith(installed):
+            continue
+        lines = linecache.getlines(name)
+        size = sum(map(len, lines))
+        if lines and size <= budget:
+            sources[name] = list(lines)
+            budget -= size
+    return sources
+
+
+def restore_sources(sources: Dict[str, List[str]]) -> None:
+    """Put the driver's source texts in this process's `linecache`. Without a modification time
+    an entry is never checked against the disk, so the lines shown are those of the code that
+    runs, even where the rank has another copy of the file."""
+    for name, lines in sources.items():
+        linecache.cache[name] = (sum(map(len, lines)), None, lines, name)
 
 
 def dumps_value(value: Any, what: str) -> bytes:

@@ -22,7 +22,7 @@ import traceback
 from typing import Any, Optional
 
 from . import protocol, worker
-from .payload import dumps_value
+from .payload import dumps_value, loads_target
 from .protocol import SEND_RESULT, Channel, Kind
 from .rank_env import (
     HUB_ADDRESS_VAR,
@@ -108,7 +108,7 @@ def _child_dies_with_us() -> None:
 
 
 def _run_target(payload: bytes) -> Any:
-    target = pickle.loads(payload)
+    target = loads_target(payload)
     if target[0] == "function":
         _, fn, args, kwargs = target
         return fn(*args, **kwargs)

@@ -154,6 +154,7 @@ def test_exception_in_rank1_names_rank_and_traceback_and_stops_others():
     assert err.rank == 1 and err.exit_code == 1
     assert err.exc_type == "KeyError" and "missing-key-in-rank-1" in err.exc_message
     assert "_raise_in_rank1" in err.traceback and "raise KeyError" in err.traceback
+    assert f'File "{__file__}", line ' in err.traceback  # the real file, not "<dynamic-code>"
     assert (1, "stdout", "about to fail") in lines
     assert [r for r, _ in err.other_failures] == [0]
     assert time.monotonic() - started < 20, "rank 0 must be stopped within seconds, not after its sleep"

@@ -62,6 +62,7 @@ def test_a_failing_rank_raises_on_the_caller_with_its_traceback():
     assert error.rank == 1 and error.exc_type == "KeyError"
     assert "no such column on rank 1" in str(error)
     assert "fails_on_rank_1" in error.traceback and 'raise KeyError("no such column' in error.traceback
+    assert f'File "{__file__}", line 53, in fails_on_rank_1' in error.traceback
 
 
 def test_hosts_and_hostfile_on_this_host_and_output_files(tmp_path):
