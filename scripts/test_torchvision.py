@@ -7,8 +7,8 @@ exist", because ``torchvision/_meta_registrations.py`` registers fake kernels fo
 ``nms``/``qnms`` ops without checking that they were loaded.  Nothing the examples use (models,
 datasets, transforms) needs those compiled ops.
 
-This script, run by ``scripts/test.sh`` with the test venv's python, installs torchvision 0.28.0
-without dependencies (so pip cannot replace the CPU torch) and guards those two registrations so
+This script, run by ``scripts/test.sh`` with the test venv's python, installs the torchvision that
+constraints.txt (the lock) pins, 0.28.0, without dependencies (so pip cannot replace the CPU torch) and guards those two registrations so
 that they are skipped when the op is absent.  It is idempotent (a second run changes nothing), it
 never touches the project's runtime, and a torchvision that already imports is left alone.
 """
@@ -17,7 +17,8 @@ import re
 import subprocess
 import sys
 
-VERSION = "0.28.0"
+from lock import read_lock  # scripts/lock.py, beside this file
+
 GUARD = "_horovod_compat_test_env_fake"
 
 
@@ -31,7 +32,8 @@ def main() -> int:
         return 0
     if importlib.util.find_spec("torchvision") is None:
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                        "--disable-pip-version-check", f"torchvision=={VERSION}"], check=True)
+                        "--disable-pip-version-check", f"torchvision=={read_lock()['torchvision']}"],
+                       check=True)
     spec = importlib.util.find_spec("torchvision")
     path = spec.submodule_search_locations[0] + "/_meta_registrations.py"
     with open(path) as f:
