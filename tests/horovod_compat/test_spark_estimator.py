@@ -91,13 +91,48 @@ def test_fit_transform_validation_fraction_and_resume(spark, tmp_path, capfd):
     assert predicted[0]["y_hat"] == pytest.approx(expected, abs=1e-5)
     assert err < 0.5
 
-    # Same run_id, more epochs: resumes after epoch 1 from the checkpoint.
+
+def _parameters(model):
+    return [p.detach().clone() for p in model.getModel().parameters()]
+
+
+def test_fit_again_on_a_run_with_a_checkpoint_trains_epochs_more_as_horovod(spark, tmp_path, capfd):
+    """Horovod's TorchEstimator: a fit whose run_id has a checkpoint loads model and optimizer
+    from it and trains `epochs` epochs more, its history numbered from 0 again. Two fits of 2
+    epochs (momentum included) make the model that one fit of 4 epochs makes."""
+    store = Store.create(str(tmp_path / "store"))
+
+    def fit(run_id, epochs):
+        torch.manual_seed(0)
+        model = TwoInputs()
+        return estimator(store, model=model, run_id=run_id, epochs=epochs, validation=0.25,
+                         optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+                         ).fit(linear_df(spark))
+
+    straight = fit("four_at_once", 4)
+    first = fit("two_and_two", 2)
     capfd.readouterr()
-    resumed = estimator(store, validation=0.25, run_id="run_a", epochs=4).fit(linear_df(spark))
+    second = fit("two_and_two", 2)
     out = capfd.readouterr().out
     assert "Resuming training from last checkpoint" in out
-    assert [h["epoch"] for h in resumed.getHistory()] == [0, 1, 2, 3]
-    assert resumed.getHistory()[:2] == history
+    assert "Resuming run two_and_two from its checkpoint after 2 epoch(s): training 2 more" in out
+
+    assert [h["epoch"] for h in first.getHistory()] == [0, 1]
+    assert [h["epoch"] for h in second.getHistory()] == [0, 1]
+    for resumed, once in zip(second.getHistory(), straight.getHistory()[2:]):
+        assert resumed["train"]["loss"] == pytest.approx(once["train"]["loss"], rel=1e-5)
+        assert resumed["validation"]["loss"] == pytest.approx(once["validation"]["loss"], rel=1e-5)
+    for resumed, once in zip(_parameters(second), _parameters(straight)):
+        torch.testing.assert_close(resumed, once, rtol=1e-5, atol=1e-6)
+    assert not all(torch.equal(a, b) for a, b in zip(_parameters(first), _parameters(second)))
+    # the momentum buffers went on from the checkpoint too
+    for resumed, once in zip(second.getOptimizer().state_dict()["state"].values(),
+                             straight.getOptimizer().state_dict()["state"].values()):
+        torch.testing.assert_close(resumed["momentum_buffer"], once["momentum_buffer"],
+                                   rtol=1e-5, atol=1e-6)
+    path = tmp_path / "store" / "runs" / "two_and_two" / "checkpoint"
+    state = torch.load(io.BytesIO(path.read_bytes()), weights_only=False)
+    assert state["epoch"] == 3 and [h["epoch"] for h in state["history"]] == [0, 1]
 
 
 def test_validation_column_sample_weights_and_sparse_vectors(spark, tmp_path):

@@ -97,6 +97,34 @@ def test_lightning_module_fit_callbacks_profiler_and_transform(spark, tmp_path, 
     assert sum((r["y__output"] - r["y"]) ** 2 for r in rows) / 20 < 0.5
 
 
+def test_fit_again_on_a_run_with_a_checkpoint_continues_to_epochs_as_lightning(spark, tmp_path, capfd):
+    """Lightning's resume (Trainer.fit(ckpt_path=...)): `epochs` is max_epochs, the total; a fit
+    on a run with a checkpoint trains only the epochs still missing and the history goes on.
+    (TorchEstimator of horovod.spark.torch instead trains `epochs` more: test_spark_estimator.py.)"""
+    pl = flavour("lightning.pytorch")
+    import horovod.spark.lightning as hvd
+
+    store = Store.create(str(tmp_path))
+
+    def fit(epochs):
+        torch.manual_seed(0)
+        est = hvd.TorchEstimator(backend=SparkBackend(num_proc=2), store=store, model=make_module(pl)(),
+                                 feature_cols=["vec"], label_cols=["y"], batch_size=10, epochs=epochs,
+                                 validation=0.2, run_id="lit_resume", random_seed=3)
+        model = est.fit(regression_df(spark))
+        return model.getHistory(), [p.detach().clone() for p in model.getModel().parameters()]
+
+    two, after_two = fit(2)
+    capfd.readouterr()
+    four, after_four = fit(4)
+    assert "Resuming run lit_resume at epoch 2 from its checkpoint" in capfd.readouterr().out
+    assert [h["epoch"] for h in four] == [0, 1, 2, 3] and four[:2] == two
+    assert not any(torch.equal(a, b) for a, b in zip(after_two, after_four))
+    again, after_again = fit(4)  # max_epochs reached: nothing left to train
+    assert again == four
+    assert all(torch.equal(a, b) for a, b in zip(after_four, after_again))
+
+
 def test_lightning_1_hooks_and_plain_modules_are_refused_before_training(spark, tmp_path):
     pl = flavour("lightning.pytorch")
     import horovod.spark.lightning as hvd

@@ -5,6 +5,8 @@ its world without Horovod. The LightningModule's `training_step(batch, batch_idx
 tensors by column, as Horovod's estimator gave it; every rank takes the same number of steps.
 Rank 0 writes a checkpoint (plain state dict, epoch, history) to the store after every epoch, and
 copies what the Trainer wrote (ModelCheckpoint files, profiler output) into the run's folder.
+A fit on a run with a checkpoint goes on up to `epochs` in all, as Lightning's resume does up to
+`max_epochs` (docs/estimators.md; the torch estimator trains `epochs` more instead).
 """
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ predicts with it.
 `fit(df)` checks everything it can on the driver (columns, store, and one forward pass and loss
 on two rows, so a model whose output does not fit the labels fails there), writes the data to
 the store, trains on `num_proc` ranks (see `remote.py`) and returns a `TorchModel`. A `run_id`
-whose run already has a checkpoint in the store resumes from it. `TorchModel.transform(df)`
+whose run already has a checkpoint in the store resumes from it and trains `epochs` more epochs,
+as Horovod's did (docs/estimators.md). `TorchModel.transform(df)`
 predicts in Arrow batches (see `transform.py`).
 """
 from __future__ import annotations

@@ -5,7 +5,12 @@ rows (`distributor.shards`), runs forward and backward, and the ranks sum their 
 row counts in one allreduce per optimizer step, so every step is the average over all the rows
 of that step on every rank (ranks whose last batch is smaller or empty weigh less, never wait).
 Rank 0 writes a checkpoint to the store after every epoch: the model's plain state dict (no
-DDP `module.` prefix), the optimizer's, the epoch and the history.
+DDP `module.` prefix), the optimizer's, the run's epoch and this fit's history.
+
+Resuming is Horovod's: a fit whose run already has a checkpoint loads model and optimizer state
+from it and then trains `epochs` epochs more, with a history of its own (entries numbered from 0,
+as Horovod's `for epoch in range(epochs)`). Only the order of the data goes on from the
+checkpoint's epoch, so a resumed fit does not see the shuffles of the first one again.
 """
 from __future__ import annotations
 
@@ -385,19 +390,20 @@ def train(cfg: TrainConfig) -> Optional[bytes]:
         model, optimizer = cfg.model, cfg.optimizer  # pickled together: still bound to each other
         if device is not None:
             model.to(device)
-        start, history = 0, []
+        start, history = 0, []  # start: the run's epochs before this fit
         if cfg.checkpoint is not None:
             state = load_checkpoint(cfg.checkpoint)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-            start, history = state["epoch"] + 1, list(state["history"])
+            start = state["epoch"] + 1
             if rank == 0 and cfg.verbose:
-                print(f"Resuming run {cfg.run_id} at epoch {start} from its checkpoint", flush=True)
+                print(f"Resuming run {cfg.run_id} from its checkpoint after {start} epoch(s): "
+                      f"training {cfg.epochs} more", flush=True)
         with contextlib.ExitStack() as stack:
             train_batches, train_steps, val_batches, val_steps = _sources(cfg, stack, start, rank, world)
             checkpoint_file = cfg.store.get_checkpoint_file(cfg.run_id) if cfg.store.saving_runs() else None
-            last = cfg.checkpoint
-            for epoch in range(start, cfg.epochs):
+            last = None
+            for epoch in range(cfg.epochs):
                 entry: Dict[str, Any] = {"epoch": epoch}
                 entry["train"] = _epoch_sums(cfg, model, train_batches, train_steps, optimizer, device, dist)
                 if val_batches is not None:
@@ -406,11 +412,9 @@ def train(cfg: TrainConfig) -> Optional[bytes]:
                 if rank == 0:
                     if cfg.verbose:
                         print(_describe(entry, cfg.epochs), flush=True)
-                    last = save_checkpoint(model, optimizer, epoch, history)
+                    last = save_checkpoint(model, optimizer, start + epoch, history)
                     if checkpoint_file:
                         cfg.store.write(checkpoint_file, last)
-        if rank == 0 and last is None:  # nothing to train: epochs already done
-            last = save_checkpoint(model, optimizer, cfg.epochs - 1, history)
         return last if rank == 0 else None
     finally:
         dist.destroy_process_group()
