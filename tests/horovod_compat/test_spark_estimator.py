@@ -67,7 +67,7 @@ def estimator(store, **overrides):
     return hvd.TorchEstimator(**params)
 
 
-def test_fit_transform_validation_fraction_and_resume(spark, tmp_path, capfd):
+def test_fit_transform_and_validation_fraction(spark, tmp_path, capfd):
     store = Store.create(str(tmp_path / "store"))
     assert type(store) is FilesystemStore
     est = estimator(store, validation=0.25, run_id="run_a", epochs=2)
