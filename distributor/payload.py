@@ -151,8 +151,9 @@ def _file_names(code: types.CodeType) -> Iterator[str]:
 def source_texts(files: Iterable[str]) -> Dict[str, List[str]]:
     """``{file name: lines}`` of the user's files among `files`, as the driver's `linecache`
     knows them: a file on disk, or a notebook cell that IPython registered there. Files of
-    installed packages are left out (every rank has the same installation)."""
-    installed = _installed_prefixes()
+    installed packages and of this project are left out (every rank has the same installation;
+    a wrapper a front end defines inside a function travels by value too)."""
+    installed = _installed_prefixes() + _OWN_PREFIXES
     sources: Dict[str, List[str]] = {}
     budget = SOURCE_BUDGET_BYTES
     for name in sorted(files):
@@ -220,6 +221,8 @@ def _find_unpicklable(fn: Any, args: tuple, kwargs: dict) -> Optional[Tuple[str,
 
 
 _OWN_PACKAGES = frozenset({"distributor", "horovod_compat", "horovod", "sparkdl"})
+_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+_OWN_PREFIXES = tuple(os.path.join(_PROJECT_ROOT, name) + os.sep for name in sorted(_OWN_PACKAGES))
 
 
 def _installed_prefixes() -> Tuple[str, ...]:

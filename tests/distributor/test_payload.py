@@ -160,8 +160,10 @@ def test_payload_carries_the_source_of_code_that_lives_only_in_linecache():
         linecache.cache.pop(filename, None)
 
 
-def test_source_texts_leave_out_installed_packages_and_unknown_files():
-    sources = source_texts({pytest.__file__, "<string>", __file__})
+def test_source_texts_leave_out_installed_packages_this_project_and_unknown_files():
+    import distributor.engine
+
+    sources = source_texts({pytest.__file__, distributor.engine.__file__, "<string>", __file__})
     assert list(sources) == [__file__]
     assert "".join(sources[__file__]).startswith('"""A rank\'s traceback')
 
