@@ -101,14 +101,6 @@ class DriverHub:
             channel.close()
 
 
-def address_toward(host: str) -> str:
-    """This machine's address on the route to `host` (OSError when there is none)."""
-    target = socket.getaddrinfo(host, 9, socket.AF_INET, socket.SOCK_DGRAM)[0][4]
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect(target)  # UDP: picks the route, sends nothing
-        return probe.getsockname()[0]
-
-
 def routable_address(hint: Optional[str] = None) -> str:
     """The address ranks on other hosts should use to reach this host: `hint` if given."""
     if hint:

@@ -21,7 +21,7 @@ import time
 import traceback
 from typing import Any, Optional
 
-from . import protocol, worker
+from . import netif, protocol, worker
 from .payload import dumps_value, loads_target
 from .protocol import SEND_RESULT, Channel, Kind
 from .rank_env import (
@@ -164,6 +164,7 @@ def main() -> int:
         rank = int(os.environ["RANK"])
     for name in PRIVATE_VARS:
         os.environ.pop(name, None)
+    os.environ.update(netif.interface_env(os.environ))  # before the user's code picks interfaces
 
     channel = protocol.connect((host, int(port)), secret)
     channel.send(Kind.HELLO, (rank, os.getpid()))

@@ -13,8 +13,9 @@ Two ways to start them, chosen by the launcher:
 
 Ranks fill the hosts in order (host 0 gets the first ranks), so LOCAL_RANK counts per host and
 NODE_RANK is the host's index. Before anything starts, every host that is not this machine must
-answer `ssh <host> true` non-interactively (BatchMode), so a typo or a missing key fails at once
-with ssh's own words. The driver hub listens on every interface (it admits only peers that prove
+answer one non-interactive ssh (BatchMode; it lists the host's network interfaces), so a typo or a
+missing key fails at once with ssh's own words, and interfaces the job is pinned to
+(``GLOO_SOCKET_IFNAME``, from ``--network-interface``) must exist on every host. The driver hub listens on every interface (it admits only peers that prove
 the job secret); ranks on other hosts reach it at the address this machine uses towards them.
 The rendezvous (MASTER_ADDR/MASTER_PORT) is on the first host: its port is chosen on the
 driver, so on another host it is one that was free here a moment ago.
@@ -27,13 +28,15 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import socket
 import subprocess
 import threading
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import LaunchValidationError
-from ..hub import address_toward, routable_address
+from ..hub import routable_address
 from ..launchers import PythonLauncher
+from ..netif import INTERFACE_VARS, address_toward
 from ..rank_env import free_port, rank_environment
 from ..spec import LaunchRequest, RankSpec
 from ..supervisor import Supervisor
@@ -111,20 +114,46 @@ class HostsPlacement(Placement):
             raise LaunchValidationError(
                 "use_gpu=True is not supported on a host list; the ranks pick cuda:LOCAL_RANK "
                 "themselves (pass use_gpu=False).")
-        failures = self._check_ssh()
+        interfaces, failures = self._check_ssh()
         if failures:
             lines = "\n".join(f"  {host}: {why}" for host, why in failures.items())
             raise LaunchValidationError(
                 f"Could not reach these hosts with ssh (BatchMode, no password prompt):\n{lines}\n"
                 "Check the host names, the ssh port (-p) and the identity file (-i), and that "
                 "`ssh <host> true` works from this machine without a prompt.")
+        self._check_interfaces(request, interfaces)
 
-    def _check_ssh(self) -> Dict[str, str]:
+    def _check_interfaces(self, request: LaunchRequest, interfaces: Dict[str, List[str]]) -> None:
+        """Every interface the job pins its traffic to (GLOO_SOCKET_IFNAME, ...) must exist on
+        every host, or no rank starts: say which host lacks which, and what it has."""
+        wanted = sorted({name.strip() for var in INTERFACE_VARS
+                         for name in request.env.get(var, "").split(",") if name.strip()})
+        if not wanted:
+            return
+        local = sorted(name for _, name in socket.if_nameindex())
+        lacking = []
+        for host, _ in self.hosts:
+            present = local if self.is_local(host) else interfaces.get(host, [])
+            missing = [name for name in wanted if name not in present]
+            if missing:
+                lacking.append(f"  {host}: no {', '.join(missing)} (it has {', '.join(present)})")
+        if lacking:
+            raise LaunchValidationError(
+                f"The job's traffic is pinned to network interface(s) {', '.join(wanted)} "
+                f"({', '.join(v for v in INTERFACE_VARS if request.env.get(v))}, e.g. from "
+                "horovodrun --network-interface), but not every host has them:\n"
+                + "\n".join(lacking) + "\nName interfaces that every host has, or leave them "
+                "out: each rank then takes the interface of its route to the rendezvous host.")
+
+    def _check_ssh(self) -> Tuple[Dict[str, List[str]], Dict[str, str]]:
+        """({host: its network interfaces}, {host: why ssh failed}) for the remote hosts: one
+        non-interactive ssh each, in parallel, that lists the host's interfaces."""
         failures: Dict[str, str] = {}
+        interfaces: Dict[str, List[str]] = {}
 
         def probe(host: str) -> None:
             argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", *self.ssh_args,
-                    host, "true"]
+                    host, "ls /sys/class/net"]
             try:
                 done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
                                       text=True, timeout=SSH_CHECK_SECONDS)
@@ -137,13 +166,15 @@ class HostsPlacement(Placement):
             if done.returncode != 0:
                 said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
                 failures[host] = said
+                return
+            interfaces[host] = sorted(done.stdout.split())
 
         threads = [threading.Thread(target=probe, args=(h,), daemon=True) for h in self.remote_hosts]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        return failures
+        return interfaces, failures
 
     def _driver_address(self) -> str:
         """The address of this machine on the route to the first other host it has one to."""

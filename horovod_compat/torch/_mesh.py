@@ -40,7 +40,8 @@ import torch
 import torch.distributed as dist
 
 from distributor import protocol
-from distributor.hub import address_toward, routable_address
+from distributor.hub import routable_address
+from distributor.netif import address_toward, interface_address
 
 from . import ops
 from .exceptions import HorovodInternalError
@@ -314,15 +315,9 @@ def _routable_address() -> str:
 
 
 def _interface_address(name: str) -> str:
-    """The IPv4 address of network interface ``name`` (Linux ``SIOCGIFADDR``)."""
-    import fcntl
-
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    """The IPv4 address of network interface ``name``, or ValueError saying what to pass."""
     try:
-        req = struct.pack("256s", name.encode()[:15])
-        return socket.inet_ntoa(fcntl.ioctl(probe.fileno(), 0x8915, req)[20:24])
+        return interface_address(name)
     except OSError as exc:
         raise ValueError(f"GLOO_SOCKET_IFNAME names interface {name!r}, which has no IPv4 address "
                          f"here ({exc}); pass an interface this host has (see `ip addr`)") from exc
-    finally:
-        probe.close()
