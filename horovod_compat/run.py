@@ -8,7 +8,8 @@
 
 Horovod's command line: the same options with the same meaning (`horovodrun --help`). Ranks run
 on this host unless `-H`/`--hostfile` name other hosts, which are reached with mpirun over ssh as
-Horovod's MPI launcher does. `--mpi` starts the ranks with `mpirun`; `--gloo` (the default)
+Horovod's MPI launcher does, or with `--gloo` by one ssh per rank as Horovod's gloo launcher does.
+`--mpi` starts the ranks with `mpirun`; `--gloo` (the default on one host)
 starts each rank directly and gives it Horovod's slot variables (HOROVOD_RANK, HOROVOD_SIZE,
 HOROVOD_LOCAL_RANK/SIZE, HOROVOD_CROSS_RANK/SIZE, HOROVOD_HOSTNAME, set by
 `horovod_compat.run_rank`); `--mpi` runs do not get them, as with Horovod's MPI launcher.

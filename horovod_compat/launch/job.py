@@ -169,7 +169,7 @@ class HorovodJob:
             mpi_arg_list = list(mpi_args or ())
         return cls(
             num_proc=num_proc, hosts=used, remote=remote,
-            use_mpi=bool(use_mpi) or (remote and policy is None),
+            use_mpi=bool(use_mpi) or (remote and policy is None and not use_gloo),
             env=job_env, start_timeout=start_timeout_from(start_timeout, "HOROVOD_START_TIMEOUT",
                                                           DEFAULT_START_TIMEOUT),
             executable=python, mpi_args=mpi_arg_list,
