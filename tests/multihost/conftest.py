@@ -1,0 +1,96 @@
+"""The multi-host tier: simulated hosts made by scripts/cluster.sh (network namespaces on a
+bridge, each with its own address, host name, /dev/shm and a real sshd), brought up once for the
+session and taken down at its end, also when a test failed.
+
+Traffic goes only to the addresses of the hosts this fixture made and found up. Where network
+namespaces cannot be made (not root, no `ip`, a sandbox that forbids them) every test here skips
+and says why; a cluster script that fails on a machine that permits them is a failure.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+CLUSTER = ROOT / "scripts" / "cluster.sh"
+STATE = Path(os.environ.get("HOROVOD_COMPAT_CLUSTER_DIR", "/run/horovod-compat-cluster"))
+HOSTS = 2
+
+
+@dataclass(frozen=True)
+class Cluster:
+    hosts: Tuple[Tuple[str, str], ...]  # (host name, address)
+
+    @property
+    def addresses(self) -> List[str]:
+        return [address for _, address in self.hosts]
+
+    def spec(self, slots: int) -> str:
+        """A horovodrun -H value: every host with `slots` slots."""
+        return ",".join(f"{address}:{slots}" for address in self.addresses)
+
+    def ssh(self, address: str, command: str) -> str:
+        assert address in self.addresses, f"{address} is not a host of this cluster"
+        return subprocess.run(["ssh", "-o", "BatchMode=yes", address, command], check=True,
+                              capture_output=True, text=True, timeout=30).stdout
+
+    def processes(self, name: str) -> List[int]:
+        """PIDs in host `name`'s namespaces, its sshd listener left out."""
+        listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
+        sshd = int((STATE / f"{name}.sshd.pid").read_text())
+        return [int(pid) for pid in listed.split() if int(pid) != sshd]
+
+
+def _why_not_permitted() -> Optional[str]:
+    if os.geteuid() != 0:
+        return "the simulated hosts need root (network namespaces, a bridge, sshd); CI runs as root"
+    if shutil.which("ip") is None:
+        return "no `ip` (iproute2) on this machine: apt-get install iproute2"
+    probe = subprocess.run(["ip", "netns", "add", "hcprobe"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"this machine does not permit network namespaces: {probe.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", "hcprobe"], check=True)
+    return None
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    reason = _why_not_permitted()
+    if reason:
+        pytest.skip(reason)
+    subprocess.run(["bash", str(CLUSTER), "down"], check=True, timeout=120)  # an earlier run's
+    up = subprocess.run(["bash", str(CLUSTER), "up", str(HOSTS)], capture_output=True, text=True,
+                        timeout=600)
+    try:
+        assert up.returncode == 0, f"scripts/cluster.sh up {HOSTS} failed:\n{up.stderr}"
+        hosts = tuple(tuple(line.split()) for line in up.stdout.split("\n") if line.strip())
+        assert [name for name, _ in hosts] == [f"hc{i + 1}" for i in range(HOSTS)], up.stdout
+        made = Cluster(hosts)
+        for name, address in hosts:  # up, and the host it claims to be
+            assert made.ssh(address, "hostname").strip() == name
+        yield made
+    finally:
+        subprocess.run(["bash", str(CLUSTER), "down"], check=True, timeout=120)
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_on_the_hosts(request):
+    """No test may leave a process on a simulated host (ranks, prted, ...)."""
+    yield
+    if "cluster" not in request.fixturenames:
+        return
+    made = request.getfixturevalue("cluster")
+    deadline = time.monotonic() + 10
+    while True:
+        left = {name: made.processes(name) for name, _ in made.hosts}
+        if not any(left.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not any(left.values()), f"processes left on the simulated hosts: {left}"

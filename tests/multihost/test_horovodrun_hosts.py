@@ -1,0 +1,149 @@
+"""Unchanged Horovod code across two simulated hosts (scripts/cluster.sh): horovodrun with -H
+(its default launcher, --gloo and --mpi) and -hostfile, and horovod.run with hosts. Each host's
+name resolves to 127.0.1.1 there, as Debian writes /etc/hosts, and nobody names an interface:
+the job must find the one that reaches the other host. Every rank's results are checked against
+the same program on this one host."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import horovod
+
+TRAIN = textwrap.dedent("""\
+    import json, os, socket
+    import torch
+    import horovod.torch as hvd
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    generator = torch.Generator().manual_seed(100 + hvd.rank())
+    x = torch.randn(64, 8, generator=generator)
+    y = x.sum(1, keepdim=True)
+    for _ in range(20):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    gathered = hvd.allgather(torch.full((hvd.rank() + 1, 2), float(hvd.rank())))
+    big = hvd.allreduce(torch.full((1 << 20,), float(hvd.rank())), op=hvd.Sum)
+    print("RESULT " + json.dumps({
+        "rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
+        "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
+        "host": socket.gethostname(), "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+        "weights": model.weight.view(-1).tolist() + [model.bias.item()],
+        "gathered": gathered.sum(0).tolist(), "gathered_rows": gathered.shape[0],
+        "big": [big.min().item(), big.max().item()],
+        "object": hvd.broadcast_object({"from": socket.gethostname()}, root_rank=0),
+    }), flush=True)
+    """)
+
+
+def _horovodrun(tmp_path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    return subprocess.run([sys.executable, "-m", "horovod_compat.run", *args, sys.executable,
+                           str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _results(done: subprocess.CompletedProcess) -> list:
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    found = sorted((json.loads(m) for m in re.findall(r"RESULT (\{.*\})", done.stdout)),
+                   key=lambda r: r["rank"])
+    assert [r["rank"] for r in found] == [0, 1, 2, 3], done.stdout[-4000:]
+    return found
+
+
+@pytest.fixture(scope="module")
+def one_host_reference(tmp_path_factory):
+    """The same program, 4 ranks on this machine: what the hosts must compute."""
+    return _results(_horovodrun(tmp_path_factory.mktemp("reference"), "-np", "4", "-H", "localhost:4"))
+
+
+def _check_across_hosts(found: list, reference: list, cluster) -> None:
+    names = [name for name, _ in cluster.hosts]
+    for r in found:
+        rank = r["rank"]
+        assert r["size"] == 4 and r["local_size"] == 2
+        assert (r["host"], r["local_rank"], r["cross_rank"]) == (names[rank // 2], rank % 2, rank // 2)
+        assert r["ifname"] == "eth0", "the rank did not pin gloo to the interface toward the others"
+        assert r["gathered_rows"] == 10 and r["gathered"] == [20.0, 20.0]  # sum of k*(k+1)
+        assert r["big"] == [6.0, 6.0]
+        assert r["object"] == {"from": names[0]}
+        assert r["weights"] == pytest.approx(reference[rank]["weights"], abs=1e-5)
+    assert all(r["weights"] == found[0]["weights"] for r in found), "ranks disagree"
+
+
+@pytest.mark.parametrize("mode", [[], ["--gloo"], ["--mpi"]], ids=["default", "gloo", "mpi"])
+def test_horovodrun_on_two_hosts(cluster, tmp_path, one_host_reference, mode):
+    done = _horovodrun(tmp_path, "-np", "4", "-H", cluster.spec(2), *mode)
+    _check_across_hosts(_results(done), one_host_reference, cluster)
+
+
+def test_horovodrun_with_a_hostfile(cluster, tmp_path, one_host_reference):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{address} slots=2\n" for address in cluster.addresses))
+    done = _horovodrun(tmp_path, "-np", "4", "-hostfile", str(hostfile))
+    _check_across_hosts(_results(done), one_host_reference, cluster)
+
+
+def test_network_interface_that_every_host_has(cluster, tmp_path, one_host_reference):
+    done = _horovodrun(tmp_path, "-np", "4", "-H", cluster.spec(2), "--network-interface", "eth0")
+    _check_across_hosts(_results(done), one_host_reference, cluster)
+
+
+def test_network_interface_a_host_lacks_fails_before_any_rank_starts(cluster, tmp_path):
+    done = _horovodrun(tmp_path, "-np", "4", "-H", cluster.spec(2), "--network-interface", "eth9")
+    assert done.returncode != 0
+    for address in cluster.addresses:
+        assert f"{address}: no eth9 (it has eth0, lo)" in done.stderr, done.stderr
+    assert "[rank" not in done.stdout + done.stderr, "a rank started"
+
+
+def _where():
+    import os
+    import socket
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    total = hvd.allreduce(torch_tensor(hvd.rank()), op=hvd.Sum)
+    return hvd.rank(), hvd.local_rank(), socket.gethostname(), os.getpid(), total
+
+
+def torch_tensor(value):
+    import torch
+
+    return torch.tensor([float(value)])
+
+
+def test_horovod_run_with_hosts(cluster):
+    results = horovod.run(_where, num_proc=4, hosts=cluster.spec(2))
+    names = [name for name, _ in cluster.hosts]
+    assert [(rank, local, host) for rank, local, host, _, _ in results] == [
+        (0, 0, names[0]), (1, 1, names[0]), (2, 0, names[1]), (3, 1, names[1])]
+    assert all(total.item() == 6.0 for *_, total in results)
+
+
+def test_the_hosts_are_apart(cluster):
+    """What the tier relies on: each host has its own name (resolving to loopback, as Debian
+    writes it), its own /dev/shm, and reaches the other by address."""
+    (first, a), (second, b) = cluster.hosts
+    assert cluster.ssh(a, f"getent hosts {first}").split()[0] == "127.0.1.1"
+    cluster.ssh(a, "touch /dev/shm/horovod-compat-apart")
+    try:
+        assert cluster.ssh(b, "ls /dev/shm").split() == []
+        assert "horovod-compat-apart" in cluster.ssh(a, "ls /dev/shm").split()
+    finally:
+        cluster.ssh(a, "rm -f /dev/shm/horovod-compat-apart")
+    reach = f"import socket; socket.create_connection(('{a}', 22), 5).close(); print('reached')"
+    assert cluster.ssh(b, f'{sys.executable} -c "{reach}"').strip() == "reached"
