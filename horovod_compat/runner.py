@@ -2,8 +2,8 @@
 
 `HorovodRunner(np).run(main, **kwargs)` runs `main(**kwargs)` on |np| ranks and returns rank 0's
 value. `np < 0` runs -np ranks on the driver only (no Spark job), started by `mpirun`; `np > 0`
-runs np ranks as one Spark barrier stage on the active SparkSession, each rank started directly
-inside its Spark task (not through mpirun: see docs/architecture.md). Inside every rank
+runs np ranks as one Spark barrier stage on the active SparkSession, with one mpirun across the
+tasks; the ranks of one host get local ranks 0..k-1, as Horovod groups them. Inside every rank
 `import horovod.torch as hvd` resolves to this project, `hvd.init()` finds rank and size (from
 MPI, or from the torchrun variables the engine sets), and `HOROVOD_*` variables set on the driver
 (notably `HOROVOD_TIMELINE`) are forwarded.
@@ -73,8 +73,12 @@ class HorovodRunner:
         if self.local_mode:
             return None, MpirunLauncher()  # None: the engine's default placement, this host
         from distributor.placement import SparkPlacement
+        from distributor.placement.spark_plan import NODE_PER_HOST
 
-        return SparkPlacement(required_modules=("torch", "horovod_compat")), MpirunLauncher()
+        # ranks of one host are its local ranks 0..k-1 (torch.cuda.set_device(hvd.local_rank())
+        # in Databricks' notebooks), as Horovod groups them, not one node per Spark task
+        placement = SparkPlacement(required_modules=("torch", "horovod_compat"), node_per=NODE_PER_HOST)
+        return placement, MpirunLauncher()
 
 
 def log_to_driver(message: Any) -> None:
