@@ -14,7 +14,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -24,9 +24,12 @@ STATE = Path(os.environ.get("HOROVOD_COMPAT_CLUSTER_DIR", "/run/horovod-compat-c
 HOSTS = 2
 
 
-@dataclass(frozen=True)
+@dataclass
 class Cluster:
     hosts: Tuple[Tuple[str, str], ...]  # (host name, address)
+    #: True while a module's Spark workers live on the hosts (they and their executors stay
+    #: between tests; that module checks the hosts when it stops them)
+    spark_running: bool = False
 
     @property
     def addresses(self) -> List[str]:
@@ -46,6 +49,43 @@ class Cluster:
         listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
         sshd = int((STATE / f"{name}.sshd.pid").read_text())
         return [int(pid) for pid in listed.split() if int(pid) != sshd]
+
+
+    def commands(self, name: str) -> Dict[int, str]:
+        """{pid: command line} of the processes on host `name`, its sshd listener left out."""
+        found = {}
+        for pid in self.processes(name):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    found[pid] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue
+        return found
+
+    def stop_spark_workers(self, timeout: float = 60) -> Dict[str, Dict[int, str]]:
+        """SIGTERM each host's Spark worker JVM (it stops its executors and their Python
+        workers), wait for the hosts to empty, and return what is still there by host."""
+        for name, _ in self.hosts:
+            for pid, command in self.commands(name).items():
+                if "org.apache.spark.deploy.worker.Worker" in command:
+                    os.kill(pid, 15)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = {name: self.commands(name) for name, _ in self.hosts}
+            if not any(left.values()) or time.monotonic() > deadline:
+                return {name: procs for name, procs in left.items() if procs}
+            time.sleep(0.2)
+
+    def kill_all(self, name: str) -> None:
+        """SIGKILL every process on host `name` but its sshd listener, and wait for them to go."""
+        for pid in self.processes(name):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while self.processes(name) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def _why_not_permitted() -> Optional[str]:
@@ -87,6 +127,8 @@ def nothing_left_on_the_hosts(request):
     if "cluster" not in request.fixturenames:
         return
     made = request.getfixturevalue("cluster")
+    if made.spark_running:
+        return  # checked when the module stops Spark
     deadline = time.monotonic() + 10
     while True:
         left = {name: made.processes(name) for name, _ in made.hosts}
