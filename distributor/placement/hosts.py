@@ -185,6 +185,11 @@ class HostsPlacement(Placement):
                 continue
         return routable_address()
 
+    def store_host(self) -> str:
+        """Where workers reach the elastic job's store on the driver: this machine's address
+        toward the other hosts (its routable address can be one they have no route to)."""
+        return self._driver_address() if self.remote_hosts else super().store_host()
+
     @staticmethod
     def _address_toward(host: str) -> str:
         """This machine's address on the route to `host`, else its routable address."""
