@@ -1,0 +1,132 @@
+"""hvd.allreduce across simulated hosts with capped links, beside its link bound and beside
+torch.distributed's gloo all_reduce in the same job.
+
+    python benchmarks/multihost_allreduce.py [--rate 1gbit] [--mib 64] [--iters 3]
+                                             [--layouts 2x1,2x2,4x1,4x2]
+
+Needs root: it brings up `scripts/cluster.sh up 4 RATE` (hosts hc1..hc4, each link capped both
+ways with tc tbf) and takes it down at the end. For each layout HOSTSxRANKS it runs one
+`horovodrun -np N -H ...` job over ssh (its default launcher) whose rank 0 reports, as medians
+over --iters timed rounds after a warm-up, each round timed after a barrier:
+
+* ``hvd.allreduce(x, op=Sum)`` of --mib MiB of float32, and its ratio to the link bound
+  2(h-1)/h * S / B (h hosts, S bytes, B the capped bytes/s of one host's link);
+* ``dist.all_reduce(x)`` on the same job's gloo group, and its ratio to the same bound;
+* the per-op cost: a 4-byte ``hvd.allreduce`` against a 4-byte ``dist.all_reduce`` (median of
+  200), and their ratio.
+
+Issue 24's targets are hvd <= 1.15x the bound for every layout and a 4-byte ratio <= 1.5. The
+allreduce here is the flat one (a ring over every rank); with several ranks per host each host's
+link then carries more than 2(h-1)/h * S, which the 2x2 and 4x2 rows show.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "scripts" / "cluster.sh"
+
+RANK_PROGRAM = textwrap.dedent("""\
+    import json, statistics, sys, time
+    import torch
+    import torch.distributed as dist
+    import horovod.torch as hvd
+
+    mib, iters = int(sys.argv[1]), int(sys.argv[2])
+    torch.set_num_threads(1)
+    hvd.init()
+    x = torch.ones(mib * (1 << 20) // 4)
+
+    def timed(fn, rounds):
+        spans = []
+        for _ in range(rounds):
+            hvd.barrier()
+            start = time.perf_counter()
+            fn()
+            spans.append(time.perf_counter() - start)
+        return statistics.median(spans)
+
+    def hvd_big():
+        out = hvd.allreduce(x, op=hvd.Sum)
+        assert out[0].item() == hvd.size()
+
+    def gloo_big():
+        y = x.clone()
+        dist.all_reduce(y)
+        assert y[0].item() == hvd.size()
+
+    small = torch.ones(1)
+    timed(hvd_big, 1), timed(gloo_big, 1)  # warm-up: connections, buffers
+    result = {"hvd": timed(hvd_big, iters), "gloo": timed(gloo_big, iters),
+              "hvd_4b": timed(lambda: hvd.allreduce(small, op=hvd.Sum), 200),
+              "gloo_4b": timed(lambda: dist.all_reduce(small.clone()), 200)}
+    if hvd.rank() == 0:
+        print("BENCH " + json.dumps(result), flush=True)
+    """)
+
+
+def rate_bytes_per_second(rate: str) -> float:
+    number, unit = re.fullmatch(r"([0-9.]+)([kmg]?)bit", rate).groups()
+    return float(number) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[unit] / 8
+
+
+def run_layout(hosts: list, per_host: int, mib: int, iters: int, workdir: Path) -> dict:
+    program = workdir / "allreduce_rank.py"
+    program.write_text(RANK_PROGRAM)
+    spec = ",".join(f"{address}:{per_host}" for address in hosts)
+    done = subprocess.run(
+        [sys.executable, "-m", "horovod_compat.run", "-np", str(len(hosts) * per_host), "-H", spec,
+         sys.executable, str(program), str(mib), str(iters)],
+        capture_output=True, text=True, cwd=workdir, timeout=900)
+    found = re.search(r"BENCH (\{.*\})", done.stdout)
+    if done.returncode != 0 or not found:
+        raise RuntimeError(f"the {len(hosts)}x{per_host} job failed:\n{done.stdout[-3000:]}\n"
+                           f"{done.stderr[-3000:]}")
+    return json.loads(found.group(1))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", default="1gbit", help="each host's link cap (tc rate)")
+    parser.add_argument("--mib", type=int, default=64, help="allreduce size in MiB")
+    parser.add_argument("--iters", type=int, default=3, help="timed rounds per figure")
+    parser.add_argument("--layouts", default="2x1,2x2,4x1,4x2", help="HOSTSxRANKS,...")
+    args = parser.parse_args()
+    layouts = [tuple(int(v) for v in item.split("x")) for item in args.layouts.split(",")]
+    most_hosts = max(h for h, _ in layouts)
+    link = rate_bytes_per_second(args.rate)
+    size = args.mib * (1 << 20)
+    up = subprocess.run(["bash", str(CLUSTER), "up", str(most_hosts), args.rate],
+                        capture_output=True, text=True)
+    if up.returncode != 0:
+        print(up.stderr, file=sys.stderr)
+        return 1
+    try:
+        addresses = [line.split()[1] for line in up.stdout.splitlines() if line.strip()]
+        print(f"{args.mib} MiB float32 allreduce, links capped at {args.rate} per host both ways, "
+              f"median of {args.iters}; bound = 2(h-1)/h * S / B")
+        print(f"{'layout':>7} {'bound s':>8} {'hvd s':>7} {'hvd/bound':>9} {'gloo s':>7} "
+              f"{'gloo/bound':>10} {'hvd 4B us':>9} {'gloo 4B us':>10} {'4B ratio':>8}")
+        with tempfile.TemporaryDirectory() as tmp:
+            for hosts, per_host in layouts:
+                figures = run_layout(addresses[:hosts], per_host, args.mib, args.iters, Path(tmp))
+                bound = 2 * (hosts - 1) / hosts * size / link
+                print(f"{hosts}x{per_host:<5} {bound:8.3f} {figures['hvd']:7.3f} "
+                      f"{figures['hvd'] / bound:9.2f} {figures['gloo']:7.3f} "
+                      f"{figures['gloo'] / bound:10.2f} {figures['hvd_4b'] * 1e6:9.0f} "
+                      f"{figures['gloo_4b'] * 1e6:10.0f} "
+                      f"{figures['hvd_4b'] / figures['gloo_4b']:8.2f}", flush=True)
+    finally:
+        subprocess.run(["bash", str(CLUSTER), "down"], check=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
