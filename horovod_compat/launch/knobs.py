@@ -62,8 +62,10 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("cache_capacity", ("--cache-capacity",), int,
          "the coordinator's response cache size (HOROVOD_CACHE_CAPACITY)",
          env=_set("HOROVOD_CACHE_CAPACITY", lambda n: int(n))),
-    Knob("hierarchical_allreduce", ("--hierarchical-allreduce",), bool, "hierarchical allreduce",
-         no_effect=_ALGORITHMS, negation="--no-hierarchical-allreduce"),
+    Knob("hierarchical_allreduce", ("--hierarchical-allreduce",), bool,
+         "host-aware allreduce across hosts (shared memory in each host, rings across them); on "
+         "unless --no-hierarchical-allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE)",
+         env=_set("HOROVOD_HIERARCHICAL_ALLREDUCE", _flag), negation="--no-hierarchical-allreduce"),
     Knob("hierarchical_allgather", ("--hierarchical-allgather",), bool, "hierarchical allgather",
          no_effect=_ALGORITHMS, negation="--no-hierarchical-allgather"),
     Knob("torus_allreduce", ("--torus-allreduce",), bool, "2D torus allreduce",

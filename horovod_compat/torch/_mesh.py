@@ -179,15 +179,26 @@ class Mesh:
             self._fail(str(exc))
         return []
 
-    def _ring(self, flat: torch.Tensor, combine: Any) -> None:
-        n, me = self.n, self.me
+    def ring_allreduce(self, flat: torch.Tensor, op: int, members: Sequence[int]) -> None:
+        """``flat = op(flat over members)`` in place, by a ring over ``members`` (indices in the
+        set, this rank among them; the others do not take part), now, in this thread."""
+        self._check()
+        try:
+            self._ring(flat, ops.COMBINE[op], members)
+        except HorovodInternalError as exc:
+            self._fail(str(exc))
+
+    def _ring(self, flat: torch.Tensor, combine: Any, members: Optional[Sequence[int]] = None) -> None:
+        """Ring allreduce of ``flat`` over ``members`` (default: every rank of the set)."""
+        ring = list(range(self.n)) if members is None else list(members)
+        n, me = len(ring), ring.index(self.me)
         total = flat.numel()
-        if total == 0:
+        if total == 0 or n == 1:
             return
         bounds = [total * j // n for j in range(n + 1)]
         raw = flat.view(torch.uint8) if flat.element_size() > 1 else flat
         size = flat.element_size()
-        right, left = self.socks[(me + 1) % n], self.socks[(me - 1) % n]
+        right, left = self.socks[ring[(me + 1) % n]], self.socks[ring[(me - 1) % n]]
         largest = max(bounds[j + 1] - bounds[j] for j in range(n))
         if self._scratch.numel() < largest * size:
             self._scratch = torch.empty(largest * size, dtype=torch.uint8)

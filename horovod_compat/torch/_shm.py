@@ -45,7 +45,8 @@ import torch.distributed as dist
 from . import ops
 from .exceptions import HorovodInternalError
 
-__all__ = ["map_segment", "PeerWatch", "SharedMemoryAllreduce", "Transport", "create", "eligible"]
+__all__ = ["map_segment", "PeerWatch", "SharedMemoryAllreduce", "Transport", "create", "eligible",
+           "data_enabled", "header_bytes", "slot_bytes"]
 
 _COMBINE = ops.COMBINE  # Average arrives as a sum and is divided afterwards
 #: dtypes reduced here (others -- bool, complex, int16 before its int32 widening -- use gloo).
@@ -54,40 +55,45 @@ DTYPES = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64, torch.flo
 
 _LINE = 64        # bytes per barrier counter (one cache line each: no false sharing)
 _ALIGN = 16       # part boundaries are multiples of 16 elements (whole vector lanes)
+_ABORTED = -1     # a barrier counter that says its rank left the transport
 
 
-def map_segment(st: Any, size: int) -> mmap.mmap:
+def map_segment(st: Any, size: int, owners: Optional[List[int]] = None) -> mmap.mmap:
     """Map a new ``size``-byte shared segment on every rank of set ``st`` (collective over its
-    control group).  The set's first rank creates it with all pages reserved (so a full
-    ``/dev/shm`` fails here with ``OSError``, not later with SIGBUS) and unlinks it once everybody
-    mapped it, so nothing is left in ``/dev/shm`` whatever happens to the job."""
-    path = [f"/dev/shm/horovod_compat-{uuid.uuid4().hex}" if st.me == 0 else None]
-    dist.broadcast_object_list(path, src=st.ranks[0], group=st.ctl)
-    error = [None]
-    if st.me == 0:
+    control group).  Rank ``i`` of the set maps the segment that rank ``owners[i]`` creates:
+    without ``owners`` one segment, the set's first rank's; for a set across hosts, one per host
+    (``_hierarchical``).  Each owner creates its segment with all pages reserved (so a full
+    ``/dev/shm`` fails here with ``OSError``, on every rank, not later with SIGBUS) and unlinks it
+    once everybody mapped it, so nothing is left in ``/dev/shm`` whatever happens to the job."""
+    owners = owners if owners is not None else [0] * st.n
+    created, error = None, None
+    if owners[st.me] == st.me:
+        created = f"/dev/shm/horovod_compat-{uuid.uuid4().hex}"
         try:
-            fd = os.open(path[0], os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            fd = os.open(created, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             try:
                 os.posix_fallocate(fd, 0, size)
             finally:
                 os.close(fd)
         except OSError as exc:
-            error[0] = f"{path[0]}: {exc}"
-    dist.broadcast_object_list(error, src=st.ranks[0], group=st.ctl)
-    if error[0] is not None:
-        if st.me == 0:
-            _unlink(path[0])
-        raise OSError(f"cannot create the shared-memory segment {error[0]}")
+            error = f"{created}: {exc}"
+    made: List[Any] = [None] * st.n
+    dist.all_gather_object(made, (created, error), group=st.ctl)
+    errors = [e for _, e in made if e is not None]
+    if errors:
+        if created is not None:
+            _unlink(created)
+        raise OSError(f"cannot create the shared-memory segment {errors[0]}")
     try:
-        fd = os.open(path[0], os.O_RDWR)
+        fd = os.open(made[owners[st.me]][0], os.O_RDWR)
         try:
             mm = mmap.mmap(fd, size)
         finally:
             os.close(fd)
     finally:
         dist.barrier(group=st.ctl)
-        if st.me == 0:
-            _unlink(path[0])
+        if created is not None:
+            _unlink(created)
     return mm
 
 
@@ -144,7 +150,7 @@ class SharedMemoryAllreduce:
         self.slot_bytes = slot_bytes
         self.counters = memoryview(mm).cast("q")
         base = torch.frombuffer(mm, dtype=torch.uint8)
-        head = _header_bytes(n)
+        head = header_bytes(n)
         self.slots = [[base[head + (b * n + j) * slot_bytes:head + (b * n + j + 1) * slot_bytes]
                        for j in range(n)] for b in range(2)]
         self.typed: Dict[tuple, List[torch.Tensor]] = {}
@@ -152,9 +158,12 @@ class SharedMemoryAllreduce:
         self.rounds = 0
         self.broken: Optional[str] = None
 
-    def allreduce(self, src: torch.Tensor, dst: torch.Tensor, op: int) -> None:
+    def allreduce(self, src: torch.Tensor, dst: torch.Tensor, op: int,
+                  across: Optional[Callable[[torch.Tensor], None]] = None) -> None:
         """``dst = op(src of every rank)``; both contiguous CPU tensors of one dtype and numel
-        (``dst`` may be ``src``).  Blocks until this rank's output is complete."""
+        (``dst`` may be ``src``).  Blocks until this rank's output is complete.  ``across``,
+        when given, is called on each part this rank reduced, in place, before the part is
+        published: the host-aware allreduce reduces it across hosts there."""
         if self.broken is not None:
             raise HorovodInternalError(self.broken)
         combine = _COMBINE[op]
@@ -187,6 +196,8 @@ class SharedMemoryAllreduce:
                             first = False
                         else:
                             combine(acc, part, out=acc)
+                if across is not None:
+                    across(acc)
                 mine[lo - off:hi - off].copy_(acc)
             self._barrier()
             # 5. the other parts' results
@@ -202,6 +213,16 @@ class SharedMemoryAllreduce:
             v = self.typed[key] = [s.view(dtype) for s in self.slots[bank]]
         return v
 
+    def abort(self) -> None:
+        """Make every peer waiting at a barrier of this segment, now or later, raise: this rank
+        leaves the transport (it failed between two barriers, or its set is shutting down)."""
+        if self.broken is None:
+            self.broken = "this rank left the shared-memory transport of its process set"
+        try:
+            self.counters[self.me * (_LINE // 8)] = _ABORTED
+        except (ValueError, IndexError):
+            pass  # already closed
+
     def _barrier(self) -> None:
         """Wait until every rank reached this point (counters in the header)."""
         self.epoch += 1
@@ -210,9 +231,20 @@ class SharedMemoryAllreduce:
         step = _LINE // 8
         c[self.me * step] = e
         n = self.n
+
+        def ready() -> bool:
+            arrived = True
+            for j in range(n):
+                count = c[j * step]
+                if count == _ABORTED:
+                    raise HorovodInternalError(f"rank {j} of this host's part of the process set "
+                                               "left a shared-memory allreduce (it failed or "
+                                               "shut down)")
+                arrived = arrived and count >= e
+            return arrived
+
         try:
-            self.watch.wait(lambda: all(c[j * step] >= e for j in range(n)),
-                            "the peers of a shared-memory allreduce")
+            self.watch.wait(ready, "the peers of a shared-memory allreduce")
         except HorovodInternalError as exc:
             # the ranks' barrier counts no longer match: later transfers would mix up data
             self.broken = f"{exc} (the shared-memory transport of this process set is now unusable)"
@@ -228,7 +260,7 @@ class SharedMemoryAllreduce:
             pass  # a tensor view still references the mapping; it goes with the process
 
 
-def _header_bytes(n: int) -> int:
+def header_bytes(n: int) -> int:
     return (n * _LINE + 4095) // 4096 * 4096
 
 
@@ -287,18 +319,27 @@ def eligible(dtype: torch.dtype, op: int) -> bool:
     return op in _COMBINE and dtype in DTYPES
 
 
+def data_enabled() -> bool:
+    """Whether this rank lets allreduce data move through shared memory
+    (``HOROVOD_COMPAT_SHM_DATA=0``: not)."""
+    return os.environ.get("HOROVOD_COMPAT_SHM_DATA", "1") != "0" and os.path.isdir("/dev/shm")
+
+
+def slot_bytes() -> int:
+    """This rank's wish for the slot size (``HOROVOD_COMPAT_SHM_SLOT_KB``, at least 64 KiB)."""
+    return max(64, int(float(os.environ.get("HOROVOD_COMPAT_SHM_SLOT_KB", "1024")))) << 10
+
+
 def create(st: Any) -> Optional[Transport]:
     """The shared-memory transport for set ``st`` whose ranks share this host (collective), or
     None when it is disabled or the segment cannot be made (then gloo carries the data)."""
     flags = [None] * st.n
-    enabled = os.environ.get("HOROVOD_COMPAT_SHM_DATA", "1") != "0"
-    slot = max(64, int(float(os.environ.get("HOROVOD_COMPAT_SHM_SLOT_KB", "1024")))) << 10
-    dist.all_gather_object(flags, (enabled, slot), group=st.ctl)
+    dist.all_gather_object(flags, (data_enabled(), slot_bytes()), group=st.ctl)
     if st.n < 2 or not all(f[0] for f in flags):
         return None
     slot = flags[0][1]  # the set's first rank decides: every rank must lay the segment out alike
     try:
-        mm = map_segment(st, _header_bytes(st.n) + 2 * st.n * slot)
+        mm = map_segment(st, header_bytes(st.n) + 2 * st.n * slot)
     except OSError as exc:
         import warnings
 

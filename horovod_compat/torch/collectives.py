@@ -266,6 +266,8 @@ def _reduce_pairs(st: SetState, d: Desc, pairs: List[Tuple[torch.Tensor, torch.T
     path = _data_path(st, d)
     if path == "SHM":
         return [st.shm.allreduce(pairs, d.op)]
+    if path == "HOSTS":
+        return st.hosts.allreduce(pairs, d.op)
     if path == "TCP":
         return st.mesh.allreduce(pairs, d.op)
     opts = _AR_OPTS[d.op]
@@ -300,6 +302,7 @@ _OURS_OK: Dict[Tuple[str, int], bool] = {}
 
 def _data_path(st: SetState, d: Desc) -> Optional[str]:
     """What moves the data of allreduce ``d``: ``"SHM"`` (the set's shared memory, ``_shm``),
+    ``"HOSTS"`` (each host's shared memory, then rings across the hosts, ``_hierarchical``),
     ``"TCP"`` (the set's TCP mesh, ``_mesh``) or None (the set's process group: gloo, or NCCL for
     CUDA tensors).  The timeline shows this name.
 
@@ -314,7 +317,9 @@ def _data_path(st: SetState, d: Desc) -> Optional[str]:
         ok = _OURS_OK[key] = all(_shm.eligible(w, d.op) for w in wire)
     if not ok:
         return None
-    return "SHM" if st.shm is not None else "TCP"
+    if st.shm is not None:
+        return "SHM"
+    return "HOSTS" if st.hosts is not None else "TCP"
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -522,8 +527,8 @@ def reduce_in_place(tensors: Sequence[torch.Tensor], name: str, op: int,
 
 
 def transport_name(tensor: torch.Tensor, op: int, process_set: Optional[ProcessSet]) -> Optional[str]:
-    """The timeline's name for what moves an allreduce of ``tensor`` with ``op`` ("SHM" or "TCP"
-    when one of our transports does, ``_data_path``), None for the set's backend."""
+    """The timeline's name for what moves an allreduce of ``tensor`` with ``op`` ("SHM", "HOSTS"
+    or "TCP" when one of our transports does, ``_data_path``), None for the set's backend."""
     d = Desc("allreduce", "", op, _dtype_name(tensor.dtype), (tuple(tensor.shape),), (),
              tensor.device.type)
     return _data_path(_set_state(process_set), d)

@@ -49,7 +49,7 @@ from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Seque
 
 import torch
 
-from . import _exchange, _mesh, _shm, hooks
+from . import _exchange, _hierarchical, _mesh, _shm, hooks
 from .exceptions import HorovodInternalError
 
 __all__ = ["Desc", "Agreement", "SetState", "Plan", "Pending", "register_kind", "submit", "join",
@@ -240,6 +240,7 @@ class SetState:
         self.exchange: Any = None
         self.shm: Optional[_shm.Transport] = None
         self.mesh: Optional[_mesh.Mesh] = None      # allreduce data over the TCP mesh
+        self.hosts: Optional[_hierarchical.HostAwareAllreduce] = None  # across hosts, host-aware
         self.pids: Optional[List[int]] = None
         if self.n > 1:
             self.exchange, self.pids, self.mesh = _exchange.create(self)
@@ -247,6 +248,8 @@ class SetState:
             # HOROVOD_COMPAT_SHM_CONTROL=0 turns both off, as documented)
             if isinstance(self.exchange, _exchange.ShmExchange):
                 self.shm = _shm.create(self)
+            elif isinstance(self.exchange, _exchange.TcpExchange):
+                self.hosts = _hierarchical.create(self, self.mesh)
 
     # -- submission ---------------------------------------------------------------------------
     def submit(self, plan: Plan, traced: bool = True) -> Pending:
@@ -529,6 +532,8 @@ class SetState:
         stops; shared memory is released once no thread of ours can touch it."""
         if self.exchange is not None:
             self.exchange.leave()
+        if self.hosts is not None:
+            self.hosts.leave()
         with self.lock:
             self.closed = True
             self.cv.notify_all()
@@ -542,6 +547,8 @@ class SetState:
                 self.exchange.close()
             if self.shm is not None:
                 self.shm.close()
+            if self.hosts is not None:
+                self.hosts.close()
         # else: a thread is still blocked in the exchange (its peers are gone too, so it fails
         # soon); the mappings stay until the process exits rather than vanish under it
         if idle:

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -19,6 +20,7 @@ TRAIN = textwrap.dedent("""\
     import json, os, socket
     import torch
     import horovod.torch as hvd
+    from horovod_compat.torch.collectives import transport_name
 
     hvd.init()
     torch.manual_seed(0)
@@ -43,6 +45,7 @@ TRAIN = textwrap.dedent("""\
         "gathered": gathered.sum(0).tolist(), "gathered_rows": gathered.shape[0],
         "big": [big.min().item(), big.max().item()],
         "object": hvd.broadcast_object({"from": socket.gethostname()}, root_rank=0),
+        "transport": transport_name(torch.ones(4), hvd.Sum, None),
     }), flush=True)
     """)
 
@@ -69,9 +72,10 @@ def one_host_reference(tmp_path_factory):
     return _results(_horovodrun(tmp_path_factory.mktemp("reference"), "-np", "4", "-H", "localhost:4"))
 
 
-def _check_across_hosts(found: list, reference: list, cluster) -> None:
+def _check_across_hosts(found: list, reference: list, cluster, transport: str = "HOSTS") -> None:
     names = [name for name, _ in cluster.hosts]
     for r in found:
+        assert r["transport"] == transport, "not the host-aware allreduce"
         rank = r["rank"]
         assert r["size"] == 4 and r["local_size"] == 2
         assert (r["host"], r["local_rank"], r["cross_rank"]) == (names[rank // 2], rank % 2, rank // 2)
@@ -94,6 +98,12 @@ def test_horovodrun_with_a_hostfile(cluster, tmp_path, one_host_reference):
     hostfile.write_text("".join(f"{address} slots=2\n" for address in cluster.addresses))
     done = _horovodrun(tmp_path, "-np", "4", "-hostfile", str(hostfile))
     _check_across_hosts(_results(done), one_host_reference, cluster)
+
+
+def test_flat_ring_when_hierarchical_allreduce_is_off(cluster, tmp_path, one_host_reference):
+    done = _horovodrun(tmp_path, "-np", "4", "-H", cluster.spec(2),
+                       "--no-hierarchical-allreduce")
+    _check_across_hosts(_results(done), one_host_reference, cluster, transport="TCP")
 
 
 def test_network_interface_that_every_host_has(cluster, tmp_path, one_host_reference):
@@ -147,3 +157,82 @@ def test_the_hosts_are_apart(cluster):
         cluster.ssh(a, "rm -f /dev/shm/horovod-compat-apart")
     reach = f"import socket; socket.create_connection(('{a}', 22), 5).close(); print('reached')"
     assert cluster.ssh(b, f'{sys.executable} -c "{reach}"').strip() == "reached"
+
+
+SEMANTICS = textwrap.dedent("""\
+    import json
+    import torch
+    import horovod.torch as hvd
+    from horovod_compat.torch.collectives import transport_name
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    checked = 0
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16):
+        for numel in (1, 17, 1000, (3 << 20) // 4 + 5):  # below, around and above a 1 MiB slot
+            x = (torch.arange(numel) % 7 + r + 1).to(dtype)
+            every = [(torch.arange(numel) % 7 + k + 1).to(dtype) for k in range(n)]
+            want = {hvd.Sum: sum(every[1:], every[0]), hvd.Min: every[0], hvd.Max: every[-1]}
+            if numel <= 1000:
+                prod = every[0].clone()
+                for e in every[1:]:
+                    prod = prod * e
+                want[hvd.Product] = prod
+            for op, expected in want.items():
+                assert transport_name(x, op, None) == "HOSTS", transport_name(x, op, None)
+                got = hvd.allreduce(x, op=op, name=f"{dtype}-{numel}-{op}")
+                assert torch.equal(got, expected), (dtype, numel, op)
+                checked += 1
+    avg = hvd.allreduce(torch.full((5,), float(r)), op=hvd.Average)
+    assert torch.allclose(avg, torch.full((5,), (n - 1) / 2))
+    grouped = hvd.grouped_allreduce([torch.full((3,), float(r)), torch.full((2 << 20,), 1.0)],
+                                    op=hvd.Sum)
+    assert grouped[0].tolist() == [float(sum(range(n)))] * 3 and grouped[1][0].item() == n
+    # uneven data: rank r takes r + 2 steps, then joins; the others' allreduces go on
+    for step in range(r + 2):
+        total = hvd.allreduce(torch.ones(4096), op=hvd.Sum, name="uneven")
+        assert total[0].item() == sum(1 for k in range(n) if step < k + 2), (step, total[0])
+    last = hvd.join()
+    assert last == n - 1, last
+    print("SEMANTICS " + json.dumps({"rank": r, "checked": checked}), flush=True)
+    """)
+
+
+def test_host_aware_allreduce_keeps_every_guarantee(cluster, tmp_path):
+    """Every reduce op and dtype (sizes below, around and above a shared-memory slot), Average,
+    a grouped allreduce and hvd.join with uneven steps, all on the host-aware path, each result
+    checked exactly against what every rank computes locally."""
+    script = tmp_path / "semantics.py"
+    script.write_text(SEMANTICS)
+    done = subprocess.run([sys.executable, "-m", "horovod_compat.run", "-np", "4", "-H",
+                           cluster.spec(2), sys.executable, str(script)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    found = sorted(json.loads(m)["rank"] for m in re.findall(r"SEMANTICS (\{.*\})", done.stdout))
+    assert found == [0, 1, 2, 3], done.stdout[-3000:]
+
+
+FAILING = textwrap.dedent("""\
+    import os, time
+    import torch
+    import horovod.torch as hvd
+
+    hvd.init()
+    x = torch.ones(1 << 20)
+    for step in range(1000):
+        if hvd.rank() == 3 and step == 5:
+            os._exit(9)  # a rank of the second host dies between two allreduces
+        hvd.allreduce(x, op=hvd.Sum, name="step")
+    """)
+
+
+def test_a_rank_dying_on_the_host_aware_path_ends_the_job_naming_it(cluster, tmp_path):
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING)
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "horovod_compat.run", "-np", "4", "-H",
+                           cluster.spec(2), "--gloo", sys.executable, str(script)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "Rank 3 failed (exit status 9)" in done.stderr, done.stderr[-3000:]
+    assert time.monotonic() - started < 120, "the other ranks did not stop within seconds"
