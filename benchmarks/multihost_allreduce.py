@@ -15,6 +15,11 @@ over --iters timed rounds after a warm-up, each round timed after a barrier:
 * the per-op cost: a 4-byte ``hvd.allreduce`` against a 4-byte ``dist.all_reduce`` (median of
   200), and their ratio.
 
+Then, unless --train-rounds 0, training steps across 2 hosts x 2 ranks: the unchanged Horovod
+loop on ``hvd.DistributedOptimizer`` against native DDP (gloo) on the ~25M-parameter MLP of
+benchmarks/train_step.py, both in one ``horovod.run`` job over the hosts, timed in alternating
+rounds (a round's rate is its slowest rank's; medians), with their ratio.
+
 Issue 24's targets are hvd <= 1.15x the bound for every layout and a 4-byte ratio <= 1.5. With
 several ranks per host hvd's allreduce is the host-aware one (shared memory in each host, one
 ring per local rank across the hosts: each host's link carries 2(h-1)/h * S); gloo's ring runs
@@ -96,12 +101,33 @@ def run_layout(hosts: list, per_host: int, mib: int, iters: int, workdir: Path,
     return json.loads(found.group(1))
 
 
+def train_steps(hosts: list, rounds: int) -> None:
+    """DistributedOptimizer vs DDP steps/s on 2 hosts x 2 ranks (benchmarks/train_step.py's
+    worker, over the hosts with horovod.run)."""
+    import statistics
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT))
+    import horovod
+    from train_step import worker_speed
+
+    results = horovod.run(worker_speed, args=("mlp", 1, rounds, 1), num_proc=4,
+                          hosts=",".join(f"{address}:2" for address in hosts))
+    rate = {v: statistics.median(min(r["rates"][v][i] for r in results) for i in range(rounds))
+            for v in ("hvd", "ddp")}
+    print(f"\n{results[0]['params'] / 1e6:.1f}M-parameter MLP, 2x2, median of {rounds} rounds: "
+          f"hvd.DistributedOptimizer {rate['hvd']:.3f} steps/s, DDP (gloo) {rate['ddp']:.3f} "
+          f"steps/s, ratio {rate['hvd'] / rate['ddp']:.2f} (target >= 1.0)", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", default="1gbit", help="each host's link cap (tc rate)")
     parser.add_argument("--mib", type=int, default=64, help="allreduce size in MiB")
     parser.add_argument("--iters", type=int, default=3, help="timed rounds per figure")
     parser.add_argument("--layouts", default="2x1,2x2,4x1,4x2", help="HOSTSxRANKS,...")
+    parser.add_argument("--train-rounds", type=int, default=5,
+                        help="timed rounds of DistributedOptimizer vs DDP on 2x2 (0: skip)")
     parser.add_argument("--flat", action="store_true",
                         help="hvd with --no-hierarchical-allreduce: the flat ring over every rank")
     args = parser.parse_args()
@@ -130,6 +156,8 @@ def main() -> int:
                       f"{figures['gloo'] / bound:10.2f} {figures['hvd_4b'] * 1e6:9.0f} "
                       f"{figures['gloo_4b'] * 1e6:10.0f} "
                       f"{figures['hvd_4b'] / figures['gloo_4b']:8.2f}", flush=True)
+        if args.train_rounds > 0:
+            train_steps(addresses[:2], args.train_rounds)
     finally:
         subprocess.run(["bash", str(CLUSTER), "down"], check=True)
     return 0

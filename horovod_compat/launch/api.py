@@ -47,7 +47,7 @@ def run(
 
     `hosts` ("host1:2,host2:2") or `hostfile` ("host slots=N" lines) place the processes; the
     default is this host. Hosts other than this one are reached with mpirun over ssh
-    (`ssh_port`, `ssh_identity_file`). `use_mpi=True` starts the processes with mpirun, otherwise
+    (`ssh_port`, `ssh_identity_file`), or with `use_gloo=True` by one ssh per process. `use_mpi=True` starts the processes with mpirun, otherwise
     they are started directly (Horovod's gloo mode, with its HOROVOD_* variables).
     `output_filename` writes each rank's output to ``<dir>/rank.<rank>/stdout|stderr`` as well.
     `network_interfaces` pins the ranks' traffic to those NICs. `start_timeout` defaults to

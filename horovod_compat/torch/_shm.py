@@ -1,4 +1,5 @@
-"""Allreduce through shared memory for process sets whose ranks all run on one host.
+"""Allreduce through shared memory for process sets whose ranks all run on one host, and for each
+host's ranks of a set across hosts (the first and last steps of `_hierarchical`'s allreduce).
 
 Why: on one host gloo still moves every byte through loopback TCP (a kernel copy on each side and
 a syscall per segment), and Horovod's out-of-place ``hvd.allreduce`` needs one more full copy of the
