@@ -13,7 +13,12 @@ over --iters timed rounds after a warm-up, each round timed after a barrier:
   2(h-1)/h * S / B (h hosts, S bytes, B the capped bytes/s of one host's link);
 * ``dist.all_reduce(x)`` on the same job's gloo group, and its ratio to the same bound;
 * the per-op cost: a 4-byte ``hvd.allreduce`` against a 4-byte ``dist.all_reduce`` (median of
-  200), and their ratio.
+  200), and their ratio;
+* with ``--horovod-python PATH`` (a venv with real Horovod 0.28.1, scripts/build_real_horovod.sh),
+  the same 64 MiB and 4-byte allreduce under that Horovod's own ``horovodrun --gloo`` (launched
+  from the first host), in a job of its own right after ours. Real Horovod's gloo fails where a
+  host's name resolves to 127.0.1.1 (its ranks connect there), so with this option every host's
+  name resolves to its address, for both.
 
 Then, unless --train-rounds 0, training steps across 2 hosts x 2 ranks: the unchanged Horovod
 loop on ``hvd.DistributedOptimizer`` against native DDP (gloo) on the ~25M-parameter MLP of
@@ -30,7 +35,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -77,6 +84,54 @@ RANK_PROGRAM = textwrap.dedent("""\
     if hvd.rank() == 0:
         print("BENCH " + json.dumps(result), flush=True)
     """)
+
+
+#: The same figures from a real Horovod 0.28.1 (``--horovod-python``), under its own horovodrun.
+REAL_HOROVOD_PROGRAM = textwrap.dedent("""\
+    import json, statistics, sys, time
+    import torch
+    import horovod.torch as hvd
+
+    mib, iters = int(sys.argv[1]), int(sys.argv[2])
+    torch.set_num_threads(1)
+    hvd.init()
+    x, small = torch.ones(mib * (1 << 20) // 4), torch.ones(1)
+
+    def timed(fn, rounds):
+        spans = []
+        for _ in range(rounds):
+            hvd.allreduce(small, op=hvd.Sum, name="barrier")
+            start = time.perf_counter()
+            fn()
+            spans.append(time.perf_counter() - start)
+        return statistics.median(spans)
+
+    timed(lambda: hvd.allreduce(x, op=hvd.Sum, name="big"), 1)
+    result = {"hvd": timed(lambda: hvd.allreduce(x, op=hvd.Sum, name="big"), iters),
+              "hvd_4b": timed(lambda: hvd.allreduce(small, op=hvd.Sum, name="small"), 200)}
+    if hvd.rank() == 0:
+        print("BENCH " + json.dumps(result), flush=True)
+    """)
+
+
+def run_real_horovod(horovod_python: str, hosts: list, per_host: int, mib: int, iters: int,
+                     workdir: Path) -> dict:
+    program = workdir / "real_horovod_rank.py"
+    program.write_text(REAL_HOROVOD_PROGRAM)
+    horovodrun = str(Path(horovod_python).parent / "horovodrun")
+    spec = ",".join(f"{address}:{per_host}" for address in hosts)
+    # launched from the first host, as on a cluster: Horovod's driver gives the ranks its own
+    # address on the common interface (eth0), which this machine's eth0 is not
+    command = " ".join(shlex.quote(a) for a in [
+        horovodrun, "--gloo", "-np", str(len(hosts) * per_host), "-H", spec,
+        horovod_python, str(program), str(mib), str(iters)])
+    done = subprocess.run(["ssh", "-o", "BatchMode=yes", hosts[0], f"cd {shlex.quote(str(workdir))} && {command}"],
+                          capture_output=True, text=True, timeout=900)
+    found = re.search(r"BENCH (\{.*\})", done.stdout)
+    if done.returncode != 0 or not found:
+        raise RuntimeError(f"real Horovod's {len(hosts)}x{per_host} job failed:\n"
+                           f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return json.loads(found.group(1))
 
 
 def rate_bytes_per_second(rate: str) -> float:
@@ -128,6 +183,8 @@ def main() -> int:
     parser.add_argument("--layouts", default="2x1,2x2,4x1,4x2", help="HOSTSxRANKS,...")
     parser.add_argument("--train-rounds", type=int, default=5,
                         help="timed rounds of DistributedOptimizer vs DDP on 2x2 (0: skip)")
+    parser.add_argument("--horovod-python", default=None,
+                        help="python of a venv with real Horovod 0.28.1 (scripts/build_real_horovod.sh)")
     parser.add_argument("--flat", action="store_true",
                         help="hvd with --no-hierarchical-allreduce: the flat ring over every rank")
     args = parser.parse_args()
@@ -135,8 +192,10 @@ def main() -> int:
     most_hosts = max(h for h, _ in layouts)
     link = rate_bytes_per_second(args.rate)
     size = args.mib * (1 << 20)
+    # real Horovod's gloo needs host names that resolve to the hosts' addresses (see cluster.sh)
+    names = {"HOROVOD_COMPAT_CLUSTER_NAMES": "resolvable"} if args.horovod_python else {}
     up = subprocess.run(["bash", str(CLUSTER), "up", str(most_hosts), args.rate],
-                        capture_output=True, text=True)
+                        capture_output=True, text=True, env={**os.environ, **names})
     if up.returncode != 0:
         print(up.stderr, file=sys.stderr)
         return 1
@@ -144,18 +203,25 @@ def main() -> int:
         addresses = [line.split()[1] for line in up.stdout.splitlines() if line.strip()]
         print(f"{args.mib} MiB float32 allreduce, links capped at {args.rate} per host both ways, "
               f"median of {args.iters}; bound = 2(h-1)/h * S / B")
+        real = " Horovod s Horovod/bound Horovod 4B us" if args.horovod_python else ""
         print(f"{'layout':>7} {'bound s':>8} {'hvd s':>7} {'hvd/bound':>9} {'gloo s':>7} "
-              f"{'gloo/bound':>10} {'hvd 4B us':>9} {'gloo 4B us':>10} {'4B ratio':>8}")
+              f"{'gloo/bound':>10} {'hvd 4B us':>9} {'gloo 4B us':>10} {'4B ratio':>8}{real}")
         with tempfile.TemporaryDirectory() as tmp:
             for hosts, per_host in layouts:
                 figures = run_layout(addresses[:hosts], per_host, args.mib, args.iters, Path(tmp),
                                      args.flat)
                 bound = 2 * (hosts - 1) / hosts * size / link
+                real = ""
+                if args.horovod_python:
+                    theirs = run_real_horovod(args.horovod_python, addresses[:hosts], per_host,
+                                              args.mib, args.iters, Path(tmp))
+                    real = (f" {theirs['hvd']:9.3f} {theirs['hvd'] / bound:13.2f} "
+                            f"{theirs['hvd_4b'] * 1e6:13.0f}")
                 print(f"{hosts}x{per_host:<5} {bound:8.3f} {figures['hvd']:7.3f} "
                       f"{figures['hvd'] / bound:9.2f} {figures['gloo']:7.3f} "
                       f"{figures['gloo'] / bound:10.2f} {figures['hvd_4b'] * 1e6:9.0f} "
                       f"{figures['gloo_4b'] * 1e6:10.0f} "
-                      f"{figures['hvd_4b'] / figures['gloo_4b']:8.2f}", flush=True)
+                      f"{figures['hvd_4b'] / figures['gloo_4b']:8.2f}{real}", flush=True)
         if args.train_rounds > 0:
             train_steps(addresses[:2], args.train_rounds)
     finally:

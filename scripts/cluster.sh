@@ -6,6 +6,10 @@
 #   bash scripts/cluster.sh down          # removes everything `up` made, by name and by PID
 #   bash scripts/cluster.sh status        # the hosts that are up, one "NAME ADDRESS" per line
 #
+# HOROVOD_COMPAT_CLUSTER_NAMES=resolvable makes each host's /etc/hosts name every host at its real
+# address instead (no 127.0.1.1 line): real Horovod 0.28.1's gloo needs that (on Debian's layout
+# its ranks connect to 127.0.1.1), so benchmarks/multihost_allreduce.py --horovod-python uses it.
+#
 # Each host is a network namespace on the bridge hcbr0 (this machine is 10.78.0.254 there) with
 # its own host name (UTS namespace), IPC, a private /dev/shm and its own /etc/hosts as Debian
 # writes it (its own name -> 127.0.1.1: the name does not reach the others, as on many clusters)
@@ -92,7 +96,12 @@ up() {
       ip netns exec "$name" tc qdisc add dev eth0 root tbf rate "$rate" burst 1mb latency 100ms
       tc qdisc add dev "hcv$i" root tbf rate "$rate" burst 1mb latency 100ms
     fi
-    printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n' "$name" > "$state/$name.etc-hosts"
+    if [ "${HOROVOD_COMPAT_CLUSTER_NAMES:-debian}" = resolvable ]; then
+      { printf '127.0.0.1\tlocalhost\n'; for j in $(seq 1 "$n"); do printf '%s.%s\thc%s\n' "$prefix" "$j" "$j"; done; } \
+        > "$state/$name.etc-hosts"
+    else
+      printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n' "$name" > "$state/$name.etc-hosts"
+    fi
     # no name server: a lookup of a name /etc/hosts lacks fails at once instead of timing out
     printf 'options timeout:1 attempts:1\n' > "$state/$name.resolv.conf"
     cat > "$state/$name.sshd_config" <<EOF
