@@ -11,20 +11,22 @@ per-op cost: one negotiation round over the set's mesh plus the data) beside glo
 
 Then it fits, by least squares over the layouts, the model of docs/multihost.md:
 
-    per-op time(n, h) = a + b * (n - 1) + c * (h - 1)
+    per-op time(n) = o(n) * (a + b * (n - 1)),   o(n) = max(1, n / cores)
 
-n ranks, h hosts. The b term is a negotiation round, in which each rank exchanges one frame with
-each of its n - 1 peers on the full mesh. The c term is the host-aware allreduce's 2(h - 1) ring
-steps across hosts. The script prints the fitted a, b and c, and the model's per-op time for
-256 and 1,024 ranks (8 ranks per host), with the mesh's connections and socket memory at those
-sizes.
+n ranks. The b term is the negotiation round: each rank exchanges one frame with each of its
+n - 1 peers on the full mesh, then takes part in the 4-byte allreduce. o(n) is how many ranks
+share each of this machine's cores: the ranks of one op all have to run. The script prints the
+fitted a and b, and the model's per-op time for 256 and 1,024 ranks (8 per host) with a core per
+rank. It also prints what a two-level negotiation among the h host leaders would take,
+a + b * (h - 1), and the full mesh's connections and socket memory at those sizes.
 
-Caveat: this machine has 2 cores, so beyond 2 ranks the ranks share them and b includes
-scheduling. Read the extrapolation as an order of magnitude.
+Caveat: the fit comes from at most 16 ranks on 2 cores, so read the extrapolation as an order of
+magnitude.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -45,14 +47,14 @@ def _socket_buffer_cap() -> int:
     return min(4 << 20, max(caps))
 
 
-def fit(rows: list) -> tuple:
-    """Least squares of t = a + b (n - 1) + c (h - 1) over rows of (n, h, t)."""
+def fit(rows: list, cores: int) -> tuple:
+    """Least squares of t / o(n) = a + b (n - 1) over rows of (n, t), o(n) = max(1, n / cores)."""
     import numpy as np
 
-    design = np.array([[1.0, n - 1, h - 1] for n, h, _ in rows])
-    times = np.array([t for _, _, t in rows])
-    (a, b, c), *_ = np.linalg.lstsq(design, times, rcond=None)
-    return float(a), float(b), float(c)
+    design = np.array([[1.0, n - 1] for n, _ in rows])
+    times = np.array([t / max(1.0, n / cores) for n, t in rows])
+    (a, b), *_ = np.linalg.lstsq(design, times, rcond=None)
+    return float(a), float(b)
 
 
 def main() -> int:
@@ -77,23 +79,24 @@ def main() -> int:
             for hosts, per_host in layouts:
                 f = run_layout(addresses[:hosts], per_host, args.mib, args.iters, Path(tmp))
                 n = hosts * per_host
-                rows.append((n, hosts, f["hvd_4b"]))
+                rows.append((n, f["hvd_4b"]))
                 print(f"{hosts}x{per_host:<5} {n:5d} {f['hvd_4b'] * 1e6:9.0f} "
                       f"{f['gloo_4b'] * 1e6:10.0f} {f['hvd'] * 1e3:12.1f} {f['gloo'] * 1e3:13.1f}",
                       flush=True)
     finally:
         subprocess.run(["bash", str(CLUSTER), "down"], check=True)
-    a, b, c = fit(rows)
-    print(f"\nfit: per-op 4-byte time = {a * 1e6:.0f} us + {b * 1e6:.0f} us x (n - 1) "
-          f"+ {c * 1e6:.0f} us x (h - 1)")
+    cores = os.cpu_count() or 1
+    a, b = fit(rows, cores)
+    print(f"\nfit ({cores} cores): per-op 4-byte time = max(1, n/{cores}) x ({a * 1e6:.0f} us + "
+          f"{b * 1e6:.0f} us x (n - 1))")
     buffer = _socket_buffer_cap()
     for n in (256, 1024):
         h = n // 8
         connections = n * (n - 1) // 2
         per_rank_mib = (n - 1) * 2 * buffer / 2**20
-        print(f"  {n:5d} ranks on {h} hosts: model {1e3 * (a + b * (n - 1) + c * (h - 1)):.1f} ms "
-              f"per op; the full mesh would hold {connections} connections, up to "
-              f"{per_rank_mib:.0f} MiB of socket buffers per rank")
+        print(f"  {n:5d} ranks on {h} hosts, a core each: full mesh {1e3 * (a + b * (n - 1)):.1f} ms "
+              f"per op, {connections} connections, up to {per_rank_mib:.0f} MiB of socket buffers "
+              f"per rank; negotiation among the {h} host leaders {1e3 * (a + b * (h - 1)):.1f} ms")
     return 0
 
 
