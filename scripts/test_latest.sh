@@ -30,6 +30,7 @@ python=$(HOROVOD_COMPAT_UPGRADE=1 bash "$root/scripts/bootstrap.sh" | tail -n 1)
 if [ "${HOROVOD_COMPAT_LATEST_TORCH:-0}" = 1 ]; then
   "$python" -m pip install --quiet --disable-pip-version-check --upgrade torchvision >&2
 fi
+"$python" "$root/scripts/test_torchvision.py"  # as scripts/test.sh does: part of the environment
 "$python" "$root/scripts/lock.py" drift "$python"
 export HOROVOD_COMPAT_UNLOCKED=1  # tests/test_environment.py: this venv is not the lock
 status=0
