@@ -54,9 +54,9 @@ _COMBINE = ops.COMBINE  # Average arrives as a sum and is divided afterwards
 DTYPES = frozenset({torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16,
                     torch.bfloat16, torch.float32, torch.float64})
 
-_LINE = 64        # bytes per barrier counter (one cache line each: no false sharing)
+_LINE = 64        # bytes per barrier counter (one cache line each: no false sharing); the
+                  # line's second word says its rank left the transport (``abort``)
 _ALIGN = 16       # part boundaries are multiples of 16 elements (whole vector lanes)
-_ABORTED = -1     # a barrier counter that says its rank left the transport
 
 
 def map_segment(st: Any, size: int, owners: Optional[List[int]] = None) -> mmap.mmap:
@@ -215,12 +215,14 @@ class SharedMemoryAllreduce:
         return v
 
     def abort(self) -> None:
-        """Make every peer waiting at a barrier of this segment, now or later, raise: this rank
-        leaves the transport (it failed between two barriers, or its set is shutting down)."""
+        """This rank leaves the transport (it failed between two barriers, or its set is shutting
+        down): every peer that waits, now or later, at a barrier this rank has not reached
+        raises.  Its barrier counter stays as it is, so a peer still on its way out of a barrier
+        this rank passed is not disturbed."""
         if self.broken is None:
             self.broken = "this rank left the shared-memory transport of its process set"
         try:
-            self.counters[self.me * (_LINE // 8)] = _ABORTED
+            self.counters[self.me * (_LINE // 8) + 1] = 1  # the "left" word beside the counter
         except (ValueError, IndexError):
             pass  # already closed
 
@@ -236,12 +238,13 @@ class SharedMemoryAllreduce:
         def ready() -> bool:
             arrived = True
             for j in range(n):
-                count = c[j * step]
-                if count == _ABORTED:
+                if c[j * step] >= e:
+                    continue
+                if c[j * step + 1]:  # left before it reached this barrier
                     raise HorovodInternalError(f"rank {j} of this host's part of the process set "
                                                "left a shared-memory allreduce (it failed or "
                                                "shut down)")
-                arrived = arrived and count >= e
+                arrived = False
             return arrived
 
         try:
