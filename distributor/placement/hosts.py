@@ -15,9 +15,9 @@ Ranks fill the hosts in order (host 0 gets the first ranks), so LOCAL_RANK count
 NODE_RANK is the host's index. Before anything starts, every host that is not this machine must
 answer one non-interactive ssh (BatchMode; it lists the host's network interfaces), so a typo or a
 missing key fails at once with ssh's own words, and interfaces the job is pinned to
-(``GLOO_SOCKET_IFNAME``, from ``--network-interface``) must exist on every host. The driver hub listens on every interface (it admits only peers that prove
-the job secret); ranks on other hosts reach it at the address this machine uses towards them.
-The rendezvous (MASTER_ADDR/MASTER_PORT) is on the first host: its port is chosen on the
+(``GLOO_SOCKET_IFNAME``, from ``--network-interface``) must exist on every host. The driver hub
+listens on every interface (it admits only peers that prove the job secret); ranks on other hosts
+reach it at the address this machine uses towards them. The rendezvous (MASTER_ADDR/MASTER_PORT) is on the first host: its port is chosen on the
 driver, so on another host it is one that was free here a moment ago.
 
 The same Python (path), this project and the user's code must exist on every host, as for

@@ -77,11 +77,14 @@ class HostAwareAllreduce:
 
 def create(st: Any, mesh: Optional[_mesh.Mesh]) -> Optional[HostAwareAllreduce]:
     """The host-aware transport of set ``st`` (collective over its control group), or None where
-    it does not apply (see the module docstring)."""
+    it does not apply (see the module docstring).  ``mesh`` is None on every rank of the set or
+    on none (``_exchange.create`` decides it from what all of them said)."""
+    if mesh is None:
+        return None
     info: List[Any] = [None] * st.n
-    dist.all_gather_object(info, (socket.gethostname(), os.getpid(), enabled(), _shm.slot_bytes(),
-                                  mesh is not None), group=st.ctl)
-    if mesh is None or not all(i[2] and i[4] for i in info):
+    dist.all_gather_object(info, (socket.gethostname(), os.getpid(), enabled(), _shm.slot_bytes()),
+                           group=st.ctl)
+    if not all(i[2] for i in info):
         return None
     hosts: Dict[str, List[int]] = {}
     for index, (host, *_rest) in enumerate(info):
