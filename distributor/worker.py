@@ -24,6 +24,7 @@ _channel: Optional[Channel] = None
 _rank: Optional[int] = None
 _worlds: "queue.Queue[Optional[World]]" = queue.Queue()
 _last_round = -1
+_round_formed_at = 0.0
 _listeners: List[Callable[[float, HostUpdate], None]] = []
 _listeners_lock = threading.Lock()
 
@@ -67,7 +68,7 @@ def join_world(timeout: Optional[float] = None) -> World:
     Raises `TimeoutError` after `timeout` seconds, and `ConnectionError` if the driver went away
     (the driver stops a worker it leaves out of a round: it never gets an answer it must ignore).
     """
-    global _last_round
+    global _last_round, _round_formed_at
     if not is_elastic():
         raise RuntimeError("join_world works only in a worker of an elastic job")
     assert _channel is not None
@@ -80,7 +81,7 @@ def join_world(timeout: Optional[float] = None) -> World:
             "for enough workers (min_np) or for the other workers to leave their round") from None
     if world is None:
         raise ConnectionError("the driver closed the connection while this worker waited for a round")
-    _last_round = world.round
+    _last_round, _round_formed_at = world.round, world.formed_at
     os.environ.update(world.torchrun_env())
     return world
 
@@ -88,6 +89,12 @@ def join_world(timeout: Optional[float] = None) -> World:
 def last_round() -> int:
     """The round this worker last joined (-1 before the first)."""
     return _last_round
+
+
+def round_formed_at() -> float:
+    """When (the driver's `time.time()`) the round this worker last joined formed; 0.0 before
+    the first. A host notice stamped later is news to this round."""
+    return _round_formed_at
 
 
 def add_hosts_listener(fn: Callable[[float, HostUpdate], None]) -> None:

@@ -102,6 +102,7 @@ class ElasticJob(Job):
         self._finishing = False  # a worker succeeded: the job ends when the round's members have
         self._failures: Dict[int, Tuple[bool, float]] = {}  # failed, not handled: (was member, until)
         self._next_id = request.num_processes
+        self._last_stamp = 0.0
         self._store: Any = None
         self._store_host = "127.0.0.1"
         self._rounds: Optional[Rounds] = None
@@ -351,7 +352,7 @@ class ElasticJob(Job):
             s = self._record(wid)
             if s.state is WorkerState.RUNNING and s.channel is not None:
                 try:
-                    s.channel.send(Kind.HOSTS_UPDATED, (time.time(), int(update)))
+                    s.channel.send(Kind.HOSTS_UPDATED, (self._stamp(), int(update)))
                 except OSError:
                     pass
 
@@ -359,7 +360,7 @@ class ElasticJob(Job):
         rounds = self._rounds
         assert rounds is not None
         worlds = rounds.try_form(self.policy.min_workers, self.policy.max_workers,
-                                 self._store_host, self._store.port)
+                                 self._store_host, self._store.port, self._stamp())
         if worlds is None:
             return
         if rounds.round > 0 and self._reset_cause is not None:
@@ -379,6 +380,12 @@ class ElasticJob(Job):
                 s.channel.send(Kind.WORLD, world)
             except OSError:
                 pass
+
+    def _stamp(self) -> float:
+        """`time.time()` for rounds and host notices, strictly increasing even if the clock steps
+        back: a worker orders them by it (`World.formed_at`)."""
+        self._last_stamp = max(time.time(), self._last_stamp + 1e-6)
+        return self._last_stamp
 
     def _live_by_host(self) -> Dict[str, int]:
         counts: Dict[str, int] = collections.Counter()

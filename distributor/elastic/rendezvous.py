@@ -30,6 +30,7 @@ def assign_ranks(
     round_number: int,
     store_host: str,
     store_port: int,
+    formed_at: float = 0.0,
 ) -> Dict[int, World]:
     """The `World` of each worker of a round: `survivors` are (worker id, host) in the order of
     their previous rank, `newcomers` (worker id, host) in worker id order."""
@@ -47,7 +48,7 @@ def assign_ranks(
         worlds[worker_id] = World(
             round=round_number, rank=rank, size=len(order), local_rank=local_rank,
             local_size=local_sizes[host], cross_rank=hosts.index(host), cross_size=len(hosts),
-            store_host=store_host, store_port=store_port)
+            store_host=store_host, store_port=store_port, formed_at=formed_at)
     return worlds
 
 
@@ -86,11 +87,12 @@ class Rounds:
         return [wid for wid in self.members if wid not in self.waiting]
 
     def try_form(
-        self, min_workers: int, max_workers: int, store_host: str, store_port: int
+        self, min_workers: int, max_workers: int, store_host: str, store_port: int,
+        formed_at: float = 0.0,
     ) -> Optional[Dict[int, World]]:
         """Form the next round if it is open, no live member is still out, and enough workers
-        wait; return the World of each admitted worker (None: not yet). Workers beyond
-        `max_workers` stay waiting."""
+        wait; return the World of each admitted worker (None: not yet), stamped `formed_at`.
+        Workers beyond `max_workers` stay waiting."""
         if not self.open or self.blocked_by():
             return None
         survivors = sorted(((rank, wid, host) for wid, (rank, host) in self.members.items()))
@@ -100,7 +102,7 @@ class Rounds:
         chosen_new = newcomers[:max(room, 0)]
         if len(chosen) + len(chosen_new) < min_workers:
             return None
-        worlds = assign_ranks(chosen, chosen_new, self.round + 1, store_host, store_port)
+        worlds = assign_ranks(chosen, chosen_new, self.round + 1, store_host, store_port, formed_at)
         self.round += 1
         self.members = {wid: (world.rank, self.waiting.pop(wid)) for wid, world in worlds.items()}
         return worlds

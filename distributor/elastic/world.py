@@ -33,6 +33,10 @@ class World:
     cross_size: int
     store_host: str
     store_port: int
+    #: The driver's `time.time()` when the round formed. Host notices (`HostUpdate`, stamped
+    #: with the same clock) older than it were about an earlier round; later ones are about
+    #: this one, even when they reach the worker before it has finished joining.
+    formed_at: float = 0.0
 
     @property
     def store_prefix(self) -> str:

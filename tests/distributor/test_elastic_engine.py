@@ -245,7 +245,8 @@ def test_rounds_wait_for_every_live_member_and_min_workers():
     rounds.leave(0)
     second = rounds.try_form(3, 3, "h", 1)
     assert second is None  # 2 ready, min_workers 3
-    second = rounds.try_form(2, 3, "h", 1)
+    second = rounds.try_form(2, 3, "h", 1, formed_at=7.5)
+    assert {x.formed_at for x in second.values()} == {7.5}  # the driver's stamp, on every world
     assert {w: x.rank for w, x in second.items()} == {1: 0, 5: 1} and second[1].round == 1
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 import torch
 
+from distributor import worker
 from distributor.elastic.world import HostUpdate
 
 from ..exceptions import HostsUpdatedInterrupt
@@ -53,8 +54,14 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
-        """After a reset (new world): forget pending host notices, ``reset()``, run the callbacks."""
-        self._host_messages = queue.Queue()
+        """After a reset (new world): forget the host notices about earlier rounds, ``reset()``,
+        run the callbacks.
+
+        A notice is about an earlier round when the driver stamped it before the new round
+        formed (``worker.round_formed_at()``, same clock). One stamped later stays: it can reach
+        this rank between the round's forming and this call (a replacement that joined at once),
+        and dropping it would leave the newcomer waiting while this round trains without it."""
+        self._last_updated_timestamp = max(self._last_updated_timestamp, worker.round_formed_at())
         self.reset()
         for callback in self._reset_callbacks:
             callback()

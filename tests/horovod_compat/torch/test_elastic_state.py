@@ -152,6 +152,27 @@ def test_check_host_updates_follows_rank_0s_view(size1):
     assert info.value.skip_sync is True
 
 
+def test_a_reset_keeps_the_notices_about_the_new_round(size1, monkeypatch):
+    """A replacement can join (and the driver announce it) between the moment the survivors'
+    new round forms and their on_reset(): that notice must still raise at the next commit, or
+    the round trains without the newcomer, which waits for ever. Notices stamped before the
+    round formed were about the round that ended, and are dropped."""
+    state = hvd.elastic.ObjectState(epoch=0)
+    state.on_hosts_updated(99.0, HostUpdate.REMOVED)  # about the round that failed
+    state.on_hosts_updated(101.0, HostUpdate.ADDED)  # sent after round 3 formed at t=100
+    monkeypatch.setattr(worker, "round_formed_at", lambda: 100.0)
+    state.on_reset()
+    with pytest.raises(HostsUpdatedInterrupt) as info:
+        state.commit()
+    assert info.value.skip_sync is False  # only ADDED counted: the newcomer needs the state
+    state.on_hosts_updated(100.5, HostUpdate.REMOVED)  # an older notice arriving late: ignored
+    state.commit()
+    monkeypatch.setattr(worker, "round_formed_at", lambda: 200.0)
+    state.on_hosts_updated(150.0, HostUpdate.ADDED)  # pending when round 4 formed at t=200
+    state.on_reset()
+    state.commit()  # dropped: it was about round 3
+
+
 # ---- ElasticSampler: exactness across world sizes ----------------------------------------------
 def _simulate(monkeypatch, n, bs, sizes_and_steps, seed=0, shuffle=True):
     """Run one epoch on worlds of changing size; a world runs `steps` batch steps (lockstep over
