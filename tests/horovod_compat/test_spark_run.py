@@ -155,7 +155,8 @@ def elastic_train(marker, steps, lose_executor=False):
     S committed steps from w = 0 with lr 0.1, w = 1 - 0.8**S exactly when each step counted once.
     The first worker to reach step 5 as rank 1 SIGKILLs itself once (`marker` records it), or with
     `lose_executor` its executor's JVM; the loop goes on past `steps` until the replacement is
-    back in the world (size 2)."""
+    back in the world (size 2), for at most 150 s (then the test's size check fails instead of
+    the job running until the test's timeout)."""
     import os
     import signal
     import time
@@ -174,10 +175,11 @@ def elastic_train(marker, steps, lose_executor=False):
     state = hvd.elastic.TorchState(model, opt, step=0)
     resets = []
     state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+    give_up = time.monotonic() + 150
 
     @hvd.elastic.run
     def train(state):
-        while state.step < steps or hvd.size() < 2:
+        while state.step < steps or (hvd.size() < 2 and time.monotonic() < give_up):
             if state.step == 5 and hvd.rank() == 1 and not os.path.exists(marker):
                 open(marker, "w").close()
                 os.kill(_executor_jvm_of(os.getpid()) if lose_executor else os.getpid(),
