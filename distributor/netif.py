@@ -8,18 +8,31 @@ the host name resolves to a loopback address (Debian writes ``127.0.1.1 <hostnam
 rendezvous host (``MASTER_ADDR``) is reached over a real network pins those libraries to the
 interface its route to that host takes; the peers reach it there, as they reach the rendezvous.
 Variables the user (or ``horovodrun --network-interface``) set are left as they are.
+
+Before a job starts on a host list, the driver runs this file on every host (its source, over
+ssh, so it needs nothing but the standard library) as ``python - PORT TARGET...``: `probe` says
+which interface the host's route to each other host takes and whether that host answers there
+(``distributor.netplan`` turns the answers into the job's interfaces, as Horovod's driver does
+with its task services).
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
+import json
 import socket
 import struct
-from typing import Dict, Mapping, Optional
+import sys
+import threading
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 #: The variables that pin torch.distributed's transports to an interface.
 INTERFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 
 _SIOCGIFADDR = 0x8915
+_SIOCGIFNETMASK = 0x891B
+#: Seconds a probe waits for a TCP answer from another host.
+PROBE_SECONDS = 3.0
 
 
 def address_toward(host: str) -> str:
@@ -30,13 +43,31 @@ def address_toward(host: str) -> str:
         return probe.getsockname()[0]
 
 
-def interface_address(name: str) -> str:
-    """The IPv4 address of interface `name` (Linux ``SIOCGIFADDR``); OSError when it has none."""
+def _ioctl_address(name: str, request_code: int) -> str:
     import fcntl
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         request = struct.pack("256s", name.encode()[:15])
-        return socket.inet_ntoa(fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)[20:24])
+        return socket.inet_ntoa(fcntl.ioctl(probe.fileno(), request_code, request)[20:24])
+
+
+def interface_address(name: str) -> str:
+    """The IPv4 address of interface `name` (Linux ``SIOCGIFADDR``); OSError when it has none."""
+    return _ioctl_address(name, _SIOCGIFADDR)
+
+
+def interface_networks() -> Dict[str, str]:
+    """{name: IPv4 network in CIDR notation, e.g. "10.78.0.0/24"} of this host's interfaces
+    that have an IPv4 address."""
+    found = {}
+    for _, name in socket.if_nameindex():
+        try:
+            address = interface_address(name)
+            mask = _ioctl_address(name, _SIOCGIFNETMASK)
+        except OSError:
+            continue
+        found[name] = str(ipaddress.ip_network(f"{address}/{mask}", strict=False))
+    return found
 
 
 def interface_of(address: str) -> Optional[str]:
@@ -67,3 +98,47 @@ def interface_env(environ: Mapping[str, str]) -> Dict[str, str]:
         return {}
     name = interface_of(address)
     return {var: name for var in missing} if name else {}
+
+
+def _answers(target: str, port: int, timeout: float) -> Optional[str]:
+    """None when `target` answers a TCP connection to `port` (accepted or refused: either way
+    the packets went there and back), else why not."""
+    try:
+        with socket.create_connection((target, port), timeout=timeout):
+            return None
+    except ConnectionRefusedError:
+        return None
+    except socket.timeout:
+        return f"no answer within {timeout:g}s (a firewall, or a host that is down)"
+    except OSError as exc:
+        return exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
+
+
+def probe(targets: Sequence[str], port: int, timeout: float = PROBE_SECONDS) -> Dict[str, Any]:
+    """What this host sees of a job's network: its interfaces (every name, and the IPv4 network
+    of each that has an address), and for each target address the interface and address its
+    route takes and whether the target answers on TCP `port` (``error`` None: it does)."""
+    routes: Dict[str, Dict[str, Optional[str]]] = {}
+
+    def look(target: str) -> None:
+        try:
+            source = address_toward(target)
+        except (OSError, UnicodeError) as exc:
+            routes[target] = {"interface": None, "address": None,
+                              "error": f"no route ({getattr(exc, 'strerror', None) or exc})"}
+            return
+        routes[target] = {"interface": interface_of(source), "address": source,
+                          "error": _answers(target, port, timeout)}
+
+    threads = [threading.Thread(target=look, args=(t,), daemon=True) for t in dict.fromkeys(targets)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    names: List[str] = sorted(name for _, name in socket.if_nameindex())
+    return {"host": socket.gethostname(), "interfaces": names,
+            "networks": interface_networks(), "routes": routes}
+
+
+if __name__ == "__main__":  # python - PORT TARGET...  (source sent over ssh by the driver)
+    print(json.dumps(probe(sys.argv[2:], int(sys.argv[1]))))

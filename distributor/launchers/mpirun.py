@@ -115,10 +115,19 @@ class MpirunLauncher(Launcher):
     def start_on_hosts(
         self, ranks: Sequence[RankSpec], hosts: Sequence[Tuple[str, int]],
         ssh_args: Sequence[str], env_for: EnvFactory, supervisor: Supervisor,
+        networks: Sequence[str] = (),
     ) -> None:
         """From the driver: one mpirun over `hosts`, reaching the other hosts with ssh
-        (`ssh_args` such as ``-p 2222 -i key`` are added to each ssh command)."""
+        (`ssh_args` such as ``-p 2222 -i key`` are added to each ssh command). `networks`
+        (interface names or CIDR networks) restrict the ranks' TCP traffic
+        (``btl_tcp_if_include``) and that of mpirun's daemons (``oob_tcp_if_include``), each
+        unless the launcher's own arguments already choose it."""
         agent_args = ["--prtemca", "plm_ssh_args", " ".join(ssh_args)] if ssh_args else []
+        given = " ".join(self.extra_args)
+        if networks and "btl_tcp_if_" not in given:
+            agent_args += ["--mca", "btl_tcp_if_include", ",".join(networks)]
+        if networks and "oob_tcp_if_" not in given:
+            agent_args += ["--prtemca", "oob_tcp_if_include", ",".join(networks)]
         self._start_spanning(ranks, hosts, agent_args, env_for, supervisor)
 
     def _start_spanning(

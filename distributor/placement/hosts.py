@@ -13,9 +13,12 @@ Two ways to start them, chosen by the launcher:
 
 Ranks fill the hosts in order (host 0 gets the first ranks), so LOCAL_RANK counts per host and
 NODE_RANK is the host's index. Before anything starts, every host that is not this machine must
-answer one non-interactive ssh (BatchMode; it lists the host's network interfaces), so a typo or a
-missing key fails at once with ssh's own words, and interfaces the job is pinned to
-(``GLOO_SOCKET_IFNAME``, from ``--network-interface``) must exist on every host. The driver hub
+answer one non-interactive ssh (BatchMode), so a typo or a missing key fails at once with ssh's
+own words. That ssh runs `netif.probe` there (its source on stdin, the driver's Python or
+``python3``): which interface the host's routes to the other hosts and to this machine take, and
+whether they answer. `netplan.plan` checks every host reaches every other and picks the
+interfaces for the ranks' transports and mpirun, as Horovod's driver does; interfaces the job is
+pinned to (``GLOO_SOCKET_IFNAME``, from ``--network-interface``) must exist on every host. The driver hub
 listens on every interface (it admits only peers that prove the job secret); ranks on other hosts
 reach it at the address this machine uses towards them. The rendezvous (MASTER_ADDR/MASTER_PORT) is on the first host: its port is chosen on the
 driver, so on another host it is one that was free here a moment ago.
@@ -25,18 +28,22 @@ Horovod; the working directory is mpirun's, or the driver's (direct processes).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import socket
 import subprocess
+import sys
 import threading
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .. import netif
 from ..errors import LaunchValidationError
 from ..hub import routable_address
 from ..launchers import PythonLauncher
 from ..netif import INTERFACE_VARS, address_toward
+from ..netplan import DRIVER, NetworkPlan, plan, targets_for
 from ..rank_env import free_port, rank_environment
 from ..spec import LaunchRequest, RankSpec
 from ..supervisor import Supervisor
@@ -45,7 +52,7 @@ from .base import (
 )
 from .local import driver_side_env
 
-#: Seconds each `ssh <host> true` check may take.
+#: Seconds each host's ssh check (with its network probe) may take.
 SSH_CHECK_SECONDS = 30.0
 #: Variables of the driver's shell that do not describe the job and stay behind when a worker is
 #: started over ssh (besides names that are not shell identifiers).
@@ -67,7 +74,7 @@ class HostsPlacement(Placement):
 
     `local_hosts` are names that mean this machine (no ssh check, local processes); `is_local`,
     when given, decides that for host names the job adds later. `ssh_port` and
-    `ssh_identity_file` go to every ssh command. The launcher is `MpirunLauncher` (one mpirun
+    `ssh_identity_file` go to every ssh command; `verbose` prints the network plan. The launcher is `MpirunLauncher` (one mpirun
     across the hosts) or `PythonLauncher` (one process per worker; the job may add workers).
     """
 
@@ -81,12 +88,14 @@ class HostsPlacement(Placement):
         ssh_port: Optional[int] = None,
         ssh_identity_file: Optional[str] = None,
         is_local: Optional[Callable[[str], bool]] = None,
+        verbose: bool = False,
     ) -> None:
         if not hosts or any(slots < 1 for _, slots in hosts):
             raise LaunchValidationError(f"hosts must list (name, slots >= 1) pairs, got {list(hosts)!r}")
         self.hosts = [(str(h), int(s)) for h, s in hosts]
         self.local_hosts = set(local_hosts)
         self._is_local = is_local or self.local_hosts.__contains__
+        self.verbose = verbose
         self.ssh_args: List[str] = []
         if ssh_port is not None:
             self.ssh_args += ["-p", str(ssh_port)]
@@ -95,6 +104,8 @@ class HostsPlacement(Placement):
         self._supervisor: Optional[Supervisor] = None
         self._job: Optional[JobContext] = None
         self._master: Tuple[str, int] = ("127.0.0.1", 0)
+        #: the interfaces chosen by `validate` (None: every host is this machine)
+        self.network: Optional[NetworkPlan] = None
 
     @property
     def remote_hosts(self) -> List[str]:
@@ -114,14 +125,21 @@ class HostsPlacement(Placement):
             raise LaunchValidationError(
                 "use_gpu=True is not supported on a host list; the ranks pick cuda:LOCAL_RANK "
                 "themselves (pass use_gpu=False).")
-        interfaces, failures = self._check_ssh()
+        if not self.remote_hosts:
+            return
+        addresses = self._resolved()
+        reports, failures = self._probe_hosts(addresses)
         if failures:
             lines = "\n".join(f"  {host}: {why}" for host, why in failures.items())
             raise LaunchValidationError(
                 f"Could not reach these hosts with ssh (BatchMode, no password prompt):\n{lines}\n"
                 "Check the host names, the ssh port (-p) and the identity file (-i), and that "
                 "`ssh <host> true` works from this machine without a prompt.")
-        self._check_interfaces(request, interfaces)
+        self._check_interfaces(request, {h: r["interfaces"] for h, r in reports.items()})
+        rank_hosts = [DRIVER if self.is_local(h) else h for h, _ in self.hosts]
+        self.network = plan(addresses, reports, rank_hosts)
+        if self.verbose:
+            print(f"horovod-compat: {self.network.describe()}", file=sys.stderr, flush=True)
 
     def _check_interfaces(self, request: LaunchRequest, interfaces: Dict[str, List[str]]) -> None:
         """Every interface the job pins its traffic to (GLOO_SOCKET_IFNAME, ...) must exist on
@@ -145,18 +163,36 @@ class HostsPlacement(Placement):
                 + "\n".join(lacking) + "\nName interfaces that every host has, or leave them "
                 "out: each rank then takes the interface of its route to the rendezvous host.")
 
-    def _check_ssh(self) -> Tuple[Dict[str, List[str]], Dict[str, str]]:
-        """({host: its network interfaces}, {host: why ssh failed}) for the remote hosts: one
-        non-interactive ssh each, in parallel, that lists the host's interfaces."""
+    def _resolved(self) -> Dict[str, str]:
+        """{remote host: its IPv4 address as this machine resolves it}; a name only ssh knows
+        (an alias in its config) is left out of the reachability checks."""
+        found = {}
+        for host in self.remote_hosts:
+            try:
+                found[host] = socket.gethostbyname(host)
+            except OSError:
+                continue
+        return found
+
+    def _probe_hosts(self, addresses: Mapping[str, str]) -> Tuple[Dict[str, Any], Dict[str, str]]:
+        """({host: its `netif.probe` report}, {host: why ssh failed}): one non-interactive ssh
+        per remote host, in parallel, and this machine's own probe (key `DRIVER`)."""
         failures: Dict[str, str] = {}
-        interfaces: Dict[str, List[str]] = {}
+        reports: Dict[str, Any] = {}
+        port = int(self.ssh_args[self.ssh_args.index("-p") + 1]) if "-p" in self.ssh_args else 22
+        toward = {host: self._address_toward(host) for host in self.remote_hosts}
+        source = open(netif.__file__, encoding="utf-8").read()
+        python = shlex.quote(sys.executable)
 
         def probe(host: str) -> None:
+            targets = targets_for(host, addresses, toward)
+            remote = (f'P={python}; [ -x "$P" ] || P=python3; exec "$P" - {port} '
+                      + " ".join(shlex.quote(t) for t in targets))
             argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", *self.ssh_args,
-                    host, "ls /sys/class/net"]
+                    host, remote]
             try:
-                done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                      text=True, timeout=SSH_CHECK_SECONDS)
+                done = subprocess.run(argv, input=source, capture_output=True, text=True,
+                                      timeout=SSH_CHECK_SECONDS)
             except FileNotFoundError:
                 failures[host] = "no ssh client on this machine's PATH"
                 return
@@ -167,14 +203,20 @@ class HostsPlacement(Placement):
                 said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
                 failures[host] = said
                 return
-            interfaces[host] = sorted(done.stdout.split())
+            try:
+                reports[host] = json.loads(done.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                failures[host] = (f"the network probe printed no report (the same Python as here, "
+                                  f"{sys.executable}, or python3 must exist there): "
+                                  f"{(done.stdout + done.stderr).strip()[-300:]!r}")
 
         threads = [threading.Thread(target=probe, args=(h,), daemon=True) for h in self.remote_hosts]
         for thread in threads:
             thread.start()
+        reports[DRIVER] = netif.probe(list(addresses.values()), port)
         for thread in threads:
             thread.join()
-        return interfaces, failures
+        return reports, failures
 
     def _driver_address(self) -> str:
         """The address of this machine on the route to the first other host it has one to."""
@@ -224,13 +266,18 @@ class HostsPlacement(Placement):
                 f"{type(job.launcher).__name__} cannot start ranks on other hosts; use "
                 "MpirunLauncher or PythonLauncher with a host list.")
         hub = f"{driver}:{job.hub_address[1]}"
+        networks = self.network.mpi_include if self.network is not None else ()
         start_on_hosts(specs, used, self.ssh_args, lambda spec: self._env(spec, hub),
-                       self._supervisor)
+                       self._supervisor, networks=networks)
 
     def _env(self, spec: RankSpec, hub: str) -> Dict[str, str]:
         assert self._job is not None
         env = rank_environment(spec, *self._master, self._job.run_id, self._job.request.env)
         env.update(driver_side_env(self._job, spec, hub))
+        common = self.network.common if self.network is not None else None
+        for var in INTERFACE_VARS:  # the interface every rank host shares, unless one is set
+            if common and not env.get(var) and not os.environ.get(var):
+                env[var] = common
         return env
 
     def _start_worker(self, host: str, spec: RankSpec) -> None:

@@ -223,7 +223,8 @@ class HorovodJob:
         local = hostlib.local_addresses()
         return HostsPlacement(self.hosts, [h for h, _ in self.hosts if hostlib.is_local(h, local)],
                               ssh_port=self.ssh_port, ssh_identity_file=self.ssh_identity_file,
-                              is_local=lambda host: hostlib.is_local(host, local))
+                              is_local=lambda host: hostlib.is_local(host, local),
+                              verbose=bool(self.verbose))
 
     def run(self, target: Any, return_all: bool = True, stdout: Any = None, stderr: Any = None) -> Any:
         """Run `target` on every rank; every rank's value in rank order (function targets)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ import time
 import pytest
 
 import horovod
+from distributor import netif
 
 TRAIN = textwrap.dedent("""\
     import json, os, socket
@@ -116,6 +118,42 @@ def test_network_interface_a_host_lacks_fails_before_any_rank_starts(cluster, tm
     assert done.returncode != 0
     for address in cluster.addresses:
         assert f"{address}: no eth9 (it has eth0, lo)" in done.stderr, done.stderr
+    assert "[rank" not in done.stdout + done.stderr, "a rank started"
+
+
+@pytest.mark.parametrize("mode", [["--gloo"], ["--mpi"]], ids=["gloo", "mpi"])
+def test_this_machine_and_a_host_whose_interfaces_have_other_names(
+        cluster, tmp_path, one_host_reference, mode):
+    """This machine reaches the hosts over the cluster's bridge, they over their eth0: no name is
+    common, so each rank takes its route's interface and mpirun gets the network (CIDR)."""
+    host_name, address = cluster.hosts[0]
+    done = _horovodrun(tmp_path, "-np", "4", "-H", f"localhost:2,{address}:2", "--verbose", *mode)
+    found = _results(done)
+    here = netif.interface_of(netif.address_toward(address))
+    assert here and here != "eth0"
+    assert (f"network: this machine {here}, {address} eth0; ranks use the interface of their "
+            "route, mpirun 10.78.0.0/24") in done.stderr, done.stderr
+    for r in found:
+        remote = r["rank"] >= 2
+        assert r["host"] == (host_name if remote else socket.gethostname())
+        assert r["ifname"] == ("eth0" if remote else here)
+        assert (r["local_rank"], r["cross_rank"]) == (r["rank"] % 2, r["rank"] // 2)
+        assert r["weights"] == pytest.approx(one_host_reference[r["rank"]]["weights"], abs=1e-5)
+        assert r["big"] == [6.0, 6.0] and r["transport"] == "HOSTS"
+
+
+def test_a_host_that_cannot_reach_another_fails_before_any_rank_starts(cluster, tmp_path):
+    (first, a), (_, b) = cluster.hosts[:2]
+    route = ["ip", "netns", "exec", first, "ip", "route"]
+    subprocess.run([*route, "add", "unreachable", f"{b}/32"], check=True)
+    try:
+        done = _horovodrun(tmp_path, "-np", "2", "-H", cluster.spec(1), timeout=120)
+    finally:
+        subprocess.run([*route, "del", "unreachable", f"{b}/32"], check=True)
+    assert done.returncode != 0
+    assert "Not every host of the job reaches the others" in done.stderr, done.stderr
+    assert f"{a} -> {b}: no route (No route to host)" in done.stderr
+    assert f"{b} -> {a} over eth0 ({b}): no answer within" in done.stderr  # replies go nowhere
     assert "[rank" not in done.stdout + done.stderr, "a rank started"
 
 
