@@ -191,6 +191,23 @@ def kill_tree(pids: List[int], timeout: float = 15.0) -> None:
             return
 
 
+def wait_port(address: str, port: int, timeout: float, procs: List[subprocess.Popen] = (),
+              log: Optional[Path] = None) -> None:
+    """Wait until something listens on address:port; raise (with the end of `log`) if one of
+    `procs`, the process that should listen, exits first, or after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            said = log.read_text()[-2000:] if log is not None else ""
+            raise RuntimeError(f"the process that should listen on {address}:{port} exited: {said}")
+        try:
+            with socket.create_connection((address, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"nothing listens on {address}:{port} after {timeout}s")
+
+
 class StandaloneCluster:
     """A Spark standalone master and one worker on 127.0.0.1, started with pyspark's spark-class."""
 
@@ -211,7 +228,7 @@ class StandaloneCluster:
             "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
             "--port", str(self.master_port), "--webui-port", str(free_port()),
         ]))
-        self._wait_port(self.master_port)
+        wait_port("127.0.0.1", self.master_port, 60.0, self.procs, self.root / "master.log")
         self.procs.append(self._start(spark_class, env, "worker", [
             "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
             "--port", str(free_port()), "--webui-port", str(free_port()),
@@ -223,18 +240,6 @@ class StandaloneCluster:
         self._logs.append(log)
         return subprocess.Popen([spark_class, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
-
-    def _wait_port(self, port: int, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(p.poll() is not None for p in self.procs):
-                raise RuntimeError(f"Spark master exited: {(self.root / 'master.log').read_text()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError(f"Spark master did not listen on {port} in {timeout}s")
 
     def stop(self) -> None:
         """Stop the worker (and its executors) and the master, by PID."""

@@ -21,7 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
 from spark_clusters import (  # noqa: E402
-    FAST_JVM_OPTS, EnvPatch, mirror_spark_home, start_session, stop_session,
+    FAST_JVM_OPTS, EnvPatch, mirror_spark_home, start_session, stop_session, wait_port,
 )
 
 import cloudpickle  # noqa: E402
@@ -31,19 +31,6 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 DRIVER = "10.78.0.254"  # this machine on the cluster bridge (scripts/cluster.sh)
 CORES = 2
-
-
-def _wait_port(address: str, port: int, timeout: float) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((address, port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"nothing listens on {address}:{port} after {timeout}s")
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +55,7 @@ def spark_on_hosts(cluster, tmp_path_factory):
     env = EnvPatch({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
                     "SPARK_LOCAL_IP": DRIVER, "SPARK_LOCAL_HOSTNAME": DRIVER, "SPARK_HOME": str(home)})
     try:
-        _wait_port(DRIVER, port, 60)
+        wait_port(DRIVER, port, 60, [master], root / "master.log")
         for name, address in cluster.hosts:
             worker_env = {**daemon_env, "SPARK_LOG_DIR": str(root / f"logs-{name}"),
                           "SPARK_LOCAL_IP": address, "SPARK_LOCAL_HOSTNAME": address,
