@@ -14,6 +14,9 @@ links, and each host spreads the result through shared memory again:
 3. the shared-memory allreduce publishes the parts, now reduced over every host, and every local
    rank copies the others.
 
+A small tensor (``_mesh.Mesh.gathers``) skips all three: one ``gather_allreduce`` over the set's
+mesh, each rank combining every rank's bytes in rank order.
+
 Every rank ends with the same bytes (each part is reduced once, by its ring, and copied).  It
 applies when the set spans at least 2 hosts with the same number k >= 2 of its ranks on each,
 shared memory works on every host and the mesh carries data (``HOROVOD_COMPAT_SHM_DATA=0``,
@@ -64,6 +67,13 @@ class HostAwareAllreduce:
                 raise
 
         for src, dst in pairs:
+            if self.mesh.gathers(src):  # a few bytes: one step over the whole set beats
+                try:                    # two barriers and a ring across the hosts
+                    self.mesh.gather_allreduce(src, dst, op)
+                except HorovodInternalError:
+                    self.local.abort()
+                    raise
+                continue
             self.local.allreduce(src, dst, op, across)
         return []
 
