@@ -1,23 +1,29 @@
 """Command line: ``python -m horovod_compat.migrate SRC... [-o OUT] [--diff] [--check] [-v]``.
 
-* Without options, each changed file is rewritten in place.
+* Without options, each changed file is rewritten in place; its original is kept beside it as
+  ``FILE.orig`` (``.orig.1``, ... when that exists; ``--no-backup`` keeps none).
 * ``-o OUT`` writes every input's result under OUT instead (a file path when there is a single
   input file and OUT is not an existing directory; otherwise a directory mirroring the inputs).
 * ``--diff`` prints a unified diff and writes nothing (unless ``-o`` is also given).
 * ``--check`` writes nothing, names each file that would be rewritten (with its counts) and
   exits 1 when any file would change or has a TODO (for CI).
-* The report (TODOs with file:line, ``-v`` adds every rewrite) goes to stderr; with
-  ``--format json`` a JSON document goes to stdout instead, one entry per file: whether it would
-  change, every rewrite and every TODO with its line (for CI; see ``json_report``).
+* The report (TODOs with file:line, ``-v`` adds every rewrite) goes to stderr, with a table of
+  the files (native or not, and why) when there are several; with ``--format json`` a JSON
+  document goes to stdout instead, one entry per file: whether it would change, whether its
+  result is native, every rewrite and every TODO with its line (for CI; see ``json_report``).
 
-Exit status: 0 success, 1 ``--check`` found work, 2 bad input (missing file, syntax error).
+Exit status: 0 every result is native (no TODO, no import of Horovod or of this project);
+1 work is left for a person (a TODO, or a result that is not native; with ``--check``: also any
+file that would change); 2 bad input (missing file, syntax error), which wins over 1.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, TextIO, Tuple
@@ -37,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("sources", nargs="+", metavar="SRC", help=".py or .ipynb files, or directories")
     parser.add_argument("-o", "--output", metavar="OUT", help="write results here instead of in place")
+    parser.add_argument("--no-backup", action="store_true",
+                        help="rewriting in place, keep no FILE.orig copy of the original")
     parser.add_argument("--diff", action="store_true", help="print a unified diff; write nothing unless -o")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything would change or needs a TODO")
     parser.add_argument("-v", "--verbose", action="store_true", help="also list every rewrite in the report")
@@ -49,6 +57,7 @@ def json_report(files: List[dict], errors: List[str], status: int) -> str:
     """The ``--format json`` document: per file what changes and what needs a person."""
     summary = {
         "files": len(files),
+        "native": sum(f["native"] for f in files),
         "would_change": sum(f["would_change"] for f in files),
         "rewrites": sum(len(f["rewrites"]) for f in files),
         "todos": sum(len(f["todos"]) for f in files),
@@ -57,16 +66,63 @@ def json_report(files: List[dict], errors: List[str], status: int) -> str:
     return json.dumps({"status": status, "summary": summary, "files": files, "errors": errors}, indent=2) + "\n"
 
 
-def _file_record(path: Path, changed: bool, findings: List[Finding]) -> dict:
+#: Top-level packages whose import keeps a result from being native torch.distributed code.
+NOT_NATIVE = ("horovod", "horovod_compat", "distributor", "sparkdl")
+
+
+def not_native(source: str, findings: List[Finding]) -> Optional[str]:
+    """Why a rewritten Python source is not native yet (None when it is): a TODO is left, or it
+    imports Horovod or this project (a result may rightly use ``distributor``: it says so)."""
+    todos = sum(f.kind is Kind.TODO for f in findings)
+    if todos:
+        return f"{todos} TODO(s)"
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None  # a notebook's JSON: its cells were checked one by one
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    left = sorted(found & set(NOT_NATIVE))
+    return f"imports {', '.join(left)}" if left else None
+
+
+def _file_record(path: Path, changed: bool, findings: List[Finding], why: Optional[str]) -> dict:
     def entry(f: Finding) -> dict:
         return {"location": f.location, "line": f.line, "name": f.name, "message": f.message}
 
     return {
         "path": str(path),
         "would_change": changed,
+        "native": why is None,
+        "not_native_because": why,
         "rewrites": [entry(f) for f in findings if f.kind is Kind.REWRITE],
         "todos": [entry(f) for f in findings if f.kind is Kind.TODO],
     }
+
+
+def backup_path(path: Path) -> Path:
+    """``FILE.orig``, or the first free ``FILE.orig.N``."""
+    candidate = path.with_name(path.name + ".orig")
+    n = 0
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.orig.{n}")
+    return candidate
+
+
+def _summary(records: List[dict], stream: TextIO) -> None:
+    """One line per file: native or why not, with its counts."""
+    width = max(len(r["path"]) for r in records)
+    stream.write(f"{'file':<{width}}  rewrites  TODOs  result\n")
+    for r in records:
+        result = "native" if r["native"] else f"not native: {r['not_native_because']}"
+        stream.write(f"{r['path']:<{width}}  {len(r['rewrites']):>8}  {len(r['todos']):>5}  {result}\n")
+    native = sum(r["native"] for r in records)
+    stream.write(f"{native} of {len(records)} file(s) native\n")
 
 
 def collect_sources(sources: Sequence[str]) -> List[Tuple[Path, Path]]:
@@ -140,6 +196,8 @@ def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = sys.stdout, stde
     records: List[dict] = []
     errors: List[str] = []
     would_change = False
+    work_left = False
+    backups: List[Path] = []
     for path, rel in files:
         try:
             text = path.read_text(encoding="utf-8")
@@ -151,8 +209,12 @@ def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = sys.stdout, stde
             continue
         all_findings += findings
         changed = new_text != text
-        records.append(_file_record(path, changed, findings))
+        why = not_native(new_text, findings) if path.suffix == ".py" else \
+            (f"{sum(f.kind is Kind.TODO for f in findings)} TODO(s)"
+             if any(f.kind is Kind.TODO for f in findings) else None)
+        records.append(_file_record(path, changed, findings, why))
         would_change |= changed or any(f.kind is Kind.TODO for f in findings)
+        work_left |= why is not None
         if args.diff:
             for label, old, new in pieces:
                 _diff(label, old, new, stdout)
@@ -167,11 +229,19 @@ def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = sys.stdout, stde
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(new_text, encoding="utf-8")
         elif changed and not args.diff:
+            if not args.no_backup:
+                backup = backup_path(path)
+                shutil.copy2(path, backup)
+                backups.append(backup)
             path.write_text(new_text, encoding="utf-8")
-    if status == 0 and args.check and would_change:
+    if status == 0 and (work_left or (args.check and would_change)):
         status = 1
     if as_json:
         stdout.write(json_report(records, errors, status))
     else:
         write_report(all_findings, stderr, verbose=args.verbose)
+        for backup in backups:
+            stderr.write(f"horovod-compat-migrate: the original is kept as {backup}\n")
+        if len(records) > 1:
+            _summary(records, stderr)
     return status

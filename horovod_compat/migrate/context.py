@@ -72,6 +72,9 @@ class SharedState:
     horovod_aliases: Set[str] = dataclasses.field(default_factory=set)
     #: The input imports PyTorch Lightning (its hook names then mean Lightning hooks).
     lightning: bool = False
+    #: Horovod uses remain after the rewrite: ``hvd.init()``/``hvd.shutdown()`` stay beside
+    #: their native replacements, so the partly migrated program still runs.
+    keep_horovod_lifecycle: bool = False
 
     def aliases(self, family: str) -> Set[str]:
         """The local names an import of `family` binds."""

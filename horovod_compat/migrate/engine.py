@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from typing import Dict, List, Mapping, Sequence, Set, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, ScopeProvider
 
-from horovod_compat.migrate.context import FAMILIES, RewriteContext, SharedState
-from horovod_compat.migrate.report import Finding
+from horovod_compat.migrate.context import FAMILIES, HVD, RewriteContext, SharedState
+from horovod_compat.migrate.report import Finding, Kind
 from horovod_compat.migrate.rules import lightning
 from horovod_compat.migrate.rules.imports import ImportFixer, ImportPlan, ImportScan, remaining_uses
 from horovod_compat.migrate.rules.optimizer import plan_optimizers
@@ -148,9 +148,22 @@ def _foreign_bindings(scopes: Mapping[cst.CSTNode, object], positions) -> Dict[s
 
 
 def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
-    """Rewrite every unit; raises MigrationError on unparsable input (nothing is rewritten then)."""
+    """Rewrite every unit; raises MigrationError on unparsable input (nothing is rewritten then).
+
+    When Horovod uses remain after the rewrite, it runs again keeping ``hvd.init()`` and
+    ``hvd.shutdown()`` beside their native replacements: the partly migrated program then runs
+    where the original did (under horovodrun, or under torchrun with horovod-compat installed),
+    instead of stopping at its first remaining ``hvd.`` call."""
+    results, horovod_left = _migrate(units, keep_lifecycle=False)
+    if horovod_left and any(f.name in ("hvd.init", "hvd.shutdown") for r in results for f in r.findings):
+        results, _ = _migrate(units, keep_lifecycle=True)
+    return results
+
+
+def _migrate(units: Sequence[Unit], keep_lifecycle: bool) -> Tuple[List[UnitResult], bool]:
+    """One pass over the units: (results, whether `horovod.torch` uses remain)."""
     modules = [_parse(unit) for unit in units]
-    shared = SharedState()
+    shared = SharedState(keep_horovod_lifecycle=keep_lifecycle)
     unsupported: List[Dict[cst.CSTNode, str]] = []
     for module in modules:
         scan = ImportScan(shared)
@@ -192,7 +205,7 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
                      f"{_CANONICAL[name][0]}; the rewrite needs that name. Rename yours and run again "
                      "(nothing in this file was rewritten)")
             results[i].findings.extend(ctx.findings)
-        return results
+        return results, False
     module_sites: Set[str] = set()
     for module in modules:
         module_sites |= _module_level_families(module, shared)
@@ -207,9 +220,75 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
             global_imports=set(shared.global_imports),
             helpers=ctx.helpers,
         )
-        fixed = module.visit(ImportFixer(shared, plan))
+        fixed = module.visit(ImportFixer(shared, plan)).visit(_FStringQuotes())
         findings = list(ctx.findings)
         results.append(UnitResult(fixed.code, findings, unit.source))
+    return _checked(units, results), not remove[HVD]
+
+
+class _FStringQuotes(cst.CSTTransformer):
+    """Strings the rewrite put inside an f-string's braces must not use the f-string's own quote:
+    ``f"{int(os.environ["LOCAL_RANK"])}"`` parses only on Python 3.12+. Such a string takes the
+    other quote (``os.environ['LOCAL_RANK']``)."""
+
+    def __init__(self) -> None:
+        self.quotes: List[str] = []
+
+    def visit_FormattedString(self, node: cst.FormattedString) -> None:
+        self.quotes.append(node.start.lstrip("rRfFbBuU"))
+
+    def leave_FormattedString(self, original_node: cst.FormattedString,
+                              updated_node: cst.FormattedString) -> cst.FormattedString:
+        self.quotes.pop()
+        return updated_node
+
+    def leave_SimpleString(self, original_node: cst.SimpleString,
+                           updated_node: cst.SimpleString) -> cst.SimpleString:
+        if not self.quotes or len(self.quotes[-1]) != 1:
+            return updated_node
+        value = updated_node.value
+        prefix = value[:len(value) - len(value.lstrip("rRbBuU"))]
+        body = value[len(prefix):]
+        quote = self.quotes[-1]
+        other = "'" if quote == '"' else '"'
+        if body[:1] != quote or body[:3] == quote * 3 or other in body[1:-1] or "\\" in body:
+            return updated_node
+        return updated_node.with_changes(value=f"{prefix}{other}{body[1:-1]}{other}")
+
+
+def _parse_problem(before: str, after: str, location: str) -> Optional[str]:
+    """Why `after` (the rewrite of `before`) must not be written: it does not compile here, or
+    not on Python 3.9's grammar while `before` did. None when it is fine."""
+    flags = ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    try:
+        compile(after, location, "exec", flags, dont_inherit=True)
+    except SyntaxError as err:
+        return f"line {err.lineno}: {err.msg}"
+    try:
+        ast.parse(before, feature_version=(3, 9))
+    except SyntaxError:
+        return None  # the input needs a newer Python already
+    try:
+        ast.parse(after, feature_version=(3, 9))
+    except SyntaxError as err:
+        return f"line {err.lineno}: {err.msg} (on Python 3.9)"
+    return None
+
+
+def _checked(units: Sequence[Unit], results: List[UnitResult]) -> List[UnitResult]:
+    """The results, or every unit as it was (with a TODO) if any rewritten unit would not parse
+    on every Python we support: a rewrite is never worse than its input."""
+    for unit, result in zip(units, results):
+        problem = _parse_problem(unit.source, result.source, unit.location) if result.changed else None
+        if problem is None:
+            continue
+        ctx = RewriteContext(unit.location, SharedState(), line_offset=unit.line_offset)
+        ctx.todo(1, "rewrite", f"the rewritten code would not parse ({problem}); nothing was "
+                 "rewritten. Please report this with the input")
+        kept = [UnitResult(u.source, [f for f in r.findings if f.kind is not Kind.REWRITE], u.source)
+                for u, r in zip(units, results)]
+        kept[units.index(unit)].findings.extend(ctx.findings)
+        return kept
     return results
 
 

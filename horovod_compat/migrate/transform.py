@@ -52,7 +52,7 @@ class HorovodTransformer(cst.CSTTransformer):
         self.plan = plan
         self.unsupported_imports = unsupported_imports
         self.frames: List[_Frame] = []
-        self.statement_calls: Dict[cst.Call, Outcome] = {}
+        self.statement_calls: Dict[cst.Call, Optional[Outcome]] = {}
         self.hvd_call_depth = 0
         self.inner_attributes: set = set()
 
@@ -88,6 +88,23 @@ class HorovodTransformer(cst.CSTTransformer):
             return False
         return any("set_device(" in cst.Module([]).code_for_node(s) for s in body[body.index(node) + 1:])
 
+    def _kept_lifecycle(self, node: cst.SimpleStatementLine, name: str) -> bool:
+        """True for an ``hvd.init()`` right after the native init block, or an ``hvd.shutdown()``
+        right before the native destroy: kept there by an earlier run (Horovod uses remained),
+        so a re-run leaves them as they are."""
+        block = self.get_metadata(ParentNodeProvider, node, None)
+        body = list(getattr(block, "body", ()))
+        if node not in body:
+            return False
+        i = body.index(node)
+        near = body[i - 1::-1] if name == "init" else body[i + 1:]
+        code = cst.Module([]).code_for_node(near[0]) if near else ""
+        marker = "dist.init_process_group(" if name == "init" else "dist.destroy_process_group()"
+        # after the init block comes the device pinning, when the rewrite added it
+        if name == "init" and "set_device(" in code and len(near) > 1:
+            code = cst.Module([]).code_for_node(near[1])
+        return marker in code and "is_initialized()" in code
+
     # -- statements --------------------------------------------------------------------------
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> Optional[bool]:
         self.frames.append(_Frame())
@@ -96,7 +113,9 @@ class HorovodTransformer(cst.CSTTransformer):
         if len(node.body) == 1 and isinstance(node.body[0], cst.Expr) and isinstance(node.body[0].value, cst.Call):
             call = node.body[0].value
             name = hvd_attr_name(call.func, self.ctx.hvd_aliases)
-            if name == "init":
+            if name in ("init", "shutdown") and self._kept_lifecycle(node, name):
+                self.statement_calls[call] = None  # stays as it is, silently
+            elif name == "init":
                 self.statement_calls[call] = topology.rewrite_init(
                     call, self.ctx, pin_device=not self._next_pins_device(node))
             elif name in STATEMENT_RULES:

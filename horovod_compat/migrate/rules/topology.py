@@ -37,11 +37,12 @@ _EXPRESSIONS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
 }
 
 # hvd.init() also left the job at interpreter exit; without it a gloo/NCCL thread can abort the
-# process during Python's finalization after the script succeeded.
+# process during Python's finalization after the script succeeded. Guarded: the script may have
+# destroyed the group itself (hvd.shutdown()), and a second destroy raises at exit.
 _INIT = """\
 if not dist.is_initialized():
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    atexit.register(dist.destroy_process_group)
+    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
 """
 _SET_DEVICE = """\
 if torch.cuda.is_available():
@@ -79,14 +80,28 @@ def rewrite_init(call: cst.Call, ctx: RewriteContext, pin_device: bool = True) -
             "hvd.init() with a communicator/process_sets has no torchrun equivalent; "
             "use dist.new_group(ranks) after dist.init_process_group()"
         )
+    kept = _kept(call, ctx)
     if not pin_device:  # the script pins its device itself, right after hvd.init()
         ctx.need(HVD, "dist", "torch", "atexit")
-        return Rewritten(_statements(_INIT), "-> dist.init_process_group(nccl on CUDA else gloo)")
+        return Rewritten(_statements(_INIT) + kept,
+                         "-> dist.init_process_group(nccl on CUDA else gloo)" + _KEPT_NOTE * bool(kept))
     ctx.need(HVD, "dist", "torch", "os", "atexit")
     return Rewritten(
-        _statements(_INIT, _SET_DEVICE),
-        "-> dist.init_process_group(nccl on CUDA else gloo) + torch.cuda.set_device(LOCAL_RANK)",
+        _statements(_INIT, _SET_DEVICE) + kept,
+        "-> dist.init_process_group(nccl on CUDA else gloo) + torch.cuda.set_device(LOCAL_RANK)"
+        + _KEPT_NOTE * bool(kept),
     )
+
+
+_KEPT_NOTE = " (hvd.init() kept: Horovod calls remain in this file)"
+
+
+def _kept(call: cst.Call, ctx: RewriteContext) -> List[cst.BaseStatement]:
+    """The Horovod call itself, kept after its native replacement while other Horovod uses remain
+    in the input (`SharedState.keep_horovod_lifecycle`): a partly migrated program still runs."""
+    if not ctx.shared.keep_horovod_lifecycle:
+        return []
+    return [cst.SimpleStatementLine([cst.Expr(call)])]
 
 
 def rewrite_shutdown(call: cst.Call, ctx: RewriteContext) -> Outcome:
@@ -94,7 +109,9 @@ def rewrite_shutdown(call: cst.Call, ctx: RewriteContext) -> Outcome:
     if call.args:
         return Flagged("hvd.shutdown() with arguments is not understood")
     ctx.need(HVD, "dist")
-    return Rewritten(_statements(_SHUTDOWN), "-> dist.destroy_process_group()")
+    kept = _kept(call, ctx)  # Horovod leaves first, then the process group goes
+    return Rewritten(kept + _statements(_SHUTDOWN), "-> dist.destroy_process_group()"
+                     + " (hvd.shutdown() kept: Horovod calls remain in this file)" * bool(kept))
 
 
 CALLS: Dict[str, Callable[[str, cst.Call, RewriteContext], Outcome]] = {

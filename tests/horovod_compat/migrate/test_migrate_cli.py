@@ -46,7 +46,7 @@ def test_todo_is_reported_with_file_and_line(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(FLAGGED_SCRIPT)
     status, _, err = run(script)
-    assert status == 0
+    assert status == 1  # work is left for a person
     assert f"{script}:5: TODO hvd.allgather:" in err
     text = script.read_text()
     assert "# TODO(horovod-compat): hvd.allgather:" in text
@@ -73,7 +73,7 @@ def test_check_fails_without_writing_when_work_remains(tmp_path):
 def test_check_fails_on_a_file_with_only_todos_left(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(FLAGGED_SCRIPT)
-    assert run(script)[0] == 0  # rewrite what can be rewritten
+    assert run(script)[0] == 1  # rewrite what can be rewritten; a TODO is left
     status, _, err = run("--check", script)
     assert status == 1 and "TODO hvd.allgather" in err
 
@@ -188,7 +188,7 @@ def test_notebook_keeps_hvd_import_used_in_another_cell(tmp_path):
     path = tmp_path / "nb.ipynb"
     _write_nb(path, nb)
     status, _, err = run(path)
-    assert status == 0
+    assert status == 1
     new = json.loads(path.read_text())
     assert "import horovod.torch as hvd" in "".join(new["cells"][0]["source"])
     assert f"{path}[cell 1]:2: TODO hvd.allgather" in err
@@ -248,7 +248,7 @@ def test_name_clash_leaves_the_file_unchanged_and_says_why(tmp_path):
     status, _, err = run("--check", script)
     assert status == 1
     assert f"{script}:4: TODO dist: `dist` is already bound here" in err
-    assert run(script)[0] == 0
+    assert run(script)[0] == 1  # unchanged, and it says so with its exit status
     assert script.read_text() == source
 
 
@@ -259,7 +259,7 @@ def test_from_import_of_another_torch_distributor_is_a_name_clash(tmp_path):
               "def train(lr):\n    return lr\nHorovodRunner(np=2).run(train, lr=0.1)\n")
     script.write_text(source)
     status, _, err = run(script)
-    assert status == 0
+    assert status == 1
     assert f"{script}:2: TODO TorchDistributor: `TorchDistributor` is already bound here" in err
     assert script.read_text() == source
 
@@ -293,10 +293,41 @@ def test_check_json_reports_per_file_what_changes_and_what_needs_a_person(tmp_pa
     assert [(t["line"], t["name"]) for t in files["b_flagged.py"]["todos"]] == [(5, "hvd.allgather")]
     assert "dist.all_gather" in files["b_flagged.py"]["todos"][0]["message"]
     assert files["c_native.py"] == {"path": str(tmp_path / "c_native.py"), "would_change": False,
+                                    "native": True, "not_native_because": None,
                                     "rewrites": [], "todos": []}
-    assert report["summary"] == {"files": 3, "would_change": 2, "rewrites": report["summary"]["rewrites"],
-                                 "todos": 1, "errors": 0}
+    assert files["a_rewritable.py"]["native"] and not files["b_flagged.py"]["native"]
+    assert files["b_flagged.py"]["not_native_because"] == "1 TODO(s)"
+    assert report["summary"] == {"files": 3, "native": 2, "would_change": 2,
+                                 "rewrites": report["summary"]["rewrites"], "todos": 1, "errors": 0}
     assert (tmp_path / "a_rewritable.py").read_text() == HVD_SCRIPT  # --check writes nothing
+
+
+def test_in_place_keeps_the_original_beside_the_file(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(HVD_SCRIPT)
+    (tmp_path / "train.py.orig").write_text("an older backup\n")
+    status, _, err = run(script)
+    assert status == 0
+    assert (tmp_path / "train.py.orig.1").read_text() == HVD_SCRIPT  # the older one is kept too
+    assert (tmp_path / "train.py.orig").read_text() == "an older backup\n"
+    assert f"the original is kept as {tmp_path / 'train.py.orig.1'}" in err
+    other = tmp_path / "other.py"
+    other.write_text(HVD_SCRIPT)
+    assert run("--no-backup", other)[0] == 0
+    assert not (tmp_path / "other.py.orig").exists() and "horovod" not in other.read_text()
+
+
+def test_many_files_end_with_a_table_of_what_is_native(tmp_path):
+    (tmp_path / "a.py").write_text(HVD_SCRIPT)
+    (tmp_path / "b.py").write_text(FLAGGED_SCRIPT)
+    (tmp_path / "c.py").write_text("import horovod\nhorovod.run(print, np=2)\n")
+    status, _, err = run("-o", tmp_path / "out", tmp_path)
+    assert status == 1
+    rows = {line.split()[0]: line for line in err.splitlines() if line.startswith(str(tmp_path))}
+    assert rows[str(tmp_path / "a.py")].endswith("  native")
+    assert rows[str(tmp_path / "b.py")].endswith("not native: 1 TODO(s)")
+    assert rows[str(tmp_path / "c.py")].endswith("not native: imports distributor")
+    assert "1 of 3 file(s) native" in err
 
 
 def test_check_json_on_native_code_passes_and_bad_input_is_listed(tmp_path):

@@ -10,9 +10,10 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 def named_choices(args, x):
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        atexit.register(dist.destroy_process_group)
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    hvd.init()
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     compression = default_hooks.fp16_compress_hook if args.fp16 else None

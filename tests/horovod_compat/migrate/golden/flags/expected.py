@@ -9,9 +9,10 @@ import torch.distributed as dist
 os.environ["HOROVOD_TIMELINE"] = "/dbfs/ml/timeline.json"
 if not dist.is_initialized():
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    atexit.register(dist.destroy_process_group)
+    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
 if torch.cuda.is_available():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+hvd.init()
 # TODO(horovod-compat): hvd.start_timeline: the Horovod timeline has no native form; use torch.profiler (see the guide)
 hvd.start_timeline("/tmp/timeline.json")
 # TODO(horovod-compat): hvd.allgather: Horovod concatenates tensors whose first dimension may differ between ranks; dist.all_gather needs equal sizes (gather the sizes first and pad), or use dist.all_gather_object for small data

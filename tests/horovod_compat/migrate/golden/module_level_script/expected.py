@@ -110,7 +110,7 @@ if __name__ == '__main__':
     args = parser.parse_args()
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        atexit.register(dist.destroy_process_group)
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     torch.manual_seed(args.seed)
     if args.cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

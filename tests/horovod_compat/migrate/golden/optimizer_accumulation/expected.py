@@ -10,9 +10,10 @@ import contextlib
 def train(loader, model):
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        atexit.register(dist.destroy_process_group)
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    hvd.init()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     ddp_model = DDP(model, forward_sync_buffers=False)
     for epoch in range(2):

@@ -8,9 +8,10 @@ import torch.distributed as dist
 def accumulate():
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        atexit.register(dist.destroy_process_group)
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    hvd.init()
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     # TODO(horovod-compat): hvd.DistributedOptimizer: `model` is used as a value at line 11 (e.g. passed to a function); the rewriter cannot prove every forward pass then goes through DistributedDataParallel
