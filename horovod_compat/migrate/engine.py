@@ -153,16 +153,91 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
     When Horovod uses remain after the rewrite, it runs again keeping ``hvd.init()`` and
     ``hvd.shutdown()`` beside their native replacements: the partly migrated program then runs
     where the original did (under horovodrun, or under torchrun with horovod-compat installed),
-    instead of stopping at its first remaining ``hvd.`` call."""
-    results, horovod_left = _migrate(units, keep_lifecycle=False)
+    instead of stopping at its first remaining ``hvd.`` call.
+
+    A name the rewrite needs (``dist``, ``DDP``, ...) that the input binds to something else (say
+    ``import pyro.distributions as dist``) is not shadowed: the rewrite runs again with the input's
+    name set aside, and the native code takes a free name instead (``torch_dist``)."""
+    renames: Dict[str, str] = {}
+    results, horovod_left, clashes = _migrate(units, False, renames)
+    if clashes:
+        taken = set().union(*(_names(_parse(unit)) for unit in units))
+        renames = {name: _free_name(name, taken) for name in clashes}
+        results, horovod_left, clashes = _migrate(units, False, renames)
     if horovod_left and any(f.name in ("hvd.init", "hvd.shutdown") for r in results for f in r.findings):
-        results, _ = _migrate(units, keep_lifecycle=True)
+        results, _, _ = _migrate(units, True, renames)
     return results
 
 
-def _migrate(units: Sequence[Unit], keep_lifecycle: bool) -> Tuple[List[UnitResult], bool]:
-    """One pass over the units: (results, whether `horovod.torch` uses remain)."""
+#: The name native code takes when the input binds the usual one to something else.
+_ALTERNATIVES = {"dist": "torch_dist", "DDP": "TorchDDP", "os": "os_", "torch": "torch_"}
+#: The input's own binding of a clashing name while the rewrite runs (restored after it); an
+#: ``import x`` of the input is set aside as ``import x as <_IMPORTED_ASIDE>``.
+_SET_ASIDE = "_horovod_compat_user_{}"
+_IMPORTED_ASIDE = "_horovod_compat_user_import_{}"
+
+
+def _name_of(node: cst.BaseExpression) -> str:
+    return node.value if isinstance(node, cst.Name) else ""
+
+
+def _free_name(name: str, taken: Set[str]) -> str:
+    base = _ALTERNATIVES.get(name, f"{name}_")
+    candidate, n = base, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{base}{n}"
+    return candidate
+
+
+class _Rename(cst.CSTTransformer):
+    """Rename identifiers by `mapping` at once (a swap works): names and ``as`` names, never an
+    attribute, a keyword argument or a module path in an import. An ``import os`` whose name
+    changes becomes ``import os as <new>``."""
+
+    def __init__(self, mapping: Mapping[str, str]) -> None:
+        self.mapping = mapping
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+        new = self.mapping.get(original_node.value)
+        return updated_node.with_changes(value=new) if new else updated_node
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+        return updated_node.with_changes(attr=original_node.attr)
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        return updated_node.with_changes(keyword=original_node.keyword)
+
+    def leave_ImportAlias(self, original_node: cst.ImportAlias,
+                          updated_node: cst.ImportAlias) -> cst.ImportAlias:
+        name = original_node.name
+        kept = updated_node.with_changes(name=name)
+        if original_node.asname is None and isinstance(name, cst.Name) and name.value in self.mapping:
+            new = self.mapping[name.value]
+            if new.startswith(_SET_ASIDE.format("")):  # marked, so the way back drops it again
+                new = _IMPORTED_ASIDE.format(name.value)
+            return kept.with_changes(asname=cst.AsName(cst.Name(new)))
+        before = original_node.asname.name if original_node.asname is not None else None
+        if isinstance(before, cst.Name) and before.value == _IMPORTED_ASIDE.format(_name_of(name)):
+            return kept.with_changes(asname=None)  # `import x` set aside, now back as it was
+        return kept
+
+    def leave_ImportFrom(self, original_node: cst.ImportFrom,
+                         updated_node: cst.ImportFrom) -> cst.ImportFrom:
+        return updated_node.with_changes(module=original_node.module)
+
+
+def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, str]
+             ) -> Tuple[List[UnitResult], bool, List[str]]:
+    """One pass over the units: (results, whether `horovod.torch` uses remain, the names the
+    rewrite needs that the input binds to something else). `renames` {name: free name}: the
+    input's own `name` is set aside during the rewrite and the native code's takes `free name`."""
+    aside = {name: _SET_ASIDE.format(name) for name in renames}
+    back = {**{v: k for k, v in aside.items()},
+            **{_IMPORTED_ASIDE.format(k): k for k in renames}, **renames}
     modules = [_parse(unit) for unit in units]
+    if renames:
+        modules = [m.visit(_Rename(aside)) for m in modules]
     shared = SharedState(keep_horovod_lifecycle=keep_lifecycle)
     unsupported: List[Dict[cst.CSTNode, str]] = []
     for module in modules:
@@ -205,7 +280,7 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool) -> Tuple[List[UnitResu
                      f"{_CANONICAL[name][0]}; the rewrite needs that name. Rename yours and run again "
                      "(nothing in this file was rewritten)")
             results[i].findings.extend(ctx.findings)
-        return results, False
+        return results, False, sorted({name for _, name, _ in clashes})
     module_sites: Set[str] = set()
     for module in modules:
         module_sites |= _module_level_families(module, shared)
@@ -221,9 +296,11 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool) -> Tuple[List[UnitResu
             helpers=ctx.helpers,
         )
         fixed = module.visit(ImportFixer(shared, plan)).visit(_FStringQuotes())
+        if renames:
+            fixed = fixed.visit(_Rename(back))
         findings = list(ctx.findings)
         results.append(UnitResult(fixed.code, findings, unit.source))
-    return _checked(units, results), not remove[HVD]
+    return _checked(units, results), not remove[HVD], []
 
 
 class _FStringQuotes(cst.CSTTransformer):

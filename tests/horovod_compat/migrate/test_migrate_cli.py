@@ -241,27 +241,34 @@ def test_python_dash_m_entry_point(tmp_path):
     assert "rewrite(s)" in proc.stderr
 
 
-def test_name_clash_leaves_the_file_unchanged_and_says_why(tmp_path):
+def test_a_name_the_input_binds_otherwise_is_left_to_it_and_ours_takes_a_free_one(tmp_path):
     script = tmp_path / "train.py"
-    source = "import torch\nimport horovod.torch as hvd\nhvd.init()\ndist = torch.distributions.Normal(0, 1)\n"
+    source = ("import torch\nimport pyro.distributions as dist\nimport horovod.torch as hvd\n"
+              "hvd.init()\nprior = dist.Normal(0, 1)\n"
+              "def f(dist=None):\n    return dist, hvd.rank()\nf(dist=prior)\n")
     script.write_text(source)
-    status, _, err = run("--check", script)
-    assert status == 1
-    assert f"{script}:4: TODO dist: `dist` is already bound here" in err
-    assert run(script)[0] == 1  # unchanged, and it says so with its exit status
-    assert script.read_text() == source
+    status, _, err = run(script)
+    assert status == 0, err
+    text = script.read_text()
+    assert "import pyro.distributions as dist\n" in text and "prior = dist.Normal(0, 1)" in text
+    assert "import torch.distributed as torch_dist\n" in text
+    assert "torch_dist.init_process_group(" in text
+    assert "def f(dist=None):\n    return dist, torch_dist.get_rank()\nf(dist=prior)" in text
+    assert "horovod" not in text
 
 
-def test_from_import_of_another_torch_distributor_is_a_name_clash(tmp_path):
+def test_from_import_of_another_torch_distributor_is_left_to_it(tmp_path):
     """`from m import X` binds X (not m): a TorchDistributor of the user's own is not ours to call."""
     script = tmp_path / "launch.py"
     source = ("from sparkdl import HorovodRunner\nfrom mylib.launch import TorchDistributor\n"
               "def train(lr):\n    return lr\nHorovodRunner(np=2).run(train, lr=0.1)\n")
     script.write_text(source)
     status, _, err = run(script)
-    assert status == 1
-    assert f"{script}:2: TODO TorchDistributor: `TorchDistributor` is already bound here" in err
-    assert script.read_text() == source
+    assert status == 1, err  # native but for `from distributor import ...`: not native
+    text = script.read_text()
+    assert "from mylib.launch import TorchDistributor\n" in text
+    assert "from distributor import TorchDistributor as TorchDistributor_\n" in text
+    assert "TorchDistributor_(" in text and "sparkdl" not in text
 
 
 def test_notebook_model_created_in_another_cell_is_not_wrapped(tmp_path):

@@ -115,3 +115,45 @@ def test_a_partly_migrated_program_still_runs_and_gives_the_same_results(tmp_pat
     assert len(want) == 2
     assert _lines(run("-m", "horovod_compat.run", "-np", "2", sys.executable, str(partial))) == want
     assert _lines(run("-m", "torch.distributed.run", "--nproc-per-node", "2", str(partial))) == want
+
+
+CLASH = textwrap.dedent('''\
+    import statistics as dist
+    import torch
+    import horovod.torch as hvd
+    from statistics import fmean as fmean
+
+
+    def spread(dist=dist):
+        return dist.pstdev([1.0, 2.0, 4.0])
+
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+    print(f"rank {hvd.rank()} mean {dist.mean([1, 2, 3])} spread {spread():.4f} total {total.item()}")
+    ''')
+
+
+def test_a_name_the_input_binds_otherwise_stays_its_own_and_the_program_runs(tmp_path):
+    """`dist` is the program's statistics module: the native code takes torch_dist, and the
+    program prints what the original printed."""
+    result = migrate_source(CLASH, "clash.py")
+    assert not [f for f in result.findings if f.kind is Kind.TODO], result.findings
+    assert result.source.startswith("import statistics as dist\n")
+    assert "from statistics import fmean as fmean\n" in result.source  # kept to the letter
+    assert "def spread(dist=dist):\n    return dist.pstdev(" in result.source
+    assert "import torch.distributed as torch_dist\n" in result.source and "horovod" not in result.source
+    original, native = tmp_path / "original.py", tmp_path / "native.py"
+    original.write_text(CLASH)
+    native.write_text(result.source)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+    def printed(*argv):
+        done = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=240)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return sorted(re.findall(r"rank \d mean \S+ spread \S+ total \d+\.\d", done.stdout))
+
+    want = printed("-m", "horovod_compat.run", "-np", "2", sys.executable, str(original))
+    assert want == ["rank 0 mean 2 spread 1.2472 total 3.0", "rank 1 mean 2 spread 1.2472 total 3.0"]
+    assert printed("-m", "torch.distributed.run", "--nproc-per-node", "2", str(native)) == want
