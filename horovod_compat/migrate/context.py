@@ -45,6 +45,8 @@ class Rewritten:
 
     node: Union[cst.BaseExpression, List[cst.BaseStatement]]
     note: str
+    #: What the replacement cannot carry over (a dropped argument): a TODO left beside it.
+    todo: Optional[str] = None
 
 
 @dataclasses.dataclass

@@ -296,6 +296,8 @@ class HorovodTransformer(cst.CSTTransformer):
         assert isinstance(node, cst.BaseExpression)
         if node is not updated:
             self.ctx.rewrite(self._line(original), label, outcome.note)
+        if outcome.todo:
+            self._flag(original, label, outcome.todo)
         if updated.lpar:
             return node.with_changes(lpar=updated.lpar, rpar=updated.rpar)
         if not isinstance(node, (cst.Call, cst.Name, cst.Attribute, cst.Subscript)):

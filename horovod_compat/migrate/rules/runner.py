@@ -136,6 +136,10 @@ _RUN_PARAMETERS = ("func", "args", "kwargs", "np", "min_np", "max_np", "slots", 
 _RUN_DROPPED = {"hosts", "hostfile", "ssh_port", "ssh_identity_file", "disable_cache", "output_filename",
                 "verbose", "use_gloo", "use_mpi", "mpi_args", "network_interfaces", "executable"}
 _RUN_ELASTIC = {"min_np", "max_np", "slots", "reset_limit"}
+#: Dropped arguments that say where the ranks run or where their output goes: given a value
+#: other than None, losing them changes what the call does, so they become a TODO.
+_RUN_WHERE = {"hosts", "hostfile", "ssh_port", "ssh_identity_file", "network_interfaces",
+              "mpi_args", "executable", "output_filename"}
 
 
 def is_horovod_run(call: cst.Call, aliases: Set[str]) -> bool:
@@ -192,4 +196,11 @@ def rewrite_horovod_run(call: cst.Call, ctx: RewriteContext) -> Outcome:
     if dropped:
         note += (f"; {', '.join(dropped)} dropped: ranks start on this host with gloo (nccl on GPUs); "
                  "for several hosts run the script under torchrun on each host")
-    return Rewritten(cst.parse_expression(text), note)
+    lost = [k for k in dropped if k in _RUN_WHERE and code_of(given[k]).strip() != "None"]
+    todo = None
+    if lost:
+        todo = (f"horovod.run({', '.join(f'{k}=...' for k in lost)}) placed the ranks (hosts, ssh, "
+                "interfaces, output); distributor.run_function starts them on this host. For several "
+                "hosts run the function's script under torchrun on each host (see the guide), then "
+                "delete this call's placement arguments from your launch code")
+    return Rewritten(cst.parse_expression(text), note, todo)

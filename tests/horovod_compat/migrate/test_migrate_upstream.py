@@ -38,6 +38,9 @@ ALLOWED_TODOS = {
     # with Lightning 1, so they have no native stack to run on.
     "examples/pytorch/pytorch_lightning_mnist.py": {"validation_epoch_end", "on_epoch_end", "on_init_start",
                                                     "on_init_end"},
+    # horovod.run(main, ..., hosts=args.hosts): ranks on other hosts from inside a program have no
+    # native form (torchrun runs on each host); dropping `hosts` silently changed what it did.
+    "examples/pytorch/pytorch_mnist.py": {"horovod.run"},
 }
 
 
