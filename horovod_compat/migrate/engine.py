@@ -19,7 +19,7 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvide
 
 from horovod_compat.migrate.context import FAMILIES, HVD, RewriteContext, SharedState
 from horovod_compat.migrate.report import Finding, Kind
-from horovod_compat.migrate.rules import lightning
+from horovod_compat.migrate.rules import import_forms, lightning
 from horovod_compat.migrate.rules.imports import ImportFixer, ImportPlan, ImportScan, remaining_uses
 from horovod_compat.migrate.rules.optimizer import plan_optimizers
 from horovod_compat.migrate.rules.runner import RunnerVarScan
@@ -238,6 +238,9 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
     modules = [_parse(unit) for unit in units]
     if renames:
         modules = [m.visit(_Rename(aside)) for m in modules]
+    every = [_names(m) for m in modules]
+    modules = [import_forms.normalize(m, every[i], set().union(*every[:i], *every[i + 1:]))[0]
+               for i, m in enumerate(modules)]
     shared = SharedState(keep_horovod_lifecycle=keep_lifecycle)
     unsupported: List[Dict[cst.CSTNode, str]] = []
     for module in modules:

@@ -243,7 +243,7 @@ class HorovodTransformer(cst.CSTTransformer):
         if name is None and original_node not in self.inner_attributes:
             other = hvd_attr_name(original_node, self.ctx.shared.horovod_aliases)
             parent = self.get_metadata(ParentNodeProvider, original_node, None)
-            if other is not None and not isinstance(parent, cst.ImportAlias) and not (
+            if other is not None and not isinstance(parent, (cst.ImportAlias, cst.ImportFrom)) and not (
                     isinstance(parent, cst.Call) and parent.func is original_node and other == "run"):
                 self._flag(original_node, f"horovod.{other}", "only horovod.run(...) is rewritten "
                            "from a bare `import horovod`")

@@ -56,14 +56,16 @@ def unsupported_import(stmt: Union[cst.Import, cst.ImportFrom]) -> Optional[str]
             if name == "horovod.torch" and alias.asname is None:
                 return "`import horovod.torch` without `as hvd`: uses are not rewritten; import it as hvd"
             if name.startswith("horovod.") and name != "horovod.torch":
-                return f"`import {name}`: only `import horovod.torch as hvd` is rewritten"
+                return (f"`import {name}`: not followed (the rewriter follows `import horovod.torch as "
+                        "hvd`, and names or submodules of horovod.torch bound once)")
         return None
     if stmt.relative or stmt.module is None:
         return None
     module = _dotted(stmt.module)
     if module.startswith("horovod.") or (module == "horovod" and not isinstance(stmt.names, cst.ImportStar)
                                          and any(_dotted(a.name) != "torch" or a.asname is None for a in stmt.names)):
-        return f"`from {module} import ...`: only `import horovod.torch as hvd` is rewritten"
+        return (f"`from {module} import ...`: not followed (the rewriter follows `import "
+                "horovod.torch as hvd`, and names or submodules of horovod.torch bound once)")
     return None
 
 

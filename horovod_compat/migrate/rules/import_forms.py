@@ -1,0 +1,199 @@
+"""Horovod imported in another form than ``import horovod.torch as hvd``: brought to that form
+before the rewrite, so every rule sees ``hvd.X``.
+
+Real programs write ``from horovod.torch import allreduce, Average``, ``import
+horovod.torch.mpi_ops as mpi_ops`` or ``from horovod.torch.functions import
+broadcast_parameters``. Each of those names is one that ``horovod.torch`` itself exports (Horovod
+0.28.1's ``horovod/torch/__init__.py`` re-exports them from these submodules), so ``allreduce``
+is ``hvd.allreduce`` and ``mpi_ops.allreduce`` is too. A form is brought over only when that is
+certain: the name is bound once in its scope (by that import), and a submodule's alias is only
+ever used as ``alias.NAME`` with NAME exported by ``horovod.torch``. Anything else stays as it is
+and keeps its TODO (``imports.unsupported_import``).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Set, Tuple, Union
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, ScopeProvider
+
+from horovod_compat.migrate.context import code_of
+
+#: Every public name of ``horovod.torch`` (Horovod 0.28.1).
+HVD_NAMES = frozenset("""
+    elastic Compression allgather_object broadcast_object broadcast_optimizer_state
+    broadcast_parameters allreduce allreduce_async allreduce_ allreduce_async_ grouped_allreduce
+    grouped_allreduce_async grouped_allreduce_ grouped_allreduce_async_ sparse_allreduce_async
+    allgather allgather_async grouped_allgather grouped_allgather_async broadcast broadcast_async
+    broadcast_ broadcast_async_ alltoall alltoall_async reducescatter reducescatter_async
+    grouped_reducescatter grouped_reducescatter_async join barrier poll synchronize init shutdown
+    is_initialized start_timeline stop_timeline size local_size cross_size rank local_rank
+    cross_rank mpi_threads_supported mpi_enabled mpi_built gloo_enabled gloo_built nccl_built
+    ddl_built ccl_built cuda_built rocm_built ProcessSet global_process_set add_process_set
+    remove_process_set Average Sum Adasum Min Max Product HorovodInternalError
+    DistributedOptimizer SyncBatchNorm
+""".split())
+#: Submodules of ``horovod.torch`` whose public names ``horovod.torch`` re-exports.
+SUBMODULES = frozenset({"mpi_ops", "functions", "compression", "optimizer", "sync_batch_norm"})
+HVD_MODULE = "horovod.torch"
+
+
+def _dotted(node: Optional[cst.BaseExpression]) -> str:
+    return code_of(node).strip() if node is not None else ""
+
+
+def _bound(alias: cst.ImportAlias) -> Optional[str]:
+    if alias.asname is not None:
+        return alias.asname.name.value if isinstance(alias.asname.name, cst.Name) else None
+    name = _dotted(alias.name)
+    return name if "." not in name else None
+
+
+class _Plan(cst.CSTVisitor):
+    """Which import aliases go, and what each use of their names becomes (``hvd.X``)."""
+
+    METADATA_DEPENDENCIES = (ScopeProvider, ParentNodeProvider)
+
+    def __init__(self, hvd: str, elsewhere: Set[str]) -> None:
+        self.hvd = hvd
+        self.elsewhere = elsewhere  # names used in the input's other units (notebook cells)
+        self.uses: Dict[cst.CSTNode, str] = {}  # Name or Attribute node -> X of hvd.X
+        self.dropped: Set[cst.ImportAlias] = set()
+        self.statements: Set[cst.CSTNode] = set()  # import statements that lost an alias
+
+    def _references(self, stmt: cst.CSTNode, name: str) -> Optional[List[cst.Name]]:
+        """Every use of `name` as bound by `stmt`, or None if `name` is bound more than once
+        in that scope (then it may mean something else at some use)."""
+        scope = self.get_metadata(ScopeProvider, stmt, None)
+        if scope is None or name in self.elsewhere:
+            return None
+        assignments = list(scope.assignments[name])
+        if len(assignments) != 1:
+            return None
+        return [access.node for access in assignments[0].references if isinstance(access.node, cst.Name)]
+
+    def _names_from(self, stmt: cst.ImportFrom, alias: cst.ImportAlias, exported: str) -> None:
+        bound = _bound(alias)
+        refs = self._references(stmt, bound) if bound else None
+        if refs is None:
+            return
+        for ref in refs:
+            self.uses[ref] = exported
+        self.dropped.add(alias)
+        self.statements.add(stmt)
+
+    def _submodule(self, stmt: Union[cst.Import, cst.ImportFrom], alias: cst.ImportAlias) -> None:
+        bound = _bound(alias)
+        refs = self._references(stmt, bound) if bound else None
+        if refs is None:
+            return
+        attributes = []
+        for ref in refs:
+            parent = self.get_metadata(ParentNodeProvider, ref, None)
+            if not (isinstance(parent, cst.Attribute) and parent.value is ref
+                    and parent.attr.value in HVD_NAMES):
+                return  # used otherwise than as alias.NAME: leave it
+            attributes.append(parent)
+        for attribute in attributes:
+            self.uses[attribute] = attribute.attr.value
+        self.dropped.add(alias)
+        self.statements.add(stmt)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+            return
+        module = _dotted(node.module)
+        for alias in node.names:
+            name = _dotted(alias.name)
+            if module == HVD_MODULE and name in HVD_NAMES - {"elastic"}:
+                self._names_from(node, alias, name)
+            elif module == HVD_MODULE and name in SUBMODULES:
+                self._submodule(node, alias)
+            elif module.startswith(HVD_MODULE + ".") and module.split(".")[-1] in SUBMODULES \
+                    and name in HVD_NAMES:
+                self._names_from(node, alias, name)
+
+    def visit_Import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            name = _dotted(alias.name)
+            if alias.asname is not None and name.startswith(HVD_MODULE + ".") \
+                    and name.split(".")[-1] in SUBMODULES and name.count(".") == 2:
+                self._submodule(node, alias)
+
+
+class _Apply(cst.CSTTransformer):
+    def __init__(self, plan: _Plan) -> None:
+        self.plan = plan
+
+    def _hvd(self, name: str) -> cst.Attribute:
+        return cst.Attribute(cst.Name(self.plan.hvd), cst.Name(name))
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        name = self.plan.uses.get(original_node)
+        return self._hvd(name) if name is not None else updated_node
+
+    def leave_Attribute(self, original_node: cst.Attribute,
+                        updated_node: cst.Attribute) -> cst.BaseExpression:
+        name = self.plan.uses.get(original_node)
+        if name is None:
+            return updated_node
+        return self._hvd(name).with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
+
+    def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom
+                         ) -> Union[cst.ImportFrom, cst.Import]:
+        return self._rebuilt(original_node, updated_node)
+
+    def leave_Import(self, original_node: cst.Import, updated_node: cst.Import) -> cst.Import:
+        # (a repeated canonical import stays: removing the line would shift the line numbers
+        # the report gives; the import fix-up removes every one once no use is left)
+        return self._rebuilt(original_node, updated_node)
+
+    def _rebuilt(self, original: Union[cst.Import, cst.ImportFrom],
+                 updated: Union[cst.Import, cst.ImportFrom]) -> Union[cst.Import, cst.ImportFrom]:
+        if original not in self.plan.statements:
+            return updated
+        kept = [a for a, o in zip(updated.names, original.names) if o not in self.plan.dropped]
+        canonical = cst.Import([cst.ImportAlias(cst.parse_expression(HVD_MODULE),  # type: ignore[arg-type]
+                                                asname=cst.AsName(cst.Name(self.plan.hvd)))])
+        if not kept:
+            return canonical
+        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated.with_changes(names=kept)
+
+
+def _hvd_name(module: cst.Module, taken: Set[str]) -> str:
+    """``hvd`` unless the input binds it to something other than ``horovod.torch``."""
+    existing = [a for a in _hvd_aliases(module)]
+    if existing:
+        return existing[0]
+    name, n = "hvd", 1
+    while name in taken:
+        n += 1
+        name = f"hvd{n}"
+    return name
+
+
+def _hvd_aliases(module: cst.Module) -> List[str]:
+    found: List[str] = []
+
+    class _Find(cst.CSTVisitor):
+        def visit_Import(self, node: cst.Import) -> None:
+            for alias in node.names:
+                if _dotted(alias.name) == HVD_MODULE and alias.asname is not None:
+                    found.append(_bound(alias) or "")
+
+    module.visit(_Find())
+    return [f for f in found if f]
+
+
+def normalize(module: cst.Module, taken: Set[str], elsewhere: Set[str]) -> Tuple[cst.Module, bool]:
+    """`module` with the other Horovod import forms brought to ``import horovod.torch as hvd``
+    (see the module docstring), and whether anything changed. `taken`: names the input uses;
+    `elsewhere`: names used in the input's other units, whose imports are left as they are."""
+    wrapper = MetadataWrapper(module)
+    plan = _Plan(_hvd_name(wrapper.module, taken | elsewhere), elsewhere)
+    wrapper.visit(plan)
+    if not plan.dropped:
+        return module, False
+    new = wrapper.module.visit(_Apply(plan))
+    return new, True
