@@ -108,6 +108,46 @@ def _native_broadcast_object(obj, root_rank=0):
     dist.broadcast_object_list(box, src=root_rank)
     return box[0]
 ''',
+    "_native_allgather": '''
+def _native_allgather(tensor):
+    """hvd.allgather on torch.distributed: every rank's tensor concatenated along dim 0, in rank
+    order. The first dimension may differ between ranks: the sizes are gathered first and each
+    tensor is padded to the largest. Differentiable as Horovod's was: the gradient is averaged
+    over the ranks and each rank keeps the rows it gave.
+    """
+    import torch
+    import torch.distributed as dist
+
+    def gather(t):
+        t = t.contiguous()
+        rows = torch.tensor([t.shape[0]], device=t.device)
+        sizes = [torch.zeros_like(rows) for _ in range(dist.get_world_size())]
+        dist.all_gather(sizes, rows)
+        sizes = [int(s.item()) for s in sizes]
+        padded = t.new_zeros((max(sizes), *t.shape[1:]))
+        padded[:t.shape[0]] = t
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded)
+        return torch.cat([part[:n] for part, n in zip(parts, sizes)]), sizes
+
+    class AllGather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            out, sizes = gather(t)
+            ctx.rows = (sum(sizes[:dist.get_rank()]), t.shape[0])
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.contiguous().clone()
+            dist.all_reduce(grad)
+            start, count = ctx.rows
+            return grad[start:start + count] / dist.get_world_size()
+
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return AllGather.apply(tensor)
+    return gather(tensor.detach())[0]
+''',
     "_native_allgather_object": '''
 def _native_allgather_object(obj):
     """hvd.allgather_object on torch.distributed: the list of every rank's object, in rank order."""

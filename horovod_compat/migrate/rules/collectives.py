@@ -112,6 +112,22 @@ def rewrite_broadcast_object(name: str, call: cst.Call, ctx: RewriteContext) -> 
     return Rewritten(cst.parse_expression(text), "-> dist.broadcast_object_list")
 
 
+def rewrite_allgather(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
+    """``hvd.allgather(tensor, name=None)`` -> the ``_native_allgather`` helper (rows per rank
+    may differ, as in Horovod; differentiable)."""
+    pos = positional_args(call)
+    kw = keyword_args(call)
+    given = min(len(pos), 1) + ("tensor" in kw)  # the tensor, positional or by keyword
+    if has_star_args(call) or set(kw) - {"tensor", "name"} or given != 1 or len(pos) > 2 \
+            or (len(pos) == 2 and "name" in kw):
+        return Flagged("hvd.allgather() with a process set or arguments not understood; "
+                       "use dist.all_gather(..., group=dist.new_group(ranks)) with padded sizes")
+    tensor = pos[0].value if pos else kw["tensor"].value
+    ctx.need_helper("_native_allgather")
+    return Rewritten(cst.parse_expression(f"_native_allgather({code_of(tensor)})"),
+                     "-> all_gather of the sizes, then of the padded tensors (uneven rows)")
+
+
 def rewrite_allgather_object(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
     """``hvd.allgather_object(obj)`` -> ``dist.all_gather_object`` helper (a list in rank order)."""
     pos = positional_args(call)
@@ -136,6 +152,7 @@ CALLS: Dict[str, Callable[[str, cst.Call, RewriteContext], Outcome]] = {
     "broadcast": rewrite_broadcast,
     "broadcast_": rewrite_broadcast,
     "broadcast_object": rewrite_broadcast_object,
+    "allgather": rewrite_allgather,
     "allgather_object": rewrite_allgather_object,
     "barrier": rewrite_barrier,
 }

@@ -12,11 +12,6 @@ _ASYNC = (
 )
 
 REASONS = {
-    "allgather": (
-        "Horovod concatenates tensors whose first dimension may differ between ranks; "
-        "dist.all_gather needs equal sizes (gather the sizes first and pad), or use "
-        "dist.all_gather_object for small data"
-    ),
     "allgather_async": _ASYNC,
     "grouped_allgather": "no grouped native form; one dist.all_gather per tensor (sizes may differ)",
     "grouped_allreduce": "no grouped native form; one dist.all_reduce per tensor (Horovod averaged)",

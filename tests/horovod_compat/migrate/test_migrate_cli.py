@@ -20,7 +20,7 @@ import torch
 import horovod.torch as hvd
 
 hvd.init()
-parts = hvd.allgather(torch.ones(hvd.rank() + 1))
+parts = hvd.alltoall(torch.ones(hvd.rank() + 1))
 """
 NATIVE_SCRIPT = "import torch.distributed as dist\nprint(dist.get_rank())\n"
 
@@ -47,9 +47,9 @@ def test_todo_is_reported_with_file_and_line(tmp_path):
     script.write_text(FLAGGED_SCRIPT)
     status, _, err = run(script)
     assert status == 1  # work is left for a person
-    assert f"{script}:5: TODO hvd.allgather:" in err
+    assert f"{script}:5: TODO hvd.alltoall:" in err
     text = script.read_text()
-    assert "# TODO(horovod-compat): hvd.allgather:" in text
+    assert "# TODO(horovod-compat): hvd.alltoall:" in text
     assert "import horovod.torch as hvd" in text  # still used, so still imported
 
 
@@ -75,7 +75,7 @@ def test_check_fails_on_a_file_with_only_todos_left(tmp_path):
     script.write_text(FLAGGED_SCRIPT)
     assert run(script)[0] == 1  # rewrite what can be rewritten; a TODO is left
     status, _, err = run("--check", script)
-    assert status == 1 and "TODO hvd.allgather" in err
+    assert status == 1 and "TODO hvd.alltoall" in err
 
 
 def test_check_passes_on_native_code(tmp_path):
@@ -183,7 +183,7 @@ def test_notebook_code_cells_rewritten_rest_intact(tmp_path):
 def test_notebook_keeps_hvd_import_used_in_another_cell(tmp_path):
     nb = _notebook([
         _code(["import horovod.torch as hvd\n"]),
-        _code(["hvd.init()\n", "x = hvd.allgather(t)\n"]),
+        _code(["hvd.init()\n", "x = hvd.alltoall(t)\n"]),
     ])
     path = tmp_path / "nb.ipynb"
     _write_nb(path, nb)
@@ -191,7 +191,7 @@ def test_notebook_keeps_hvd_import_used_in_another_cell(tmp_path):
     assert status == 1
     new = json.loads(path.read_text())
     assert "import horovod.torch as hvd" in "".join(new["cells"][0]["source"])
-    assert f"{path}[cell 1]:2: TODO hvd.allgather" in err
+    assert f"{path}[cell 1]:2: TODO hvd.alltoall" in err
 
 
 def test_notebook_model_used_in_another_cell_is_not_wrapped(tmp_path):
@@ -297,8 +297,8 @@ def test_check_json_reports_per_file_what_changes_and_what_needs_a_person(tmp_pa
     files = {Path(f["path"]).name: f for f in report["files"]}
     assert files["a_rewritable.py"]["would_change"] and files["a_rewritable.py"]["todos"] == []
     assert {r["name"] for r in files["a_rewritable.py"]["rewrites"]} >= {"hvd.init", "hvd.rank", "hvd.size"}
-    assert [(t["line"], t["name"]) for t in files["b_flagged.py"]["todos"]] == [(5, "hvd.allgather")]
-    assert "dist.all_gather" in files["b_flagged.py"]["todos"][0]["message"]
+    assert [(t["line"], t["name"]) for t in files["b_flagged.py"]["todos"]] == [(5, "hvd.alltoall")]
+    assert "all_to_all_single" in files["b_flagged.py"]["todos"][0]["message"]
     assert files["c_native.py"] == {"path": str(tmp_path / "c_native.py"), "would_change": False,
                                     "native": True, "not_native_because": None,
                                     "rewrites": [], "todos": []}

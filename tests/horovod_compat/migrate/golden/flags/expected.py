@@ -15,8 +15,8 @@ if torch.cuda.is_available():
 hvd.init()
 # TODO(horovod-compat): hvd.start_timeline: the Horovod timeline has no native form; use torch.profiler (see the guide)
 hvd.start_timeline("/tmp/timeline.json")
-# TODO(horovod-compat): hvd.allgather: Horovod concatenates tensors whose first dimension may differ between ranks; dist.all_gather needs equal sizes (gather the sizes first and pad), or use dist.all_gather_object for small data
-gathered = hvd.allgather(torch.ones(dist.get_rank() + 1))
+# TODO(horovod-compat): hvd.alltoall: dist.all_to_all_single takes explicit input/output split sizes; returned splits must be exchanged first
+gathered = hvd.alltoall(torch.ones(dist.get_world_size()))
 # TODO(horovod-compat): hvd.allreduce_async: async handles (poll/synchronize) have no one-line native form; use dist.all_reduce(..., async_op=True).wait() and mind that it sums in place
 handle = hvd.allreduce_async(torch.ones(1), name="x")
 # TODO(horovod-compat): hvd.synchronize: async handles (poll/synchronize) have no one-line native form; use dist.all_reduce(..., async_op=True).wait() and mind that it sums in place

@@ -6,7 +6,7 @@ import horovod.torch as hvd
 os.environ["HOROVOD_TIMELINE"] = "/dbfs/ml/timeline.json"
 hvd.init()
 hvd.start_timeline("/tmp/timeline.json")
-gathered = hvd.allgather(torch.ones(hvd.rank() + 1))
+gathered = hvd.alltoall(torch.ones(hvd.size()))
 handle = hvd.allreduce_async(torch.ones(1), name="x")
 out = hvd.synchronize(handle)
 last = hvd.join()

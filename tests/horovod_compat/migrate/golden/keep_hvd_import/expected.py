@@ -11,5 +11,5 @@ if torch.cuda.is_available():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 hvd.init()
 rank = dist.get_rank()
-# TODO(horovod-compat): hvd.allgather: Horovod concatenates tensors whose first dimension may differ between ranks; dist.all_gather needs equal sizes (gather the sizes first and pad), or use dist.all_gather_object for small data
-sizes = hvd.allgather(torch.tensor([rank]))
+# TODO(horovod-compat): hvd.alltoall: dist.all_to_all_single takes explicit input/output split sizes; returned splits must be exchanged first
+sizes = hvd.alltoall(torch.tensor([rank]))

@@ -2,4 +2,4 @@ import horovod.torch as hvd
 
 hvd.init()
 rank = hvd.rank()
-sizes = hvd.allgather(torch.tensor([rank]))
+sizes = hvd.alltoall(torch.tensor([rank]))
