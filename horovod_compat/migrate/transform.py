@@ -14,9 +14,11 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 
 from horovod_compat.migrate.context import Flagged, Outcome, RewriteContext, Rewritten, hvd_attr_name
 from horovod_compat.migrate.report import todo_comment
-from horovod_compat.migrate.rules import collectives, elastic, lightning, runner, sampler, state_sync, topology
+from horovod_compat.migrate.rules import (
+    collectives, elastic, lightning, optimizer_hooks, runner, sampler, state_sync, topology,
+)
 from horovod_compat.migrate.rules.flags import reason_for
-from horovod_compat.migrate.rules.optimizer import OptimizerPlan
+from horovod_compat.migrate.rules.optimizer import GRADIENTS_READ, OptimizerPlan
 
 CallRule = Callable[[str, cst.Call, RewriteContext], Outcome]
 
@@ -277,7 +279,12 @@ class HorovodTransformer(cst.CSTTransformer):
         if name == "DistributedOptimizer" and original_node not in self.plan.flagged:
             return updated_node  # its statement is replaced in leave_SimpleStatementLine
         if original_node in self.plan.flagged:
-            self._flag(original_node, f"hvd.{name}", self.plan.flagged[original_node])
+            why = self.plan.flagged[original_node]
+            native = optimizer_hooks.rewrite(updated_node, self.ctx, why) \
+                if name == "DistributedOptimizer" and not why.startswith(GRADIENTS_READ) else None
+            if native is not None:  # Horovod's own semantics, no DDP proof needed
+                return self._apply(original_node, updated_node, f"hvd.{name}", native)
+            self._flag(original_node, f"hvd.{name}", why)
             return updated_node
         if name in ("init", "shutdown"):
             self._flag(original_node, f"hvd.{name}", "only rewritten as a statement of its own")

@@ -1,10 +1,103 @@
 import torch
-import horovod.torch as hvd
 import atexit
 import os
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 import contextlib
+
+
+def _native_distributed_optimizer(optimizer, backward_passes_per_step=1, fp16=False, average=True,
+                                  bucket_mb=25):
+    """hvd.DistributedOptimizer on torch.distributed: `optimizer`, whose step() first averages
+    (average=False: sums) every gradient over the ranks.
+
+    As in Horovod, a gradient is reduced as soon as backward has produced it
+    (backward_passes_per_step times since the last step), so communication overlaps the rest of
+    backward: the parameters are grouped in buckets of about `bucket_mb` MB, reduced with
+    asynchronous dist.all_reduce in the same order on every rank. step() waits for them (a
+    parameter that got no gradient counts as a zero gradient, as in Horovod), writes the results
+    back and steps. synchronize() and skip_synchronize() work as in Horovod. The object is still
+    an instance of the optimizer's class (LR schedulers accept it) and shares its state.
+    """
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+
+    class DistributedOptimizer(optimizer.__class__):
+        def __init__(self):  # adopts `optimizer` as it is: its param groups, state and hooks
+            self.__dict__.update(optimizer.__dict__)
+            self._buckets, self._works, self._skip = [], {}, False
+            self._passes, self._ready, self._launched = {}, [], 0
+            params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+            size, limit = 0, bucket_mb * 2 ** 20
+            for p in reversed(params):  # backward reaches the last layers first
+                last = self._buckets[-1] if self._buckets else None
+                if last is None or size + p.numel() * p.element_size() > limit \
+                        or (last[0].dtype, last[0].device) != (p.dtype, p.device):
+                    self._buckets.append([])
+                    size = 0
+                self._buckets[-1].append(p)
+                size += p.numel() * p.element_size()
+            self._bucket_of = {p: i for i, bucket in enumerate(self._buckets) for p in bucket}
+            self._ready = [0] * len(self._buckets)
+            for p in params:
+                p.register_post_accumulate_grad_hook(self._gradient_ready)
+
+        def _gradient_ready(self, p):
+            self._passes[p] = self._passes.get(p, 0) + 1
+            if self._passes[p] == backward_passes_per_step:
+                self._ready[self._bucket_of[p]] += 1
+                while self._launched < len(self._buckets) and \
+                        self._ready[self._launched] == len(self._buckets[self._launched]):
+                    self._launch(self._launched)
+
+        def _launch(self, i):
+            grads = []
+            for p in self._buckets[i]:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grads.append(p.grad.reshape(-1))
+            # one large gradient is reduced where it is (as Horovod did), several are packed
+            flat = grads[0] if len(grads) == 1 and grads[0].data_ptr() == self._buckets[i][0].grad.data_ptr() \
+                else torch.cat(grads)
+            if fp16 and flat.is_floating_point():
+                flat = flat.half()
+            if average:
+                flat.div_(dist.get_world_size())
+            self._works[i] = (dist.all_reduce(flat, async_op=True), flat)
+            self._launched = i + 1
+
+        def synchronize(self):
+            """Wait for every gradient's reduction (starting the ones backward did not)."""
+            for i in range(self._launched, len(self._buckets)):
+                self._launch(i)
+            for i, (work, flat) in sorted(self._works.items()):
+                work.wait()
+                offset = 0
+                for p in self._buckets[i]:
+                    n = p.numel()
+                    if flat.data_ptr() != p.grad.data_ptr():  # packed, or cast to fp16
+                        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+                    offset += n
+            self._works, self._passes, self._launched = {}, {}, 0
+            self._ready = [0] * len(self._buckets)
+
+        @contextlib.contextmanager
+        def skip_synchronize(self):
+            """step() inside this block does not synchronize (call synchronize() before it)."""
+            self._skip = True
+            try:
+                yield
+            finally:
+                self._skip = False
+
+        def step(self, closure=None):
+            if not self._skip:
+                self.synchronize()
+            return super().step(closure)
+
+    return DistributedOptimizer()
 
 
 def train(loader, model):
@@ -13,7 +106,6 @@ def train(loader, model):
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    hvd.init()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     ddp_model = DDP(model, forward_sync_buffers=False)
     for epoch in range(2):
@@ -31,9 +123,7 @@ def train(loader, model):
 
 def zero_grad_every_pass(loader, model):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    # TODO(horovod-compat): hvd.DistributedOptimizer: backward_passes_per_step=2: DDP needs `with ddp_model.no_sync():` around all but the last backward() of every group; the rewriter only does that for `for i, ... in enumerate(...)` with `if (i + 1) % 2 == 0: optimizer.step()` (zero_grad() outside that `if` would drop the accumulated gradients)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         backward_passes_per_step=2)
+    optimizer = _native_distributed_optimizer(optimizer, backward_passes_per_step=2)
     for i, (x, y) in enumerate(loader):
         optimizer.zero_grad()
         model(x).sum().backward()
@@ -43,9 +133,7 @@ def zero_grad_every_pass(loader, model):
 
 def other_condition(loader, model):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    # TODO(horovod-compat): hvd.DistributedOptimizer: backward_passes_per_step=2: DDP needs `with ddp_model.no_sync():` around all but the last backward() of every group; the rewriter only does that for `for i, ... in enumerate(...)` with `if (i + 1) % 2 == 0: optimizer.step()`
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         backward_passes_per_step=2)
+    optimizer = _native_distributed_optimizer(optimizer, backward_passes_per_step=2)
     for step, (x, y) in enumerate(loader):
         model(x).sum().backward()
         if step % 3 == 0:

@@ -1,0 +1,180 @@
+"""A trainer class holding model and optimizer, as real projects write it: the model travels, so
+no DDP wrap can be proven; the optimizer averages the gradients itself (gradient hooks)."""
+import torch
+import atexit
+import os
+import torch.distributed as dist
+
+
+def _native_distributed_optimizer(optimizer, backward_passes_per_step=1, fp16=False, average=True,
+                                  bucket_mb=25):
+    """hvd.DistributedOptimizer on torch.distributed: `optimizer`, whose step() first averages
+    (average=False: sums) every gradient over the ranks.
+
+    As in Horovod, a gradient is reduced as soon as backward has produced it
+    (backward_passes_per_step times since the last step), so communication overlaps the rest of
+    backward: the parameters are grouped in buckets of about `bucket_mb` MB, reduced with
+    asynchronous dist.all_reduce in the same order on every rank. step() waits for them (a
+    parameter that got no gradient counts as a zero gradient, as in Horovod), writes the results
+    back and steps. synchronize() and skip_synchronize() work as in Horovod. The object is still
+    an instance of the optimizer's class (LR schedulers accept it) and shares its state.
+    """
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+
+    class DistributedOptimizer(optimizer.__class__):
+        def __init__(self):  # adopts `optimizer` as it is: its param groups, state and hooks
+            self.__dict__.update(optimizer.__dict__)
+            self._buckets, self._works, self._skip = [], {}, False
+            self._passes, self._ready, self._launched = {}, [], 0
+            params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+            size, limit = 0, bucket_mb * 2 ** 20
+            for p in reversed(params):  # backward reaches the last layers first
+                last = self._buckets[-1] if self._buckets else None
+                if last is None or size + p.numel() * p.element_size() > limit \
+                        or (last[0].dtype, last[0].device) != (p.dtype, p.device):
+                    self._buckets.append([])
+                    size = 0
+                self._buckets[-1].append(p)
+                size += p.numel() * p.element_size()
+            self._bucket_of = {p: i for i, bucket in enumerate(self._buckets) for p in bucket}
+            self._ready = [0] * len(self._buckets)
+            for p in params:
+                p.register_post_accumulate_grad_hook(self._gradient_ready)
+
+        def _gradient_ready(self, p):
+            self._passes[p] = self._passes.get(p, 0) + 1
+            if self._passes[p] == backward_passes_per_step:
+                self._ready[self._bucket_of[p]] += 1
+                while self._launched < len(self._buckets) and \
+                        self._ready[self._launched] == len(self._buckets[self._launched]):
+                    self._launch(self._launched)
+
+        def _launch(self, i):
+            grads = []
+            for p in self._buckets[i]:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grads.append(p.grad.reshape(-1))
+            # one large gradient is reduced where it is (as Horovod did), several are packed
+            flat = grads[0] if len(grads) == 1 and grads[0].data_ptr() == self._buckets[i][0].grad.data_ptr() \
+                else torch.cat(grads)
+            if fp16 and flat.is_floating_point():
+                flat = flat.half()
+            if average:
+                flat.div_(dist.get_world_size())
+            self._works[i] = (dist.all_reduce(flat, async_op=True), flat)
+            self._launched = i + 1
+
+        def synchronize(self):
+            """Wait for every gradient's reduction (starting the ones backward did not)."""
+            for i in range(self._launched, len(self._buckets)):
+                self._launch(i)
+            for i, (work, flat) in sorted(self._works.items()):
+                work.wait()
+                offset = 0
+                for p in self._buckets[i]:
+                    n = p.numel()
+                    if flat.data_ptr() != p.grad.data_ptr():  # packed, or cast to fp16
+                        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+                    offset += n
+            self._works, self._passes, self._launched = {}, {}, 0
+            self._ready = [0] * len(self._buckets)
+
+        @contextlib.contextmanager
+        def skip_synchronize(self):
+            """step() inside this block does not synchronize (call synchronize() before it)."""
+            self._skip = True
+            try:
+                yield
+            finally:
+                self._skip = False
+
+        def step(self, closure=None):
+            if not self._skip:
+                self.synchronize()
+            return super().step(closure)
+
+    return DistributedOptimizer()
+
+
+def _native_broadcast_parameters(params, root_rank):
+    """hvd.broadcast_parameters on torch.distributed: copy root_rank's tensors to every rank.
+
+    Accepts what Horovod accepted: a state_dict (broadcast in sorted key order), or a list of
+    (name, tensor) pairs or of tensors.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if isinstance(params, dict):
+        tensors = [t for _, t in sorted(params.items())]
+    elif isinstance(params, list):
+        tensors = [p[1] if isinstance(p, tuple) else p for p in params]
+    else:
+        raise ValueError("invalid params of type: %s" % type(params))
+    with torch.no_grad():
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                dist.broadcast(t.data, src=root_rank)
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(6, 8)
+        self.head = torch.nn.Linear(8, 1)
+        self.unused = torch.nn.Linear(3, 3)  # never in the forward pass: a zero gradient
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x)))
+
+
+def evaluate(model, x):
+    with torch.no_grad():
+        return model(x).mean().item()
+
+
+class Trainer:
+    def __init__(self, model, lr, passes, fp16):
+        self.model = model
+        self.optimizer = _native_distributed_optimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), backward_passes_per_step=passes)
+        self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=2, gamma=0.5)
+        self.passes = passes
+
+    def step(self, batches):
+        self.optimizer.zero_grad()
+        for x, y in batches[:self.passes]:
+            torch.nn.functional.mse_loss(self.model(x), y).backward()
+        self.optimizer.synchronize()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        with self.optimizer.skip_synchronize():
+            self.optimizer.step()
+        self.scheduler.step()
+        return norm.item()
+
+
+def main():
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.manual_seed(0)
+    model = Net()
+    _native_broadcast_parameters(model.state_dict(), root_rank=0)
+    trainer = Trainer(model, lr=0.05, passes=2, fp16=False)
+    g = torch.Generator().manual_seed(100 + dist.get_rank())
+    for step in range(6):
+        batches = [(torch.randn(5 + dist.get_rank(), 6, generator=g), torch.randn(5 + dist.get_rank(), 1, generator=g))
+                   for _ in range(2)]
+        norm = trainer.step(batches)
+        print(f"rank {dist.get_rank()} step {step} norm {norm:.6f} eval {evaluate(model, batches[0][0]):.6f}")
+    total = sum(p.sum().item() for p in model.parameters())
+    print(f"rank {dist.get_rank()} final {total:.6f}")
+
+
+if __name__ == "__main__":
+    main()
