@@ -88,11 +88,20 @@ PARTIAL = textwrap.dedent('''\
     ''')
 
 
-def _lines(done: subprocess.CompletedProcess) -> list:
+def printed(tmp_path: Path, pattern: str, *argv: str) -> list:
+    """Run ``python ARGV...`` (a launcher and a program) in `tmp_path` with this project
+    importable; it must succeed without a traceback. Returns the sorted matches of `pattern` in
+    its output (torchrun's ranks share one pipe: a line may run into the next one)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Traceback" not in done.stdout + done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
-    # torchrun's ranks share one pipe: a line may run into the next one
-    return sorted(re.findall(r"rank \d loss \S+ rows \[[^\]]*\] w -?\d+\.\d{6}", done.stdout))
+    return sorted(re.findall(pattern, done.stdout))
+
+
+HOROVODRUN = ("-m", "horovod_compat.run", "-np")
+TORCHRUN = ("-m", "torch.distributed.run", "--nproc-per-node")
 
 
 def test_a_partly_migrated_program_still_runs_and_gives_the_same_results(tmp_path):
@@ -105,16 +114,11 @@ def test_a_partly_migrated_program_still_runs_and_gives_the_same_results(tmp_pat
     original, partial = tmp_path / "original.py", tmp_path / "partial.py"
     original.write_text(PARTIAL)
     partial.write_text(result.source)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-
-    def run(*argv):
-        return subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=240)
-
-    want = _lines(run("-m", "horovod_compat.run", "-np", "2", sys.executable, str(original)))
+    line = r"rank \d loss \S+ rows \[[^\]]*\] w -?\d+\.\d{6}"
+    want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original))
     assert len(want) == 2
-    assert _lines(run("-m", "horovod_compat.run", "-np", "2", sys.executable, str(partial))) == want
-    assert _lines(run("-m", "torch.distributed.run", "--nproc-per-node", "2", str(partial))) == want
+    assert printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(partial)) == want
+    assert printed(tmp_path, line, *TORCHRUN, "2", str(partial)) == want
 
 
 CLASH = textwrap.dedent('''\
@@ -146,34 +150,20 @@ def test_a_name_the_input_binds_otherwise_stays_its_own_and_the_program_runs(tmp
     original, native = tmp_path / "original.py", tmp_path / "native.py"
     original.write_text(CLASH)
     native.write_text(result.source)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-
-    def printed(*argv):
-        done = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=240)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        return sorted(re.findall(r"rank \d mean \S+ spread \S+ total \d+\.\d", done.stdout))
-
-    want = printed("-m", "horovod_compat.run", "-np", "2", sys.executable, str(original))
+    line = r"rank \d mean \S+ spread \S+ total \d+\.\d"
+    want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original))
     assert want == ["rank 0 mean 2 spread 1.2472 total 3.0", "rank 1 mean 2 spread 1.2472 total 3.0"]
-    assert printed("-m", "torch.distributed.run", "--nproc-per-node", "2", str(native)) == want
+    assert printed(tmp_path, line, *TORCHRUN, "2", str(native)) == want
 
 
 def test_uneven_allgather_native_gives_horovods_rows_and_gradients(tmp_path):
     """golden/allgather_uneven: 3 ranks give 2, 3 and 4 rows; the native helper concatenates
     them in rank order and averages the gradient back to each rank's own rows, as Horovod did."""
     folder = Path(__file__).parent / "golden" / "allgather_uneven"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-
-    def printed(*argv):
-        done = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=240)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        return sorted(re.findall(r"rank \d all \[[^\]]*\] labels \d+ grad \[[\[\]\d., ]*\]\]", done.stdout))
-
-    want = printed("-m", "horovod_compat.run", "-np", "3", sys.executable, str(folder / "input.py"))
+    line = r"rank \d all \[[^\]]*\] labels \d+ grad \[[\[\]\d., ]*\]\]"
+    want = printed(tmp_path, line, *HOROVODRUN, "3", sys.executable, str(folder / "input.py"))
     assert len(want) == 3 and "grad [[2.0, 2.0], [2.0, 2.0]]" in want[1]
-    assert printed("-m", "torch.distributed.run", "--nproc-per-node", "3", str(folder / "expected.py")) == want
+    assert printed(tmp_path, line, *TORCHRUN, "3", str(folder / "expected.py")) == want
 
 
 def test_an_optimizer_the_ddp_rewrite_cannot_prove_averages_its_gradients_like_horovod(tmp_path):
@@ -182,15 +172,7 @@ def test_an_optimizer_the_ddp_rewrite_cannot_prove_averages_its_gradients_like_h
     backward_passes_per_step=2, an unused parameter, synchronize() + clipping +
     skip_synchronize() and an LR scheduler gives the unchanged program's numbers."""
     folder = Path(__file__).parent / "golden" / "optimizer_hooks"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-
-    def printed(*argv):
-        done = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=240)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        return sorted(re.findall(r"rank \d (?:step \d norm \d+\.\d{6} eval -?\d+\.\d{6}|final -?\d+\.\d{6})",
-                                 done.stdout))
-
-    want = printed("-m", "horovod_compat.run", "-np", "2", sys.executable, str(folder / "input.py"))
+    line = r"rank \d (?:step \d norm \d+\.\d{6} eval -?\d+\.\d{6}|final -?\d+\.\d{6})"
+    want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(folder / "input.py"))
     assert len(want) == 14
-    assert printed("-m", "torch.distributed.run", "--nproc-per-node", "2", str(folder / "expected.py")) == want
+    assert printed(tmp_path, line, *TORCHRUN, "2", str(folder / "expected.py")) == want
