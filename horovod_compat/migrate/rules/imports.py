@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
 
-from horovod_compat.migrate.context import HOROVOD, HVD, IMPORT_FOR_NAME, RUNNER, SharedState, code_of
+from horovod_compat.migrate.context import FAMILIES, HOROVOD, HVD, IMPORT_FOR_NAME, RUNNER, SharedState, code_of
 from horovod_compat.migrate.helpers import HELPERS
 
 _ORDER = list(IMPORT_FOR_NAME)
@@ -110,12 +110,26 @@ class ImportScan(cst.CSTVisitor):
         self._scan(node)
 
 
+_IMPORT_ERRORS = ("ImportError", "ModuleNotFoundError")
+
+
+def _is_import_fallback(handler: cst.ExceptHandler) -> bool:
+    """``except ImportError:`` (or ModuleNotFoundError, or a tuple of them): what a program does
+    when Horovod is missing (``hvd = None``) is not a use of Horovod."""
+    kind = handler.type
+    names = [e.value for e in kind.elements] if isinstance(kind, cst.Tuple) else [kind]
+    return bool(names) and all(isinstance(n, cst.Name) and n.value in _IMPORT_ERRORS for n in names)
+
+
 class _Remaining(cst.CSTVisitor):
-    """Count uses of given names outside import statements."""
+    """Count uses of given names outside import statements (and import-error fallbacks)."""
 
     def __init__(self, names: Set[str]) -> None:
         self.names = names
         self.count = 0
+
+    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> bool:
+        return not _is_import_fallback(node)
 
     def visit_Import(self, node: cst.Import) -> bool:
         return False
@@ -229,6 +243,25 @@ class ImportFixer(cst.CSTTransformer):
             statements[0] = statements[0].with_changes(leading_lines=updated_node.leading_lines)
         return cst.FlattenSentinel(statements)
 
+    def leave_Try(self, original_node: cst.Try, updated_node: cst.Try
+                  ) -> Union[cst.Try, cst.FlattenSentinel, cst.RemovalSentinel]:
+        """``try: import horovod.torch as hvd / except ImportError: hvd = None`` whose Horovod
+        import went: the native imports left in its body stand on their own (they are part of
+        torch), and the fallback, which only bound removed names, goes with the try."""
+        removed = set().union(*(self.shared.aliases(f) for f in FAMILIES if self.plan.remove[f]))
+        if not removed or updated_node.orelse is not None or updated_node.finalbody is not None:
+            return updated_node
+        if not all(_is_import_fallback(h) and _only_binds(h.body, removed) for h in updated_node.handlers):
+            return updated_node
+        had = _imports_in(original_node.body.body)
+        body = [s for s in updated_node.body.body if not _is_pass(s)]
+        if not (had & removed) or not all(_is_import_line(s) for s in body):
+            return updated_node
+        if not body:
+            return cst.RemoveFromParent()
+        body[0] = body[0].with_changes(leading_lines=updated_node.leading_lines)
+        return cst.FlattenSentinel(body)
+
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         body = list(updated_node.body)
         # Needs with no import site in this unit nor a module-level site elsewhere: add at top.
@@ -257,6 +290,29 @@ class ImportFixer(cst.CSTTransformer):
         body[index_after_imports:index_after_imports] = helper_nodes
         body[index:index] = insert
         return updated_node.with_changes(body=body)
+
+
+def _is_pass(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(s, cst.Pass) for s in stmt.body)
+
+
+def _is_import_line(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+
+
+def _only_binds(block: cst.BaseSuite, names: Set[str]) -> bool:
+    """The block only assigns to `names` (``hvd = None``) or passes."""
+    for stmt in getattr(block, "body", ()):
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            return False
+        for small in stmt.body:
+            if isinstance(small, cst.Pass):
+                continue
+            if not (isinstance(small, cst.Assign) and all(
+                    isinstance(t.target, cst.Name) and t.target.value in names for t in small.targets)):
+                return False
+    return True
 
 
 def _is_docstring(stmt: cst.CSTNode) -> bool:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from distributor import run_script
 from horovod_compat.migrate import Kind, migrate_source
 from horovod_compat.migrate import engine
 
@@ -101,7 +102,18 @@ def printed(tmp_path: Path, pattern: str, *argv: str) -> list:
 
 
 HOROVODRUN = ("-m", "horovod_compat.run", "-np")
-TORCHRUN = ("-m", "torch.distributed.run", "--nproc-per-node")
+
+
+def native_printed(script: Path, ranks: int, pattern: str) -> list:
+    """Run a native script on `ranks` local ranks under the torchrun contract (this project's
+    engine, as TorchDistributor runs scripts) and return the sorted matches of `pattern` in what
+    its ranks printed. Not `torchrun` itself: with gloo on torch 2.13 a rank of plain torchrun
+    sometimes aborts at interpreter exit after the script finished ("terminate called without an
+    active exception"), plain DDP scripts included (migration_guide/troubleshooting.md)."""
+    lines: list = []
+    run_script(str(script), num_processes=ranks, env={"OMP_NUM_THREADS": "1"}, timeout=240,
+               output=lambda rank, stream, line: lines.append(line) if stream == "stdout" else None)
+    return sorted(re.findall(pattern, "\n".join(lines)))
 
 
 def test_a_partly_migrated_program_still_runs_and_gives_the_same_results(tmp_path):
@@ -118,7 +130,7 @@ def test_a_partly_migrated_program_still_runs_and_gives_the_same_results(tmp_pat
     want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original))
     assert len(want) == 2
     assert printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(partial)) == want
-    assert printed(tmp_path, line, *TORCHRUN, "2", str(partial)) == want
+    assert native_printed(partial, 2, line) == want
 
 
 CLASH = textwrap.dedent('''\
@@ -153,7 +165,7 @@ def test_a_name_the_input_binds_otherwise_stays_its_own_and_the_program_runs(tmp
     line = r"rank \d mean \S+ spread \S+ total \d+\.\d"
     want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original))
     assert want == ["rank 0 mean 2 spread 1.2472 total 3.0", "rank 1 mean 2 spread 1.2472 total 3.0"]
-    assert printed(tmp_path, line, *TORCHRUN, "2", str(native)) == want
+    assert native_printed(native, 2, line) == want
 
 
 def test_uneven_allgather_native_gives_horovods_rows_and_gradients(tmp_path):
@@ -163,7 +175,7 @@ def test_uneven_allgather_native_gives_horovods_rows_and_gradients(tmp_path):
     line = r"rank \d all \[[^\]]*\] labels \d+ grad \[[\[\]\d., ]*\]\]"
     want = printed(tmp_path, line, *HOROVODRUN, "3", sys.executable, str(folder / "input.py"))
     assert len(want) == 3 and "grad [[2.0, 2.0], [2.0, 2.0]]" in want[1]
-    assert printed(tmp_path, line, *TORCHRUN, "3", str(folder / "expected.py")) == want
+    assert native_printed(folder / "expected.py", 3, line) == want
 
 
 def test_an_optimizer_the_ddp_rewrite_cannot_prove_averages_its_gradients_like_horovod(tmp_path):
@@ -175,4 +187,4 @@ def test_an_optimizer_the_ddp_rewrite_cannot_prove_averages_its_gradients_like_h
     line = r"rank \d (?:step \d norm \d+\.\d{6} eval -?\d+\.\d{6}|final -?\d+\.\d{6})"
     want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(folder / "input.py"))
     assert len(want) == 14
-    assert printed(tmp_path, line, *TORCHRUN, "2", str(folder / "expected.py")) == want
+    assert native_printed(folder / "expected.py", 2, line) == want
