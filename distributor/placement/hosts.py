@@ -181,7 +181,8 @@ class HostsPlacement(Placement):
         reports: Dict[str, Any] = {}
         port = int(self.ssh_args[self.ssh_args.index("-p") + 1]) if "-p" in self.ssh_args else 22
         toward = {host: self._address_toward(host) for host in self.remote_hosts}
-        source = open(netif.__file__, encoding="utf-8").read()
+        with open(netif.__file__, encoding="utf-8") as f:
+            source = f.read()
         python = shlex.quote(sys.executable)
 
         def probe(host: str) -> None:

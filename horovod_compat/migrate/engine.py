@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Mapping, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, ScopeProvider
 
+from horovod_compat.migrate import renaming, syntax
 from horovod_compat.migrate.context import FAMILIES, HVD, RewriteContext, SharedState
 from horovod_compat.migrate.report import Finding, Kind
 from horovod_compat.migrate.rules import import_forms, lightning
@@ -162,69 +163,11 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
     results, horovod_left, clashes = _migrate(units, False, renames)
     if clashes:
         taken = set().union(*(_names(_parse(unit)) for unit in units))
-        renames = {name: _free_name(name, taken) for name in clashes}
+        renames = {name: renaming.free_name(name, taken) for name in clashes}
         results, horovod_left, clashes = _migrate(units, False, renames)
     if horovod_left and any(f.name in ("hvd.init", "hvd.shutdown") for r in results for f in r.findings):
         results, _, _ = _migrate(units, True, renames)
     return results
-
-
-#: The name native code takes when the input binds the usual one to something else.
-_ALTERNATIVES = {"dist": "torch_dist", "DDP": "TorchDDP", "os": "os_", "torch": "torch_"}
-#: The input's own binding of a clashing name while the rewrite runs (restored after it); an
-#: ``import x`` of the input is set aside as ``import x as <_IMPORTED_ASIDE>``.
-_SET_ASIDE = "_horovod_compat_user_{}"
-_IMPORTED_ASIDE = "_horovod_compat_user_import_{}"
-
-
-def _name_of(node: cst.BaseExpression) -> str:
-    return node.value if isinstance(node, cst.Name) else ""
-
-
-def _free_name(name: str, taken: Set[str]) -> str:
-    base = _ALTERNATIVES.get(name, f"{name}_")
-    candidate, n = base, 1
-    while candidate in taken:
-        n += 1
-        candidate = f"{base}{n}"
-    return candidate
-
-
-class _Rename(cst.CSTTransformer):
-    """Rename identifiers by `mapping` at once (a swap works): names and ``as`` names, never an
-    attribute, a keyword argument or a module path in an import. An ``import os`` whose name
-    changes becomes ``import os as <new>``."""
-
-    def __init__(self, mapping: Mapping[str, str]) -> None:
-        self.mapping = mapping
-
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
-        new = self.mapping.get(original_node.value)
-        return updated_node.with_changes(value=new) if new else updated_node
-
-    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
-        return updated_node.with_changes(attr=original_node.attr)
-
-    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
-        return updated_node.with_changes(keyword=original_node.keyword)
-
-    def leave_ImportAlias(self, original_node: cst.ImportAlias,
-                          updated_node: cst.ImportAlias) -> cst.ImportAlias:
-        name = original_node.name
-        kept = updated_node.with_changes(name=name)
-        if original_node.asname is None and isinstance(name, cst.Name) and name.value in self.mapping:
-            new = self.mapping[name.value]
-            if new.startswith(_SET_ASIDE.format("")):  # marked, so the way back drops it again
-                new = _IMPORTED_ASIDE.format(name.value)
-            return kept.with_changes(asname=cst.AsName(cst.Name(new)))
-        before = original_node.asname.name if original_node.asname is not None else None
-        if isinstance(before, cst.Name) and before.value == _IMPORTED_ASIDE.format(_name_of(name)):
-            return kept.with_changes(asname=None)  # `import x` set aside, now back as it was
-        return kept
-
-    def leave_ImportFrom(self, original_node: cst.ImportFrom,
-                         updated_node: cst.ImportFrom) -> cst.ImportFrom:
-        return updated_node.with_changes(module=original_node.module)
 
 
 def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, str]
@@ -232,12 +175,10 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
     """One pass over the units: (results, whether `horovod.torch` uses remain, the names the
     rewrite needs that the input binds to something else). `renames` {name: free name}: the
     input's own `name` is set aside during the rewrite and the native code's takes `free name`."""
-    aside = {name: _SET_ASIDE.format(name) for name in renames}
-    back = {**{v: k for k, v in aside.items()},
-            **{_IMPORTED_ASIDE.format(k): k for k in renames}, **renames}
+    aside, back = renaming.set_aside(renames)
     modules = [_parse(unit) for unit in units]
     if renames:
-        modules = [m.visit(_Rename(aside)) for m in modules]
+        modules = [m.visit(renaming.Rename(aside)) for m in modules]
     every = [_names(m) for m in modules]
     modules = [import_forms.normalize(m, every[i], set().union(*every[:i], *every[i + 1:]))[0]
                for i, m in enumerate(modules)]
@@ -298,68 +239,19 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
             global_imports=set(shared.global_imports),
             helpers=ctx.helpers,
         )
-        fixed = module.visit(ImportFixer(shared, plan)).visit(_FStringQuotes())
+        fixed = module.visit(ImportFixer(shared, plan)).visit(syntax.FStringQuotes())
         if renames:
-            fixed = fixed.visit(_Rename(back))
+            fixed = fixed.visit(renaming.Rename(back))
         findings = list(ctx.findings)
         results.append(UnitResult(fixed.code, findings, unit.source))
     return _checked(units, results), not remove[HVD], []
-
-
-class _FStringQuotes(cst.CSTTransformer):
-    """Strings the rewrite put inside an f-string's braces must not use the f-string's own quote:
-    ``f"{int(os.environ["LOCAL_RANK"])}"`` parses only on Python 3.12+. Such a string takes the
-    other quote (``os.environ['LOCAL_RANK']``)."""
-
-    def __init__(self) -> None:
-        self.quotes: List[str] = []
-
-    def visit_FormattedString(self, node: cst.FormattedString) -> None:
-        self.quotes.append(node.start.lstrip("rRfFbBuU"))
-
-    def leave_FormattedString(self, original_node: cst.FormattedString,
-                              updated_node: cst.FormattedString) -> cst.FormattedString:
-        self.quotes.pop()
-        return updated_node
-
-    def leave_SimpleString(self, original_node: cst.SimpleString,
-                           updated_node: cst.SimpleString) -> cst.SimpleString:
-        if not self.quotes or len(self.quotes[-1]) != 1:
-            return updated_node
-        value = updated_node.value
-        prefix = value[:len(value) - len(value.lstrip("rRbBuU"))]
-        body = value[len(prefix):]
-        quote = self.quotes[-1]
-        other = "'" if quote == '"' else '"'
-        if body[:1] != quote or body[:3] == quote * 3 or other in body[1:-1] or "\\" in body:
-            return updated_node
-        return updated_node.with_changes(value=f"{prefix}{other}{body[1:-1]}{other}")
-
-
-def _parse_problem(before: str, after: str, location: str) -> Optional[str]:
-    """Why `after` (the rewrite of `before`) must not be written: it does not compile here, or
-    not on Python 3.9's grammar while `before` did. None when it is fine."""
-    flags = ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-    try:
-        compile(after, location, "exec", flags, dont_inherit=True)
-    except SyntaxError as err:
-        return f"line {err.lineno}: {err.msg}"
-    try:
-        ast.parse(before, feature_version=(3, 9))
-    except SyntaxError:
-        return None  # the input needs a newer Python already
-    try:
-        ast.parse(after, feature_version=(3, 9))
-    except SyntaxError as err:
-        return f"line {err.lineno}: {err.msg} (on Python 3.9)"
-    return None
 
 
 def _checked(units: Sequence[Unit], results: List[UnitResult]) -> List[UnitResult]:
     """The results, or every unit as it was (with a TODO) if any rewritten unit would not parse
     on every Python we support: a rewrite is never worse than its input."""
     for unit, result in zip(units, results):
-        problem = _parse_problem(unit.source, result.source, unit.location) if result.changed else None
+        problem = syntax.parse_problem(unit.source, result.source, unit.location) if result.changed else None
         if problem is None:
             continue
         ctx = RewriteContext(unit.location, SharedState(), line_offset=unit.line_offset)

@@ -15,7 +15,7 @@ import pytest
 
 from distributor import run_script
 from horovod_compat.migrate import Kind, migrate_source
-from horovod_compat.migrate import engine
+from horovod_compat.migrate import syntax
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -40,7 +40,7 @@ def test_strings_put_inside_an_f_string_take_the_other_quote():
 def test_an_output_that_would_not_parse_is_not_written(monkeypatch):
     """Without the quote fix the rewrite is a syntax error before Python 3.12: the input comes
     back unchanged, with a TODO saying why, instead of a broken file."""
-    monkeypatch.setattr(engine._FStringQuotes, "leave_SimpleString",
+    monkeypatch.setattr(syntax.FStringQuotes, "leave_SimpleString",
                         lambda self, original_node, updated_node: updated_node)
     result = migrate_source(FSTRINGS, "fstrings.py")
     assert result.source == FSTRINGS and not result.changed
