@@ -8,7 +8,7 @@
 * ``--check`` writes nothing, names each file that would be rewritten (with its counts) and
   exits 1 when any file would change or has a TODO (for CI).
 * The report (TODOs with file:line, ``-v`` adds every rewrite) goes to stderr, with a table of
-  the files (native or not, and why) when there are several; with ``--format json`` a JSON
+  the files (native or not, and why) when there are several or one is not native; with ``--format json`` a JSON
   document goes to stdout instead, one entry per file: whether it would change, whether its
   result is native, every rewrite and every TODO with its line (for CI; see ``json_report``).
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, TextIO, Tuple
 
 from horovod_compat.migrate.engine import MigrationError, migrate_source
-from horovod_compat.migrate.notebook import migrate_notebook
+from horovod_compat.migrate.notebook import migrate_notebook, python_cells
 from horovod_compat.migrate.report import Finding, Kind, write_report
 
 _SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".ipynb_checkpoints", "node_modules"}
@@ -70,18 +70,17 @@ def json_report(files: List[dict], errors: List[str], status: int) -> str:
 NOT_NATIVE = ("horovod", "horovod_compat", "distributor", "sparkdl")
 
 
-def not_native(source: str, findings: List[Finding]) -> Optional[str]:
-    """Why a rewritten Python source is not native yet (None when it is): a TODO is left, or it
-    imports Horovod or this project (a result may rightly use ``distributor``: it says so)."""
+def not_native(sources: Sequence[str], findings: List[Finding]) -> Optional[str]:
+    """Why a rewritten file (its Python `sources`: the file, or a notebook's cells) is not native
+    yet, None when it is: a TODO is left, or it imports Horovod or this project (a result may
+    rightly use ``distributor``: it says so)."""
     todos = sum(f.kind is Kind.TODO for f in findings)
     if todos:
         return f"{todos} TODO(s)"
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None  # a notebook's JSON: its cells were checked one by one
     found = set()
-    for node in ast.walk(tree):
+    flags = ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT  # a notebook cell may await
+    trees = [compile(source, "<rewritten>", "exec", flags, dont_inherit=True) for source in sources]
+    for node in (n for tree in trees for n in ast.walk(tree)):
         if isinstance(node, ast.Import):
             found |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -209,9 +208,8 @@ def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = sys.stdout, stde
             continue
         all_findings += findings
         changed = new_text != text
-        why = not_native(new_text, findings) if path.suffix == ".py" else \
-            (f"{sum(f.kind is Kind.TODO for f in findings)} TODO(s)"
-             if any(f.kind is Kind.TODO for f in findings) else None)
+        sources = python_cells(new_text, str(path)) if path.suffix == ".ipynb" else [new_text]
+        why = not_native(sources, findings)
         records.append(_file_record(path, changed, findings, why))
         would_change |= changed or any(f.kind is Kind.TODO for f in findings)
         work_left |= why is not None
@@ -242,6 +240,6 @@ def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = sys.stdout, stde
         write_report(all_findings, stderr, verbose=args.verbose)
         for backup in backups:
             stderr.write(f"horovod-compat-migrate: the original is kept as {backup}\n")
-        if len(records) > 1:
-            _summary(records, stderr)
+        if len(records) > 1 or any(not r["native"] for r in records):
+            _summary(records, stderr)  # so a non-native result always says why
     return status

@@ -59,6 +59,12 @@ def load_notebook(text: str, location: str) -> Dict[str, Any]:
     return notebook
 
 
+def python_cells(text: str, location: str) -> List[str]:
+    """The Python of a notebook's code cells, magics masked (what `migrate_notebook` rewrites)."""
+    cells = [_cell_text(c) for c in load_notebook(text, location)["cells"] if c.get("cell_type") == "code"]
+    return [_mask(source)[0] for source in cells if not _NON_PYTHON.match(source)]
+
+
 def migrate_notebook(text: str, location: str) -> Tuple[str, List[UnitResult], List[int]]:
     """Rewrite a notebook's code cells.
 

@@ -343,6 +343,21 @@ def test_many_files_end_with_a_table_of_what_is_native(tmp_path):
     assert "1 of 3 file(s) native" in err
 
 
+def test_a_notebook_that_imports_this_project_is_not_native(tmp_path):
+    """Its cells are checked for imports like a .py file (magics and top-level await allowed)."""
+    nb = _notebook([
+        _code(["%pip install torch\n", "import horovod\n"]),
+        _code(["def train():\n", "    return 1\n", "horovod.run(train, np=2)\n"]),
+        _code(["await asyncio.sleep(0)\n"]),
+    ])
+    path = tmp_path / "launch.ipynb"
+    _write_nb(path, nb)
+    status, out, _ = run("--check", "--format", "json", path)
+    record = json.loads(out)["files"][0]
+    assert status == 1 and record["native"] is False
+    assert record["not_native_because"] == "imports distributor" and record["todos"] == []
+
+
 def test_check_json_on_native_code_passes_and_bad_input_is_listed(tmp_path):
     (tmp_path / "native.py").write_text(NATIVE_SCRIPT)
     status, out, _ = run("--check", "--format", "json", tmp_path)
