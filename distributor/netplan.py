@@ -19,7 +19,7 @@ Pure: no I/O, tested without hosts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .errors import LaunchValidationError
 
@@ -67,7 +67,6 @@ def plan(
     another."""
     broken = []
     interfaces: Dict[str, Tuple[str, ...]] = {}
-    networks: Dict[str, List[str]] = {}
     for host, report in reports.items():
         names: List[str] = []
         for target, route in report["routes"].items():
@@ -78,7 +77,6 @@ def plan(
                 continue
             if name and name != "lo" and name not in names:
                 names.append(name)
-                networks.setdefault(host, []).append(report["networks"].get(name, ""))
         interfaces[host] = tuple(names)
     if broken:
         raise LaunchValidationError(
@@ -86,16 +84,19 @@ def plan(
             "and this machine, which runs the driver):\n" + "\n".join(broken) + "\nFix the "
             "routes or firewall between them, or name an interface that connects them all "
             "with --network-interface (horovodrun) / GLOO_SOCKET_IFNAME.")
-    rank_names = [set(interfaces.get(h, ())) for h in rank_hosts if interfaces.get(h)]
-    shared = set.intersection(*rank_names) if rank_names else set()
+    shared = _in_all(interfaces.get(h, ()) for h in rank_hosts)
     common = sorted(shared)[0] if shared else None
-    everyone = [set(names) for names in interfaces.values() if names]
-    same_everywhere = set.intersection(*everyone) if everyone else set()
-    if same_everywhere:
-        include: Tuple[str, ...] = tuple(sorted(same_everywhere))
-    else:
-        include = tuple(sorted({n for host_nets in networks.values() for n in host_nets if n}))
+    same_everywhere = _in_all(interfaces.values())
+    include = tuple(sorted(same_everywhere or {
+        reports[host]["networks"].get(name, "") for host, names in interfaces.items() for name in names
+    } - {""}))
     return NetworkPlan(interfaces, common, include)
+
+
+def _in_all(name_lists: Iterable[Sequence[str]]) -> Set[str]:
+    """The names in every non-empty list (none when there is no such list)."""
+    sets = [set(names) for names in name_lists if names]
+    return set.intersection(*sets) if sets else set()
 
 
 def _named(target: str, addresses: Mapping[str, str]) -> str:

@@ -180,7 +180,7 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
     if renames:
         modules = [m.visit(renaming.Rename(aside)) for m in modules]
     every = [_names(m) for m in modules]
-    modules = [import_forms.normalize(m, every[i], set().union(*every[:i], *every[i + 1:]))[0]
+    modules = [import_forms.normalize(m, every[i], set().union(*every[:i], *every[i + 1:]))
                for i, m in enumerate(modules)]
     shared = SharedState(keep_horovod_lifecycle=keep_lifecycle)
     unsupported: List[Dict[cst.CSTNode, str]] = []

@@ -12,12 +12,13 @@ and keeps its TODO (``imports.unsupported_import``).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, Tuple, Union
+from typing import Dict, List, Optional, Set, Union
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, ScopeProvider
 
-from horovod_compat.migrate.context import code_of
+from horovod_compat.migrate.context import SharedState
+from horovod_compat.migrate.rules.imports import ImportScan, alias_bound, dotted_name
 
 #: Every public name of ``horovod.torch`` (Horovod 0.28.1).
 HVD_NAMES = frozenset("""
@@ -36,17 +37,6 @@ HVD_NAMES = frozenset("""
 #: Submodules of ``horovod.torch`` whose public names ``horovod.torch`` re-exports.
 SUBMODULES = frozenset({"mpi_ops", "functions", "compression", "optimizer", "sync_batch_norm"})
 HVD_MODULE = "horovod.torch"
-
-
-def _dotted(node: Optional[cst.BaseExpression]) -> str:
-    return code_of(node).strip() if node is not None else ""
-
-
-def _bound(alias: cst.ImportAlias) -> Optional[str]:
-    if alias.asname is not None:
-        return alias.asname.name.value if isinstance(alias.asname.name, cst.Name) else None
-    name = _dotted(alias.name)
-    return name if "." not in name else None
 
 
 class _Plan(cst.CSTVisitor):
@@ -73,7 +63,7 @@ class _Plan(cst.CSTVisitor):
         return [access.node for access in assignments[0].references if isinstance(access.node, cst.Name)]
 
     def _names_from(self, stmt: cst.ImportFrom, alias: cst.ImportAlias, exported: str) -> None:
-        bound = _bound(alias)
+        bound = alias_bound(alias)
         refs = self._references(stmt, bound) if bound else None
         if refs is None:
             return
@@ -83,7 +73,7 @@ class _Plan(cst.CSTVisitor):
         self.statements.add(stmt)
 
     def _submodule(self, stmt: Union[cst.Import, cst.ImportFrom], alias: cst.ImportAlias) -> None:
-        bound = _bound(alias)
+        bound = alias_bound(alias)
         refs = self._references(stmt, bound) if bound else None
         if refs is None:
             return
@@ -102,9 +92,9 @@ class _Plan(cst.CSTVisitor):
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
             return
-        module = _dotted(node.module)
+        module = dotted_name(node.module)
         for alias in node.names:
-            name = _dotted(alias.name)
+            name = dotted_name(alias.name)
             if module == HVD_MODULE and name in HVD_NAMES - {"elastic"}:
                 self._names_from(node, alias, name)
             elif module == HVD_MODULE and name in SUBMODULES:
@@ -115,7 +105,7 @@ class _Plan(cst.CSTVisitor):
 
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:
-            name = _dotted(alias.name)
+            name = dotted_name(alias.name)
             if alias.asname is not None and name.startswith(HVD_MODULE + ".") \
                     and name.split(".")[-1] in SUBMODULES and name.count(".") == 2:
                 self._submodule(node, alias)
@@ -162,10 +152,11 @@ class _Apply(cst.CSTTransformer):
 
 
 def _hvd_name(module: cst.Module, taken: Set[str]) -> str:
-    """``hvd`` unless the input binds it to something other than ``horovod.torch``."""
-    existing = [a for a in _hvd_aliases(module)]
-    if existing:
-        return existing[0]
+    """The input's own name for ``horovod.torch``, else ``hvd`` (or ``hvd2``, ... when taken)."""
+    scan = ImportScan(SharedState())
+    module.visit(scan)
+    if scan.shared.hvd_aliases:
+        return sorted(scan.shared.hvd_aliases)[0]
     name, n = "hvd", 1
     while name in taken:
         n += 1
@@ -173,27 +164,11 @@ def _hvd_name(module: cst.Module, taken: Set[str]) -> str:
     return name
 
 
-def _hvd_aliases(module: cst.Module) -> List[str]:
-    found: List[str] = []
-
-    class _Find(cst.CSTVisitor):
-        def visit_Import(self, node: cst.Import) -> None:
-            for alias in node.names:
-                if _dotted(alias.name) == HVD_MODULE and alias.asname is not None:
-                    found.append(_bound(alias) or "")
-
-    module.visit(_Find())
-    return [f for f in found if f]
-
-
-def normalize(module: cst.Module, taken: Set[str], elsewhere: Set[str]) -> Tuple[cst.Module, bool]:
+def normalize(module: cst.Module, taken: Set[str], elsewhere: Set[str]) -> cst.Module:
     """`module` with the other Horovod import forms brought to ``import horovod.torch as hvd``
-    (see the module docstring), and whether anything changed. `taken`: names the input uses;
-    `elsewhere`: names used in the input's other units, whose imports are left as they are."""
+    (see the module docstring). `taken`: names the input uses; `elsewhere`: names used in the
+    input's other units, whose imports are left as they are."""
     wrapper = MetadataWrapper(module)
     plan = _Plan(_hvd_name(wrapper.module, taken | elsewhere), elsewhere)
     wrapper.visit(plan)
-    if not plan.dropped:
-        return module, False
-    new = wrapper.module.visit(_Apply(plan))
-    return new, True
+    return wrapper.module.visit(_Apply(plan)) if plan.dropped else module

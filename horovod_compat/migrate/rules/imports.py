@@ -19,26 +19,27 @@ _ORDER = list(IMPORT_FOR_NAME)
 _RUNNER_MODULES = ("sparkdl", "sparkdl.horovod")
 
 
-def _dotted(node: Union[cst.Attribute, cst.Name, None]) -> str:
+def dotted_name(node: Union[cst.Attribute, cst.Name, None]) -> str:
+    """``a.b.c`` as written ("" for None)."""
     return code_of(node).strip() if node is not None else ""
 
 
-def _alias_bound(alias: cst.ImportAlias) -> str:
+def alias_bound(alias: cst.ImportAlias) -> str:
     """The local name an import alias binds (``import a.b`` binds ``a``)."""
     if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
         return alias.asname.name.value
-    return _dotted(alias.name).split(".")[0]
+    return dotted_name(alias.name).split(".")[0]
 
 
 def _alias_family(stmt: Union[cst.Import, cst.ImportFrom], alias: cst.ImportAlias) -> Optional[str]:
     """HVD for ``import horovod.torch as X`` / ``from horovod import torch as X``; RUNNER for
     ``from sparkdl import HorovodRunner``; HOROVOD for ``import horovod``; else None."""
-    name = _dotted(alias.name)
+    name = dotted_name(alias.name)
     if isinstance(stmt, cst.Import):
         if name == "horovod":
             return HOROVOD
         return HVD if name == "horovod.torch" and alias.asname is not None else None
-    module = _dotted(stmt.module) if stmt.module is not None else ""
+    module = dotted_name(stmt.module) if stmt.module is not None else ""
     if stmt.relative:
         return None
     if module == "horovod" and name == "torch" and alias.asname is not None:
@@ -52,7 +53,7 @@ def unsupported_import(stmt: Union[cst.Import, cst.ImportFrom]) -> Optional[str]
     """A TODO message for Horovod import forms the rewriter does not follow, else None."""
     if isinstance(stmt, cst.Import):
         for alias in stmt.names:
-            name = _dotted(alias.name)
+            name = dotted_name(alias.name)
             if name == "horovod.torch" and alias.asname is None:
                 return "`import horovod.torch` without `as hvd`: uses are not rewritten; import it as hvd"
             if name.startswith("horovod.") and name != "horovod.torch":
@@ -61,9 +62,9 @@ def unsupported_import(stmt: Union[cst.Import, cst.ImportFrom]) -> Optional[str]
         return None
     if stmt.relative or stmt.module is None:
         return None
-    module = _dotted(stmt.module)
+    module = dotted_name(stmt.module)
     if module.startswith("horovod.") or (module == "horovod" and not isinstance(stmt.names, cst.ImportStar)
-                                         and any(_dotted(a.name) != "torch" or a.asname is None for a in stmt.names)):
+                                         and any(dotted_name(a.name) != "torch" or a.asname is None for a in stmt.names)):
         return (f"`from {module} import ...`: not followed (the rewriter follows `import "
                 "horovod.torch as hvd`, and names or submodules of horovod.torch bound once)")
     return None
@@ -97,7 +98,7 @@ class ImportScan(cst.CSTVisitor):
             return
         for alias in stmt.names:
             family = _alias_family(stmt, alias)
-            bound = _alias_bound(alias)
+            bound = alias_bound(alias)
             if family is not None:
                 self.shared.aliases(family).add(bound)
             elif self.depth == 0:
@@ -169,7 +170,7 @@ def _imports_in(body: Sequence[cst.CSTNode]) -> Set[str]:
         if isinstance(stmt, cst.SimpleStatementLine):
             for small in stmt.body:
                 if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
-                    names.update(_alias_bound(a) for a in small.names)
+                    names.update(alias_bound(a) for a in small.names)
     return names
 
 
@@ -219,7 +220,7 @@ class ImportFixer(cst.CSTTransformer):
                     kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
                     small = small.with_changes(names=kept)
                 if not at_module:
-                    self.block_stack[-1].update(_alias_bound(a) for a in kept)
+                    self.block_stack[-1].update(alias_bound(a) for a in kept)
             new_body.append(small)
         if not families:
             return updated_node
@@ -328,7 +329,7 @@ def _is_future(stmt: cst.CSTNode) -> bool:
     return (
         isinstance(stmt, cst.SimpleStatementLine)
         and isinstance(stmt.body[0], cst.ImportFrom)
-        and _dotted(stmt.body[0].module) == "__future__"
+        and dotted_name(stmt.body[0].module) == "__future__"
     )
 
 

@@ -84,16 +84,17 @@ def rewrite_init(call: cst.Call, ctx: RewriteContext, pin_device: bool = True) -
     if not pin_device:  # the script pins its device itself, right after hvd.init()
         ctx.need(HVD, "dist", "torch", "atexit")
         return Rewritten(_statements(_INIT) + kept,
-                         "-> dist.init_process_group(nccl on CUDA else gloo)" + _KEPT_NOTE * bool(kept))
+                         "-> dist.init_process_group(nccl on CUDA else gloo)" + _kept_note("init", kept))
     ctx.need(HVD, "dist", "torch", "os", "atexit")
     return Rewritten(
         _statements(_INIT, _SET_DEVICE) + kept,
         "-> dist.init_process_group(nccl on CUDA else gloo) + torch.cuda.set_device(LOCAL_RANK)"
-        + _KEPT_NOTE * bool(kept),
+        + _kept_note("init", kept),
     )
 
 
-_KEPT_NOTE = " (hvd.init() kept: Horovod calls remain in this file)"
+def _kept_note(name: str, kept: List[cst.BaseStatement]) -> str:
+    return f" (hvd.{name}() kept: Horovod calls remain in this file)" if kept else ""
 
 
 def _kept(call: cst.Call, ctx: RewriteContext) -> List[cst.BaseStatement]:
@@ -110,8 +111,8 @@ def rewrite_shutdown(call: cst.Call, ctx: RewriteContext) -> Outcome:
         return Flagged("hvd.shutdown() with arguments is not understood")
     ctx.need(HVD, "dist")
     kept = _kept(call, ctx)  # Horovod leaves first, then the process group goes
-    return Rewritten(kept + _statements(_SHUTDOWN), "-> dist.destroy_process_group()"
-                     + " (hvd.shutdown() kept: Horovod calls remain in this file)" * bool(kept))
+    return Rewritten(kept + _statements(_SHUTDOWN),
+                     "-> dist.destroy_process_group()" + _kept_note("shutdown", kept))
 
 
 CALLS: Dict[str, Callable[[str, cst.Call, RewriteContext], Outcome]] = {
