@@ -152,9 +152,10 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
     """Rewrite every unit; raises MigrationError on unparsable input (nothing is rewritten then).
 
     When Horovod uses remain after the rewrite, it runs again keeping ``hvd.init()`` and
-    ``hvd.shutdown()`` beside their native replacements: the partly migrated program then runs
-    where the original did (under horovodrun, or under torchrun with horovod-compat installed),
-    instead of stopping at its first remaining ``hvd.`` call.
+    ``hvd.shutdown()`` beside their native replacements and Horovod's constants where they are
+    values (rules/constants.py): the partly migrated program then runs where the original did
+    (under horovodrun, or under torchrun with horovod-compat installed), instead of stopping at
+    its first remaining ``hvd.`` call.
 
     A name the rewrite needs (``dist``, ``DDP``, ...) that the input binds to something else (say
     ``import pyro.distributions as dist``) is not shadowed: the rewrite runs again with the input's
@@ -165,7 +166,7 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
         taken = set().union(*(_names(_parse(unit)) for unit in units))
         renames = {name: renaming.free_name(name, taken) for name in clashes}
         results, horovod_left, clashes = _migrate(units, False, renames)
-    if horovod_left and any(f.name in ("hvd.init", "hvd.shutdown") for r in results for f in r.findings):
+    if horovod_left and any(r.changed for r in results):
         results, _, _ = _migrate(units, True, renames)
     return results
 
@@ -182,7 +183,7 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
     every = [_names(m) for m in modules]
     modules = [import_forms.normalize(m, every[i], set().union(*every[:i], *every[i + 1:]))
                for i, m in enumerate(modules)]
-    shared = SharedState(keep_horovod_lifecycle=keep_lifecycle)
+    shared = SharedState(keep_horovod_lifecycle=keep_lifecycle, native_constants=not keep_lifecycle)
     unsupported: List[Dict[cst.CSTNode, str]] = []
     for module in modules:
         scan = ImportScan(shared)

@@ -11,32 +11,55 @@ from typing import Dict
 
 HELPERS: Dict[str, str] = {
     "_native_allreduce": '''
-def _native_allreduce(tensor, op="average", inplace=False):
+def _native_allreduce(tensor, op="average", inplace=False, compression=None, prescale_factor=1.0,
+                      postscale_factor=1.0):
     """hvd.allreduce on torch.distributed: reduce over all ranks into a new tensor (or in place).
 
-    "average" sums then divides by the world size; integer tensors truncate, as Horovod did.
-    A tensor that requires grad goes through torch.distributed.nn, which is differentiable.
+    op is "average" (sum, then divide by the world size; integer tensors truncate, as Horovod
+    did), "sum", "min", "max" or "product". compression=default_hooks.fp16_compress_hook (what
+    hvd.Compression.fp16 became) reduces a floating tensor in float16; the scale factors multiply
+    before and after the reduction. A tensor that requires grad goes through
+    torch.distributed.nn, which is differentiable.
     """
     import torch
     import torch.distributed as dist
 
     ops = {"average": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
            "max": dist.ReduceOp.MAX, "product": dist.ReduceOp.PRODUCT}
+    if op not in ops:
+        raise ValueError(f"allreduce op {op!r}: torch.distributed reduces with one of {sorted(ops)}"
+                         + (" (Adasum has no torch.distributed equivalent)" if op == "adasum" else ""))
     world = dist.get_world_size()
+    wire = None
+    if compression is not None:
+        wire = {"fp16_compress_hook": torch.float16, "bf16_compress_hook": torch.bfloat16}.get(
+            getattr(compression, "__name__", None))
+        if wire is None:
+            raise ValueError(f"compression={compression!r}: expected None or DDP's fp16_compress_hook")
     if tensor.requires_grad and torch.is_grad_enabled() and not inplace:
         if op not in ("average", "sum"):
             raise RuntimeError("differentiable allreduce supports only average and sum")
         import torch.distributed.nn.functional as dist_nn
 
-        out = dist_nn.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return out / world if op == "average" else out
-    out = tensor if inplace else tensor.detach().clone()
-    dist.all_reduce(out, op=ops[op])
-    if op == "average":
-        if out.is_floating_point() or out.is_complex():
-            out.div_(world)
+        out = dist_nn.all_reduce(tensor * prescale_factor, op=dist.ReduceOp.SUM)
+        return (out / world if op == "average" else out) * postscale_factor
+    out = tensor.detach().clone() if not inplace or prescale_factor != 1.0 else tensor
+    if prescale_factor != 1.0:
+        out.mul_(prescale_factor)
+    wired = out.to(wire) if wire is not None and out.is_floating_point() else out
+    dist.all_reduce(wired, op=ops[op])
+    if op == "average":  # in the wire's dtype, as Horovod scaled its compressed buffer
+        if wired.is_floating_point() or wired.is_complex():
+            wired.div_(world)
         else:
-            out.copy_(torch.div(out, world, rounding_mode="trunc"))
+            wired.copy_(torch.div(wired, world, rounding_mode="trunc"))
+    if postscale_factor != 1.0:
+        wired.mul_(postscale_factor)
+    if wired is not out:
+        out.copy_(wired)
+    if inplace and out is not tensor:
+        tensor.copy_(out)
+        return tensor
     return out
 ''',
     "_native_broadcast": '''
@@ -149,10 +172,11 @@ def _native_allgather(tensor):
     return gather(tensor.detach())[0]
 ''',
     "_native_distributed_optimizer": '''
-def _native_distributed_optimizer(optimizer, backward_passes_per_step=1, fp16=False, average=True,
-                                  bucket_mb=25):
+def _native_distributed_optimizer(optimizer, backward_passes_per_step=1, compression=None,
+                                  op="average", bucket_mb=25):
     """hvd.DistributedOptimizer on torch.distributed: `optimizer`, whose step() first averages
-    (average=False: sums) every gradient over the ranks.
+    (op="sum": sums) every gradient over the ranks. compression=default_hooks.fp16_compress_hook
+    (what hvd.Compression.fp16 became) reduces the gradients in float16; None does not compress.
 
     As in Horovod, a gradient is reduced as soon as backward has produced it
     (backward_passes_per_step times since the last step), so communication overlaps the rest of
@@ -166,6 +190,18 @@ def _native_distributed_optimizer(optimizer, backward_passes_per_step=1, fp16=Fa
 
     import torch
     import torch.distributed as dist
+
+    if op not in ("average", "sum"):
+        raise ValueError(
+            f"DistributedOptimizer op={op!r}: gradients are averaged or summed"
+            + ("; Horovod's Adasum has no torch.distributed equivalent: train with averaging (and "
+               "retune the learning rate). See migration_guide/differences.md" if op == "adasum" else ""))
+    wire = None
+    if compression is not None:
+        wire = {"fp16_compress_hook": torch.float16, "bf16_compress_hook": torch.bfloat16}.get(
+            getattr(compression, "__name__", None))
+        if wire is None:
+            raise ValueError(f"compression={compression!r}: expected None or DDP's fp16_compress_hook")
 
     class DistributedOptimizer(optimizer.__class__):
         def __init__(self):  # adopts `optimizer` as it is: its param groups, state and hooks
@@ -204,9 +240,9 @@ def _native_distributed_optimizer(optimizer, backward_passes_per_step=1, fp16=Fa
             # one large gradient is reduced where it is (as Horovod did), several are packed
             flat = grads[0] if len(grads) == 1 and grads[0].data_ptr() == self._buckets[i][0].grad.data_ptr() \\
                 else torch.cat(grads)
-            if fp16 and flat.is_floating_point():
-                flat = flat.half()
-            if average:
+            if wire is not None and flat.is_floating_point():
+                flat = flat.to(wire)
+            if op == "average":
                 flat.div_(dist.get_world_size())
             self._works[i] = (dist.all_reduce(flat, async_op=True), flat)
             self._launched = i + 1
@@ -220,7 +256,7 @@ def _native_distributed_optimizer(optimizer, backward_passes_per_step=1, fp16=Fa
                 offset = 0
                 for p in self._buckets[i]:
                     n = p.numel()
-                    if flat.data_ptr() != p.grad.data_ptr():  # packed, or cast to fp16
+                    if flat.data_ptr() != p.grad.data_ptr():  # packed, or cast to the wire's dtype
                         p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
                     offset += n
             self._works, self._passes, self._launched = {}, {}, 0

@@ -15,7 +15,7 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 from horovod_compat.migrate.context import Flagged, Outcome, RewriteContext, Rewritten, hvd_attr_name
 from horovod_compat.migrate.report import todo_comment
 from horovod_compat.migrate.rules import (
-    collectives, elastic, lightning, optimizer_hooks, runner, sampler, state_sync, topology,
+    collectives, constants, elastic, lightning, optimizer_hooks, runner, sampler, state_sync, topology,
 )
 from horovod_compat.migrate.rules.flags import reason_for
 from horovod_compat.migrate.rules.optimizer import GRADIENTS_READ, OptimizerPlan
@@ -240,8 +240,16 @@ class HorovodTransformer(cst.CSTTransformer):
                              f"-> {native} (a run-time choice the DDP rewrite follows)")
             return cst.parse_expression(native).with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
         # A bare hvd.X: not a call (hvd calls raise hvd_call_depth) nor inside an hvd call, whose
-        # own outcome covers it; flagged once, at its outermost attribute.
+        # own outcome covers it; a constant becomes its native value, anything else is flagged
+        # once, at its outermost attribute.
         name = hvd_attr_name(original_node, self.ctx.hvd_aliases)
+        if name is not None and self.hvd_call_depth == 0 and original_node not in self.inner_attributes \
+                and self.ctx.shared.native_constants:
+            native = constants.native_value(name, self.ctx)
+            if native is not None:
+                self.ctx.rewrite(self._line(original_node), f"hvd.{name}",
+                                 f"-> {native}, the value the native calls take (rules/constants.py)")
+                return cst.parse_expression(native).with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
         if name is None and original_node not in self.inner_attributes:
             other = hvd_attr_name(original_node, self.ctx.shared.horovod_aliases)
             parent = self.get_metadata(ParentNodeProvider, original_node, None)

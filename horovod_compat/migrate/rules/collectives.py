@@ -6,7 +6,7 @@ change both, so these calls go to the small helpers in helpers.py that keep Horo
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Union
+from typing import Callable, Dict, List, Optional, Union
 
 import libcst as cst
 
@@ -22,41 +22,53 @@ from horovod_compat.migrate.context import (
     keyword_args,
     positional_args,
 )
-
-_OPS = {"Average": "average", "Sum": "sum", "Min": "min", "Max": "max", "Product": "product"}
-
+from horovod_compat.migrate.rules import constants
 
 def _reduce_op(call: cst.Call, ctx: RewriteContext) -> Union[str, Flagged]:
-    """Read `op=` / `average=` statically; a Flagged when they are not literal Horovod constants."""
+    """The native op argument (source) for `op=` / `average=`: a literal constant as its string
+    (``"sum"``), any other expression with its constants made native (rules/constants.py: the
+    helper then receives the value the script chose at run time); a Flagged when neither works."""
     kw = keyword_args(call)
     op: Optional[str] = None
     if "op" in kw:
-        name = hvd_attr_name(kw["op"].value, ctx.hvd_aliases)
+        value = kw["op"].value
+        name = hvd_attr_name(value, ctx.hvd_aliases)
         if name == "Adasum":
             return Flagged("op=Adasum has no torch.distributed equivalent; it is not a plain average")
-        if name not in _OPS:
-            return Flagged(f"op={code_of(kw['op'].value)} is not a Horovod reduce-op constant the rewriter can read")
-        op = _OPS[name]
+        op = constants.NATIVE_VALUES.get(name) if name and not name.startswith("Compression") else None
+        if op is None:
+            op = constants.native_expression(value, ctx)
+        if op is None:
+            return Flagged(f"op={code_of(value)} is not a Horovod reduce-op constant the rewriter can read")
     if "average" in kw:
         value = kw["average"].value
         if op is not None:
             return Flagged("both op= and average= given (Horovod raises ValueError)")
         if not (isinstance(value, cst.Name) and value.value in ("True", "False")):
             return Flagged(f"average={code_of(value)} is not a literal True/False")
-        op = "average" if value.value == "True" else "sum"
-    return op or "average"
+        op = '"average"' if value.value == "True" else '"sum"'
+    return op or '"average"'
 
 
-def _unsupported_kwargs(call: cst.Call, allowed: set) -> Optional[Flagged]:
+def _native_options(call: cst.Call, ctx: RewriteContext, allowed: set) -> Union[List[str], Flagged]:
+    """The helper's keyword arguments for `call`'s options (``compression=``, ``prescale_factor=``,
+    ``postscale_factor=``, with constants made native), or a Flagged for an option it lacks."""
+    options: List[str] = []
     for name, arg in keyword_args(call).items():
         if name in allowed:
             continue
-        if name in ("prescale_factor", "postscale_factor") and code_of(arg.value).strip() in ("1", "1.0"):
+        text = code_of(arg.value).strip()
+        if name in ("prescale_factor", "postscale_factor") and text in ("1", "1.0"):
             continue
-        if name == "compression" and code_of(arg.value).strip().endswith("Compression.none"):
+        if name == "compression" and text.endswith("Compression.none"):
             continue
-        return Flagged(f"argument {name}= is not rewritten (only tensor, op/average and name are)")
-    return None
+        value = constants.native_expression(arg.value, ctx) \
+            if name in ("compression", "prescale_factor", "postscale_factor") else None
+        if value is None:
+            return Flagged(f"argument {name}= is not rewritten (only tensor, op/average, name, "
+                           "compression and the scale factors are)")
+        options.append(f"{name}={value}")
+    return options
 
 
 def rewrite_allreduce(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
@@ -64,18 +76,22 @@ def rewrite_allreduce(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome
     pos = positional_args(call)
     if has_star_args(call) or len(pos) != 1:
         return Flagged(f"hvd.{name}() needs exactly one positional tensor argument to be rewritten")
-    bad = _unsupported_kwargs(call, {"op", "average", "name"})
-    if bad:
-        return bad
+    options = _native_options(call, ctx, {"op", "average", "name"})
+    if isinstance(options, Flagged):
+        return options
     op = _reduce_op(call, ctx)
     if isinstance(op, Flagged):
         return op
     ctx.need_helper("_native_allreduce")
-    inplace = ", inplace=True" if name == "allreduce_" else ""
-    text = f'_native_allreduce({code_of(pos[0].value)}, "{op}"{inplace})'
+    if name == "allreduce_":
+        options.append("inplace=True")
+    text = f"_native_allreduce({', '.join([code_of(pos[0].value), op, *options])})"
+    literal = op.strip('"')
+    what = literal if op.startswith('"') else f"the op `{op}` holds"
     return Rewritten(
         cst.parse_expression(text),
-        f'-> {op} over all ranks into a {"the same" if inplace else "new"} tensor' + (" (integers truncate)" if op == "average" else ""),
+        f'-> {what} over all ranks into a {"the same" if name == "allreduce_" else "new"} tensor'
+        + (" (integers truncate)" if literal == "average" else ""),
     )
 
 

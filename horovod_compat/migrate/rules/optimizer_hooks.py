@@ -9,7 +9,8 @@ the gradients, whatever ran the forward pass. The helper (``helpers.py``) does t
 ``torch.distributed``: gradient hooks start bucketed asynchronous ``all_reduce`` calls during
 backward, and ``step()`` waits for them. The call is replaced where it stands, so it works in any
 expression. Options with a native meaning are kept (``backward_passes_per_step``,
-``compression=hvd.Compression.fp16``, ``op=hvd.Sum``); the others leave the TODO.
+``compression=hvd.Compression.fp16``, ``op=hvd.Sum``), also when the script chose them at run time
+(their constants then hold native values, rules/constants.py); the others leave the TODO.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import libcst as cst
 from horovod_compat.migrate.context import (
     HVD, RewriteContext, Rewritten, code_of, has_star_args, hvd_attr_name,
 )
+from horovod_compat.migrate.rules import constants
 
 #: Horovod 0.28.1's parameters, in order.
 PARAMETERS = ("optimizer", "named_parameters", "compression", "backward_passes_per_step", "op",
@@ -57,18 +59,26 @@ def rewrite(call: cst.Call, ctx: RewriteContext, why_not_ddp: str) -> Optional[R
         pieces.append(f"backward_passes_per_step={code_of(given['backward_passes_per_step']).strip()}")
     compression = given.get("compression")
     if compression is not None:
-        chosen = hvd_attr_name(compression, aliases) if isinstance(compression, cst.Attribute) else None
-        if chosen not in ("Compression.fp16", "Compression.none"):
-            return None
+        chosen = hvd_attr_name(compression, aliases)
         if chosen == "Compression.fp16":
-            pieces.append("fp16=True")
+            pieces.append(f"compression={constants.native_value(chosen, ctx)}")
+        elif chosen != "Compression.none":
+            value = constants.native_expression(compression, ctx)
+            if value is None:
+                return None
+            pieces.append(f"compression={value}")
     op = given.get("op")
     if op is not None:
         name = hvd_attr_name(op, aliases)
-        if name not in ("Average", "Sum"):
-            return None  # Adasum, or a run-time choice: the TODO stays
         if name == "Sum":
-            pieces.append("average=False")
+            pieces.append('op="sum"')
+        elif name == "Adasum":
+            return None  # always Adasum: the TODO says it has no native equivalent
+        elif name != "Average":
+            value = constants.native_expression(op, ctx)
+            if value is None:
+                return None  # a run-time choice in a file that keeps Horovod: the TODO stays
+            pieces.append(f"op={value}")
     factor = given.get("gradient_predivide_factor")
     if factor is not None and _number(factor) != 1.0:
         return None

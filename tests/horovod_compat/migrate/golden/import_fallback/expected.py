@@ -6,32 +6,55 @@ import os
 import torch.distributed as dist
 
 
-def _native_allreduce(tensor, op="average", inplace=False):
+def _native_allreduce(tensor, op="average", inplace=False, compression=None, prescale_factor=1.0,
+                      postscale_factor=1.0):
     """hvd.allreduce on torch.distributed: reduce over all ranks into a new tensor (or in place).
 
-    "average" sums then divides by the world size; integer tensors truncate, as Horovod did.
-    A tensor that requires grad goes through torch.distributed.nn, which is differentiable.
+    op is "average" (sum, then divide by the world size; integer tensors truncate, as Horovod
+    did), "sum", "min", "max" or "product". compression=default_hooks.fp16_compress_hook (what
+    hvd.Compression.fp16 became) reduces a floating tensor in float16; the scale factors multiply
+    before and after the reduction. A tensor that requires grad goes through
+    torch.distributed.nn, which is differentiable.
     """
     import torch
     import torch.distributed as dist
 
     ops = {"average": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
            "max": dist.ReduceOp.MAX, "product": dist.ReduceOp.PRODUCT}
+    if op not in ops:
+        raise ValueError(f"allreduce op {op!r}: torch.distributed reduces with one of {sorted(ops)}"
+                         + (" (Adasum has no torch.distributed equivalent)" if op == "adasum" else ""))
     world = dist.get_world_size()
+    wire = None
+    if compression is not None:
+        wire = {"fp16_compress_hook": torch.float16, "bf16_compress_hook": torch.bfloat16}.get(
+            getattr(compression, "__name__", None))
+        if wire is None:
+            raise ValueError(f"compression={compression!r}: expected None or DDP's fp16_compress_hook")
     if tensor.requires_grad and torch.is_grad_enabled() and not inplace:
         if op not in ("average", "sum"):
             raise RuntimeError("differentiable allreduce supports only average and sum")
         import torch.distributed.nn.functional as dist_nn
 
-        out = dist_nn.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return out / world if op == "average" else out
-    out = tensor if inplace else tensor.detach().clone()
-    dist.all_reduce(out, op=ops[op])
-    if op == "average":
-        if out.is_floating_point() or out.is_complex():
-            out.div_(world)
+        out = dist_nn.all_reduce(tensor * prescale_factor, op=dist.ReduceOp.SUM)
+        return (out / world if op == "average" else out) * postscale_factor
+    out = tensor.detach().clone() if not inplace or prescale_factor != 1.0 else tensor
+    if prescale_factor != 1.0:
+        out.mul_(prescale_factor)
+    wired = out.to(wire) if wire is not None and out.is_floating_point() else out
+    dist.all_reduce(wired, op=ops[op])
+    if op == "average":  # in the wire's dtype, as Horovod scaled its compressed buffer
+        if wired.is_floating_point() or wired.is_complex():
+            wired.div_(world)
         else:
-            out.copy_(torch.div(out, world, rounding_mode="trunc"))
+            wired.copy_(torch.div(wired, world, rounding_mode="trunc"))
+    if postscale_factor != 1.0:
+        wired.mul_(postscale_factor)
+    if wired is not out:
+        out.copy_(wired)
+    if inplace and out is not tensor:
+        tensor.copy_(out)
+        return tensor
     return out
 
 

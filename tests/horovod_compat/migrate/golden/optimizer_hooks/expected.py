@@ -6,10 +6,11 @@ import os
 import torch.distributed as dist
 
 
-def _native_distributed_optimizer(optimizer, backward_passes_per_step=1, fp16=False, average=True,
-                                  bucket_mb=25):
+def _native_distributed_optimizer(optimizer, backward_passes_per_step=1, compression=None,
+                                  op="average", bucket_mb=25):
     """hvd.DistributedOptimizer on torch.distributed: `optimizer`, whose step() first averages
-    (average=False: sums) every gradient over the ranks.
+    (op="sum": sums) every gradient over the ranks. compression=default_hooks.fp16_compress_hook
+    (what hvd.Compression.fp16 became) reduces the gradients in float16; None does not compress.
 
     As in Horovod, a gradient is reduced as soon as backward has produced it
     (backward_passes_per_step times since the last step), so communication overlaps the rest of
@@ -23,6 +24,18 @@ def _native_distributed_optimizer(optimizer, backward_passes_per_step=1, fp16=Fa
 
     import torch
     import torch.distributed as dist
+
+    if op not in ("average", "sum"):
+        raise ValueError(
+            f"DistributedOptimizer op={op!r}: gradients are averaged or summed"
+            + ("; Horovod's Adasum has no torch.distributed equivalent: train with averaging (and "
+               "retune the learning rate). See migration_guide/differences.md" if op == "adasum" else ""))
+    wire = None
+    if compression is not None:
+        wire = {"fp16_compress_hook": torch.float16, "bf16_compress_hook": torch.bfloat16}.get(
+            getattr(compression, "__name__", None))
+        if wire is None:
+            raise ValueError(f"compression={compression!r}: expected None or DDP's fp16_compress_hook")
 
     class DistributedOptimizer(optimizer.__class__):
         def __init__(self):  # adopts `optimizer` as it is: its param groups, state and hooks
@@ -61,9 +74,9 @@ def _native_distributed_optimizer(optimizer, backward_passes_per_step=1, fp16=Fa
             # one large gradient is reduced where it is (as Horovod did), several are packed
             flat = grads[0] if len(grads) == 1 and grads[0].data_ptr() == self._buckets[i][0].grad.data_ptr() \
                 else torch.cat(grads)
-            if fp16 and flat.is_floating_point():
-                flat = flat.half()
-            if average:
+            if wire is not None and flat.is_floating_point():
+                flat = flat.to(wire)
+            if op == "average":
                 flat.div_(dist.get_world_size())
             self._works[i] = (dist.all_reduce(flat, async_op=True), flat)
             self._launched = i + 1
@@ -77,7 +90,7 @@ def _native_distributed_optimizer(optimizer, backward_passes_per_step=1, fp16=Fa
                 offset = 0
                 for p in self._buckets[i]:
                     n = p.numel()
-                    if flat.data_ptr() != p.grad.data_ptr():  # packed, or cast to fp16
+                    if flat.data_ptr() != p.grad.data_ptr():  # packed, or cast to the wire's dtype
                         p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
                     offset += n
             self._works, self._passes, self._launched = {}, {}, 0
