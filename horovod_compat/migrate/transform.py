@@ -18,7 +18,7 @@ from horovod_compat.migrate.rules import (
     collectives, constants, elastic, lightning, optimizer_hooks, runner, sampler, state_sync, topology,
 )
 from horovod_compat.migrate.rules.flags import reason_for
-from horovod_compat.migrate.rules.optimizer import GRADIENTS_READ, OptimizerPlan
+from horovod_compat.migrate.rules.optimizer import OptimizerPlan
 
 CallRule = Callable[[str, cst.Call, RewriteContext], Outcome]
 
@@ -289,7 +289,7 @@ class HorovodTransformer(cst.CSTTransformer):
         if original_node in self.plan.flagged:
             why = self.plan.flagged[original_node]
             native = optimizer_hooks.rewrite(updated_node, self.ctx, why) \
-                if name == "DistributedOptimizer" and not why.startswith(GRADIENTS_READ) else None
+                if name == "DistributedOptimizer" else None
             if native is not None:  # Horovod's own semantics, no DDP proof needed
                 return self._apply(original_node, updated_node, f"hvd.{name}", native)
             self._flag(original_node, f"hvd.{name}", why)

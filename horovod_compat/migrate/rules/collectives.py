@@ -50,9 +50,18 @@ def _reduce_op(call: cst.Call, ctx: RewriteContext) -> Union[str, Flagged]:
     return op or '"average"'
 
 
-def _native_options(call: cst.Call, ctx: RewriteContext, allowed: set) -> Union[List[str], Flagged]:
-    """The helper's keyword arguments for `call`'s options (``compression=``, ``prescale_factor=``,
-    ``postscale_factor=``, with constants made native), or a Flagged for an option it lacks."""
+#: The options each helper takes besides its tensor and root (their values pass as written, with
+#: Horovod's constants made native).
+_ALLREDUCE_OPTIONS = {"compression", "prescale_factor", "postscale_factor", "process_set"}
+_SET_OPTION = {"process_set"}
+
+
+def _native_options(call: cst.Call, ctx: RewriteContext, allowed: set, options_taken: set
+                    ) -> Union[List[str], Flagged]:
+    """The helper's keyword arguments for `call`'s options in `options_taken` (constants made
+    native; defaults left out), or a Flagged for an option the helper lacks. A ``process_set=``
+    passes only where the whole file becomes native: the sets are then the helper's
+    (``_NativeProcessSet``), not Horovod's."""
     options: List[str] = []
     for name, arg in keyword_args(call).items():
         if name in allowed:
@@ -62,45 +71,72 @@ def _native_options(call: cst.Call, ctx: RewriteContext, allowed: set) -> Union[
             continue
         if name == "compression" and text.endswith("Compression.none"):
             continue
-        value = constants.native_expression(arg.value, ctx) \
-            if name in ("compression", "prescale_factor", "postscale_factor") else None
+        value = constants.native_expression(arg.value, ctx) if name in options_taken else None
+        if name == "process_set" and not ctx.shared.native_constants:
+            value = None
         if value is None:
-            return Flagged(f"argument {name}= is not rewritten (only tensor, op/average, name, "
-                           "compression and the scale factors are)")
-        options.append(f"{name}={value}")
+            return Flagged(f"argument {name}= is not rewritten"
+                           + (" while Horovod calls remain in this file" if name == "process_set" else ""))
+        if value != "None":
+            options.append(f"{name}={value}")
     return options
 
 
 def rewrite_allreduce(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
-    """``hvd.allreduce[_](t, op=..., name=...)`` -> ``_native_allreduce(t, "average"|...)``."""
+    """``hvd.allreduce[_](t, op=..., name=...)`` -> ``_native_allreduce(t, "average"|...)``;
+    ``hvd.allreduce_async[_]`` -> ``_native_allreduce_async`` (its handle has wait() and
+    is_completed(): see rewrite_handle)."""
     pos = positional_args(call)
     if has_star_args(call) or len(pos) != 1:
         return Flagged(f"hvd.{name}() needs exactly one positional tensor argument to be rewritten")
-    options = _native_options(call, ctx, {"op", "average", "name"})
+    is_async = name.startswith("allreduce_async")
+    if is_async and not ctx.shared.native_constants:
+        return Flagged(f"hvd.{name}() stays while Horovod calls remain in this file (its handle "
+                       "goes to hvd.synchronize/hvd.poll)")
+    options = _native_options(call, ctx, {"op", "average", "name"}, _ALLREDUCE_OPTIONS)
     if isinstance(options, Flagged):
         return options
     op = _reduce_op(call, ctx)
     if isinstance(op, Flagged):
         return op
     ctx.need_helper("_native_allreduce")
-    if name == "allreduce_":
+    inplace = name.endswith("_")
+    if inplace:
         options.append("inplace=True")
-    text = f"_native_allreduce({', '.join([code_of(pos[0].value), op, *options])})"
+    func = "_native_allreduce_async" if is_async else "_native_allreduce"
+    text = f"{func}({', '.join([code_of(pos[0].value), op, *options])})"
     literal = op.strip('"')
     what = literal if op.startswith('"') else f"the op `{op}` holds"
     return Rewritten(
         cst.parse_expression(text),
-        f'-> {what} over all ranks into a {"the same" if name == "allreduce_" else "new"} tensor'
+        f'-> {"start of " if is_async else ""}{what} over all ranks into {"the same" if inplace else "a new"} tensor'
         + (" (integers truncate)" if literal == "average" else ""),
     )
+
+
+def rewrite_handle(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
+    """``hvd.synchronize(h)`` -> ``h.wait()``, ``hvd.poll(h)`` -> ``h.is_completed()``: the
+    handles of a file that became native all come from ``_native_allreduce_async``."""
+    pos = positional_args(call)
+    if has_star_args(call) or len(pos) != 1 or keyword_args(call):
+        return Flagged(f"hvd.{name}() arguments not understood")
+    if not ctx.shared.native_constants:
+        return Flagged(f"hvd.{name}() stays while Horovod calls remain in this file")
+    method = "wait" if name == "synchronize" else "is_completed"
+    handle = pos[0].value
+    if not isinstance(handle, (cst.Name, cst.Attribute, cst.Subscript, cst.Call)) or handle.lpar:
+        handle = handle.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return Rewritten(cst.parse_expression(f"{code_of(handle)}.{method}()"),
+                     f"-> handle.{method}() of the native asynchronous allreduce")
 
 
 def rewrite_broadcast(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
     """``hvd.broadcast[_](t, root_rank)`` -> ``_native_broadcast(t, root_rank)``."""
     pos = positional_args(call)
     kw = keyword_args(call)
-    if has_star_args(call) or set(kw) - {"root_rank", "name"}:
-        return Flagged(f"hvd.{name}() with process_set=/other arguments is not rewritten")
+    options = _native_options(call, ctx, {"root_rank", "name"}, _SET_OPTION)
+    if has_star_args(call) or isinstance(options, Flagged):
+        return options if isinstance(options, Flagged) else Flagged(f"hvd.{name}() arguments not understood")
     if len(pos) == 2 and "root_rank" not in kw:
         root = pos[1].value
     elif len(pos) == 1 and "root_rank" in kw:
@@ -108,8 +144,9 @@ def rewrite_broadcast(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome
     else:
         return Flagged(f"hvd.{name}() arguments not understood")
     ctx.need_helper("_native_broadcast")
-    inplace = ", inplace=True" if name == "broadcast_" else ""
-    text = f"_native_broadcast({code_of(pos[0].value)}, {code_of(root)}{inplace})"
+    if name == "broadcast_":
+        options.append("inplace=True")
+    text = f"_native_broadcast({', '.join([code_of(pos[0].value), code_of(root), *options])})"
     return Rewritten(cst.parse_expression(text), "-> dist.broadcast of a copy")
 
 
@@ -117,15 +154,18 @@ def rewrite_broadcast_object(name: str, call: cst.Call, ctx: RewriteContext) -> 
     """``hvd.broadcast_object(obj, root_rank=0)`` -> ``dist.broadcast_object_list`` helper."""
     pos = positional_args(call)
     kw = keyword_args(call)
-    if has_star_args(call) or set(kw) - {"root_rank", "name"} or not 1 <= len(pos) <= 2:
+    options = _native_options(call, ctx, {"root_rank", "name"}, _SET_OPTION)
+    if isinstance(options, Flagged):
+        return options
+    if has_star_args(call) or not 1 <= len(pos) <= 2:
         return Flagged("hvd.broadcast_object() arguments not understood")
     if len(pos) == 2 and "root_rank" in kw:
         return Flagged("root_rank given twice")
     root = pos[1].value if len(pos) == 2 else kw["root_rank"].value if "root_rank" in kw else None
     ctx.need_helper("_native_broadcast_object")
-    root_text = f", {code_of(root)}" if root is not None else ""
-    text = f"_native_broadcast_object({code_of(pos[0].value)}{root_text})"
-    return Rewritten(cst.parse_expression(text), "-> dist.broadcast_object_list")
+    args = [code_of(pos[0].value), *([code_of(root)] if root is not None else []), *options]
+    return Rewritten(cst.parse_expression(f"_native_broadcast_object({', '.join(args)})"),
+                     "-> dist.broadcast_object_list")
 
 
 def rewrite_allgather(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
@@ -134,13 +174,14 @@ def rewrite_allgather(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome
     pos = positional_args(call)
     kw = keyword_args(call)
     given = min(len(pos), 1) + ("tensor" in kw)  # the tensor, positional or by keyword
-    if has_star_args(call) or set(kw) - {"tensor", "name"} or given != 1 or len(pos) > 2 \
-            or (len(pos) == 2 and "name" in kw):
-        return Flagged("hvd.allgather() with a process set or arguments not understood; "
-                       "use dist.all_gather(..., group=dist.new_group(ranks)) with padded sizes")
+    options = _native_options(call, ctx, {"tensor", "name"}, _SET_OPTION)
+    if isinstance(options, Flagged):
+        return options
+    if has_star_args(call) or given != 1 or len(pos) > 2 or (len(pos) == 2 and "name" in kw):
+        return Flagged("hvd.allgather() arguments not understood")
     tensor = pos[0].value if pos else kw["tensor"].value
     ctx.need_helper("_native_allgather")
-    return Rewritten(cst.parse_expression(f"_native_allgather({code_of(tensor)})"),
+    return Rewritten(cst.parse_expression(f"_native_allgather({', '.join([code_of(tensor), *options])})"),
                      "-> all_gather of the sizes, then of the padded tensors (uneven rows)")
 
 
@@ -155,16 +196,56 @@ def rewrite_allgather_object(name: str, call: cst.Call, ctx: RewriteContext) -> 
 
 
 def rewrite_barrier(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
-    """``hvd.barrier()`` -> ``dist.barrier()`` (the global set; ``process_set=`` is flagged)."""
-    if call.args:
-        return Flagged("hvd.barrier(process_set=...): use dist.barrier(group=dist.new_group(ranks))")
+    """``hvd.barrier()`` -> ``dist.barrier()``; with a process set, over its group."""
+    options = _native_options(call, ctx, set(), _SET_OPTION)
+    if isinstance(options, Flagged) or positional_args(call) or has_star_args(call):
+        return options if isinstance(options, Flagged) else Flagged("hvd.barrier() arguments not understood")
     ctx.need(HVD, "dist")
-    return Rewritten(cst.parse_expression("dist.barrier()"), "-> dist.barrier()")
+    group = f"group={options[0].split('=', 1)[1]}.group" if options else ""
+    return Rewritten(cst.parse_expression(f"dist.barrier({group})"), f"-> dist.barrier({group})")
+
+
+def rewrite_process_set(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
+    """``hvd.ProcessSet(ranks)`` / ``hvd.add_process_set(ranks_or_set)`` -> ``_NativeProcessSet(...)``
+    (a dist.new_group with Horovod's rank()/size()/included()); ``hvd.remove_process_set(ps)`` ->
+    ``_NativeProcessSet.remove(ps)``. Only where the whole file becomes native: Horovod's own
+    calls cannot take the native sets."""
+    pos = positional_args(call)
+    if has_star_args(call) or len(pos) != 1 or keyword_args(call):
+        return Flagged(f"hvd.{name}() arguments not understood")
+    if not ctx.shared.native_constants:
+        return Flagged(f"hvd.{name}() stays while Horovod calls remain in this file (they need Horovod's sets)")
+    ctx.need_helper("_NativeProcessSet")
+    ctx.need(HVD, "dist")
+    func = "_NativeProcessSet.remove" if name == "remove_process_set" else "_NativeProcessSet"
+    return Rewritten(cst.parse_expression(f"{func}({code_of(pos[0].value)})"),
+                     f"-> {func}: a dist.new_group of those ranks")
+
+
+def rewrite_join(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
+    """``hvd.join()`` -> ``_native_join()``: the joined rank stands in with zeros for the others'
+    optimizer steps and allreduces until every rank has joined, and returns the last one."""
+    if has_star_args(call) or len(call.args) > 1 or set(keyword_args(call)) - {"device"}:
+        return Flagged("hvd.join() arguments not understood")
+    if not ctx.shared.native_constants:
+        return Flagged("hvd.join() stays while Horovod calls remain in this file (the native join "
+                       "stands in only for native collectives)")
+    ctx.need_helper("_native_join")
+    return Rewritten(cst.parse_expression("_native_join()"),
+                     "-> _native_join(): zeros for the others' optimizer steps and allreduces until all joined")
 
 
 CALLS: Dict[str, Callable[[str, cst.Call, RewriteContext], Outcome]] = {
+    "join": rewrite_join,
+    "ProcessSet": rewrite_process_set,
+    "add_process_set": rewrite_process_set,
+    "remove_process_set": rewrite_process_set,
     "allreduce": rewrite_allreduce,
     "allreduce_": rewrite_allreduce,
+    "allreduce_async": rewrite_allreduce,
+    "allreduce_async_": rewrite_allreduce,
+    "synchronize": rewrite_handle,
+    "poll": rewrite_handle,
     "broadcast": rewrite_broadcast,
     "broadcast_": rewrite_broadcast,
     "broadcast_object": rewrite_broadcast_object,

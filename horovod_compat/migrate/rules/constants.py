@@ -15,7 +15,9 @@ Native values:
   with a message (Adasum has no torch.distributed equivalent), so only a run that chooses it fails;
 * ``hvd.Compression.none`` -> ``None``; ``hvd.Compression.fp16`` -> DDP's
   ``default_hooks.fp16_compress_hook``: a DDP model registers it as its comm hook, the helpers
-  read it as "reduce in float16".
+  read it as "reduce in float16";
+* ``hvd.global_process_set`` -> ``None``: the helpers' default, every rank (a set made with
+  ``hvd.add_process_set`` becomes a ``_NativeProcessSet``, collectives.py).
 
 This applies only where the whole file becomes native (``SharedState.native_constants``): a
 Horovod call left in place must still receive Horovod's own constants.
@@ -37,6 +39,7 @@ NATIVE_VALUES: Dict[str, str] = {
     "Adasum": '"adasum"',
     "Compression.none": "None",
     "Compression.fp16": "default_hooks.fp16_compress_hook",
+    "global_process_set": "None",
 }
 
 

@@ -47,7 +47,7 @@ from horovod_compat.migrate.context import (
     keyword_args,
     positional_args,
 )
-from horovod_compat.migrate.rules import dataflow
+from horovod_compat.migrate.rules import dataflow, parameter_use
 from horovod_compat.migrate.rules.accumulation import Accumulation, plan_accumulation
 
 
@@ -377,14 +377,30 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
                 f"`{model}` is used as a value at line {line} (e.g. passed to a function); the "
                 "rewriter cannot prove every forward pass then goes through DistributedDataParallel"
             )
+    values = []
+    for assignment in assignments:
+        bound = facts.parents.get(facts.parents.get(assignment.node))
+        if not isinstance(bound, cst.Assign):
+            return f"`{model}` is bound by something other than `{model} = ...`"
+        values.append(bound.value)
+    forward_calls = [facts.parents[n] for n in renames
+                     if isinstance(facts.parents.get(n), cst.Call) and facts.parents[n].func is n]
+    unproven = parameter_use.every_parameter_used(
+        model, values, forward_calls, {c: facts.positions[c].start.line for c in forward_calls},
+        facts.module_code)
+    if unproven:
+        return unproven
+    if any(re.search(rf"\b{re.escape(alias)}\.join\(", facts.module_code) for alias in ctx.hvd_aliases):
+        return ("the program calls hvd.join(): its joined ranks stand in for the native optimizer's "
+                "reductions (DDP would need its Join context manager around the training loop)")
     touched = _reads_gradients(facts.module_code)
     if touched and not _has_synchronize(scope, target.value, facts):
         return (
             f"{GRADIENTS_READ} (`{touched}`) and `{target.value}.synchronize()` is never "
-            "called: under Horovod that code ran while the averaging of those same gradient tensors "
-            "was still in flight (step() then wrote the averaged result back); under DDP it sees "
-            "the averaged gradients. Call "
-            f"`{target.value}.synchronize()` before it (as Horovod's docs require) and run again"
+            "called: under Horovod, code between backward() and step() saw the gradients before "
+            "their averaging finished; under DDP it would see them averaged. The native optimizer "
+            "keeps Horovod's order (call synchronize() first, as Horovod's docs advise, to read "
+            "averaged gradients)"
         )
     accumulation = None
     if passes != "1":
@@ -400,6 +416,11 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
         notes.append(f"backward_passes_per_step={passes} -> no_sync() on the other backward passes")
 
     lines = []
+    inner = pos[0].value
+    if isinstance(inner, cst.Name) and _state_made_before(inner.value, stmt, facts):
+        # Horovod's wrapper was a new optimizer over the same parameter groups, without the state
+        lines.append(f"{inner.value}.state.clear()  # as under Horovod: the wrap started without state\n")
+        notes.append(f"`{inner.value}` had state before the wrap, which Horovod's wrapper did not keep: cleared")
     if options.adasum != "False":
         where = f"{os.path.basename(ctx.location)}:{facts.positions[call].start.line}"
         lines.append(_ADASUM_GUARD.format(condition=options.adasum, where=where))
@@ -447,6 +468,14 @@ if {condition}:
 """
 
 _GRAD_READ = re.compile(r"clip_grad_\w+|\.grad\b(?!_)")
+
+
+def _state_made_before(name: str, stmt: cst.CSTNode, facts: _Facts) -> bool:
+    """True when optimizer `name` may have state before the wrap at `stmt` (a state broadcast, a
+    load or a step of it on an earlier line)."""
+    before = "\n".join(facts.module_code.splitlines()[:facts.positions[stmt].start.line - 1])
+    return re.search(rf"broadcast_optimizer_state\(\s*{re.escape(name)}\b|\b{re.escape(name)}\."
+                     r"(?:load_state_dict|step)\(", before) is not None
 
 
 def _reads_gradients(code: str) -> Optional[str]:

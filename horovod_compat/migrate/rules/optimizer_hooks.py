@@ -8,18 +8,19 @@ optimizer on an attribute (``self.optimizer = hvd.DistributedOptimizer(...)``), 
 the gradients, whatever ran the forward pass. The helper (``helpers.py``) does that in plain
 ``torch.distributed``: gradient hooks start bucketed asynchronous ``all_reduce`` calls during
 backward, and ``step()`` waits for them. The call is replaced where it stands, so it works in any
-expression. Options with a native meaning are kept (``backward_passes_per_step``,
-``compression=hvd.Compression.fp16``, ``op=hvd.Sum``), also when the script chose them at run time
-(their constants then hold native values, rules/constants.py); the others leave the TODO.
+expression, with the same arguments: the helper takes Horovod's parameters (compression, op,
+backward_passes_per_step, gradient_predivide_factor, sparse_as_dense, process_set, ...), so
+options chosen at run time or passed as ``**kwargs`` keep working (their Horovod constants hold
+native values, rules/constants.py). Only ``op=hvd.Adasum`` written as such keeps the TODO.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Optional
 
 import libcst as cst
 
 from horovod_compat.migrate.context import (
-    HVD, RewriteContext, Rewritten, code_of, has_star_args, hvd_attr_name,
+    HVD, RewriteContext, Rewritten, hvd_attr_name,
 )
 from horovod_compat.migrate.rules import constants
 
@@ -28,68 +29,30 @@ PARAMETERS = ("optimizer", "named_parameters", "compression", "backward_passes_p
               "gradient_predivide_factor", "num_groups", "groups", "sparse_as_dense", "process_set")
 
 
-def _arguments(call: cst.Call) -> Optional[Dict[str, cst.BaseExpression]]:
-    given: Dict[str, cst.BaseExpression] = {}
-    for index, arg in enumerate(call.args):
-        if arg.keyword is None:
-            if index >= len(PARAMETERS):
-                return None
-            given[PARAMETERS[index]] = arg.value
-        else:
-            given[arg.keyword.value] = arg.value
-    return given if "optimizer" in given and set(given) <= set(PARAMETERS) else None
-
-
-def _number(node: cst.BaseExpression) -> Optional[float]:
-    if isinstance(node, (cst.Integer, cst.Float)):
-        return float(node.evaluated_value)
-    return None
-
-
 def rewrite(call: cst.Call, ctx: RewriteContext, why_not_ddp: str) -> Optional[Rewritten]:
-    """The helper call for `call`, or None when an option has no native meaning here."""
-    if has_star_args(call):
-        return None
-    given = _arguments(call)
-    if given is None:
-        return None
-    aliases = ctx.hvd_aliases
-    pieces = [code_of(given["optimizer"]).strip()]
-    if "backward_passes_per_step" in given:
-        pieces.append(f"backward_passes_per_step={code_of(given['backward_passes_per_step']).strip()}")
-    compression = given.get("compression")
-    if compression is not None:
-        chosen = hvd_attr_name(compression, aliases)
-        if chosen == "Compression.fp16":
-            pieces.append(f"compression={constants.native_value(chosen, ctx)}")
-        elif chosen != "Compression.none":
-            value = constants.native_expression(compression, ctx)
-            if value is None:
-                return None
-            pieces.append(f"compression={value}")
-    op = given.get("op")
-    if op is not None:
-        name = hvd_attr_name(op, aliases)
-        if name == "Sum":
-            pieces.append('op="sum"')
-        elif name == "Adasum":
+    """The helper call for `call`: the same arguments (the helper has Horovod's parameters, so
+    ``**kwargs``, positional options and run-time choices pass as they are, with their Horovod
+    constants made native), or None when an argument cannot be made native: a name the helper
+    does not take, always-Adasum, or a Horovod name other than a constant in an argument."""
+    args = []
+    for index, arg in enumerate(call.args):
+        keyword = arg.keyword.value if arg.keyword is not None else None
+        if (keyword is not None and keyword not in PARAMETERS) or (arg.star == "" and keyword is None
+                                                                    and index >= len(PARAMETERS)):
+            return None
+        if (keyword == "op" or (keyword is None and arg.star == "" and index == PARAMETERS.index("op"))) \
+                and hvd_attr_name(arg.value, ctx.hvd_aliases) == "Adasum":
             return None  # always Adasum: the TODO says it has no native equivalent
-        elif name != "Average":
-            value = constants.native_expression(op, ctx)
-            if value is None:
-                return None  # a run-time choice in a file that keeps Horovod: the TODO stays
-            pieces.append(f"op={value}")
-    factor = given.get("gradient_predivide_factor")
-    if factor is not None and _number(factor) != 1.0:
-        return None
-    dense = given.get("sparse_as_dense")
-    if dense is not None and code_of(dense).strip() != "False":
-        return None
-    if "process_set" in given:
+        value = constants.native_expression(arg.value, ctx)
+        if value is None:
+            return None
+        args.append(arg.with_changes(value=cst.parse_expression(value)))
+    if not args:
         return None
     ctx.need_helper("_native_distributed_optimizer")
     ctx.need(HVD, "dist")
-    text = f"_native_distributed_optimizer({', '.join(pieces)})"
-    note = (f"-> {text}: the optimizer averages the gradients itself (gradient hooks, bucketed "
-            f"async all_reduce), as Horovod's did; not DDP because {why_not_ddp}")
-    return Rewritten(cst.parse_expression(text), note)
+    node = call.with_changes(func=cst.Name("_native_distributed_optimizer"), args=args)
+    note = (f"-> _native_distributed_optimizer(...), same arguments: the optimizer averages the "
+            f"gradients itself (gradient hooks, bucketed async all_reduce), as Horovod's did; not "
+            f"DDP because {why_not_ddp}")
+    return Rewritten(node, note)

@@ -10,7 +10,7 @@ from typing import Callable, Dict, List, Tuple
 
 import libcst as cst
 
-from horovod_compat.migrate.context import HVD, Flagged, Outcome, RewriteContext, Rewritten
+from horovod_compat.migrate.context import HVD, Flagged, Outcome, RewriteContext, Rewritten, code_of, keyword_args
 
 #: hvd.X() -> (native expression, names it needs imported, note).  Only zero-argument calls.
 _EXPRESSIONS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
@@ -75,12 +75,21 @@ def rewrite_init(call: cst.Call, ctx: RewriteContext, pin_device: bool = True) -
     already calls ``torch.cuda.set_device`` (the Horovod idiom), the device is not pinned twice.  Arguments (an MPI
     communicator, a rank list, process sets) have no torchrun equivalent and are flagged.
     """
-    if call.args:
+    kw = keyword_args(call)
+    if set(kw) - {"process_sets"} or any(a.keyword is None for a in call.args):
         return Flagged(
-            "hvd.init() with a communicator/process_sets has no torchrun equivalent; "
-            "use dist.new_group(ranks) after dist.init_process_group()"
+            "hvd.init(comm=...): Horovod ran on a communicator's ranks only; torchrun starts every "
+            "rank into the job: make the ranks outside it leave, or use dist.new_group(ranks)"
         )
     kept = _kept(call, ctx)
+    if "process_sets" in kw:
+        if not ctx.shared.native_constants:
+            return Flagged("hvd.init(process_sets=...) stays while Horovod calls remain in this file")
+        sets = kw["process_sets"].value
+        if not (isinstance(sets, cst.SimpleString) and sets.evaluated_value == "dynamic"):
+            # ProcessSet objects made before init: their groups are created once the job is up
+            ctx.need_helper("_NativeProcessSet")
+            kept = _statements(f"for _process_set in {code_of(sets)}:\n    _process_set.register()\n") + kept
     if not pin_device:  # the script pins its device itself, right after hvd.init()
         ctx.need(HVD, "dist", "torch", "atexit")
         return Rewritten(_statements(_INIT) + kept,

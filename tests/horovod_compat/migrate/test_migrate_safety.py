@@ -4,20 +4,15 @@ their native replacements while Horovod calls remain)."""
 from __future__ import annotations
 
 import ast
-import os
-import re
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from distributor import run_script
 from horovod_compat.migrate import Kind, migrate_source
 from horovod_compat.migrate import syntax
-
-ROOT = Path(__file__).resolve().parents[3]
+from migrate_runs import HOROVODRUN, native_printed, printed
 
 FSTRINGS = textwrap.dedent('''\
     import horovod.torch as hvd
@@ -87,33 +82,6 @@ PARTIAL = textwrap.dedent('''\
     if __name__ == "__main__":
         main()
     ''')
-
-
-def printed(tmp_path: Path, pattern: str, *argv: str) -> list:
-    """Run ``python ARGV...`` (a launcher and a program) in `tmp_path` with this project
-    importable; it must succeed without a traceback. Returns the sorted matches of `pattern` in
-    its output (torchrun's ranks share one pipe: a line may run into the next one)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "Traceback" not in done.stdout + done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
-    return sorted(re.findall(pattern, done.stdout))
-
-
-HOROVODRUN = ("-m", "horovod_compat.run", "-np")
-
-
-def native_printed(script: Path, ranks: int, pattern: str) -> list:
-    """Run a native script on `ranks` local ranks under the torchrun contract (this project's
-    engine, as TorchDistributor runs scripts) and return the sorted matches of `pattern` in what
-    its ranks printed. Not `torchrun` itself: with gloo on torch 2.13 a rank of plain torchrun
-    sometimes aborts at interpreter exit after the script finished ("terminate called without an
-    active exception"), plain DDP scripts included (migration_guide/troubleshooting.md)."""
-    lines: list = []
-    run_script(str(script), num_processes=ranks, env={"OMP_NUM_THREADS": "1"}, timeout=240,
-               output=lambda rank, stream, line: lines.append(line) if stream == "stdout" else None)
-    return sorted(re.findall(pattern, "\n".join(lines)))
 
 
 def test_a_partly_migrated_program_still_runs_and_gives_the_same_results(tmp_path):

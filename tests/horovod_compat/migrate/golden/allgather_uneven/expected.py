@@ -5,40 +5,42 @@ import os
 import torch.distributed as dist
 
 
-def _native_allgather(tensor):
-    """hvd.allgather on torch.distributed: every rank's tensor concatenated along dim 0, in rank
-    order. The first dimension may differ between ranks: the sizes are gathered first and each
+def _native_allgather(tensor, process_set=None):
+    """hvd.allgather on torch.distributed: every rank's tensor (of process_set, a
+    _NativeProcessSet, when given) concatenated along dim 0, in rank order. The first dimension may differ between ranks: the sizes are gathered first and each
     tensor is padded to the largest. Differentiable as Horovod's was: the gradient is averaged
     over the ranks and each rank keeps the rows it gave.
     """
     import torch
     import torch.distributed as dist
 
+    group = process_set.group if process_set is not None else None
+
     def gather(t):
         t = t.contiguous()
         rows = torch.tensor([t.shape[0]], device=t.device)
-        sizes = [torch.zeros_like(rows) for _ in range(dist.get_world_size())]
-        dist.all_gather(sizes, rows)
+        sizes = [torch.zeros_like(rows) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(sizes, rows, group=group)
         sizes = [int(s.item()) for s in sizes]
         padded = t.new_zeros((max(sizes), *t.shape[1:]))
         padded[:t.shape[0]] = t
         parts = [torch.empty_like(padded) for _ in sizes]
-        dist.all_gather(parts, padded)
+        dist.all_gather(parts, padded, group=group)
         return torch.cat([part[:n] for part, n in zip(parts, sizes)]), sizes
 
     class AllGather(torch.autograd.Function):
         @staticmethod
         def forward(ctx, t):
             out, sizes = gather(t)
-            ctx.rows = (sum(sizes[:dist.get_rank()]), t.shape[0])
+            ctx.rows = (sum(sizes[:dist.get_rank(group)]), t.shape[0])
             return out
 
         @staticmethod
         def backward(ctx, grad):
             grad = grad.contiguous().clone()
-            dist.all_reduce(grad)
+            dist.all_reduce(grad, group=group)
             start, count = ctx.rows
-            return grad[start:start + count] / dist.get_world_size()
+            return grad[start:start + count] / dist.get_world_size(group)
 
     if tensor.requires_grad and torch.is_grad_enabled():
         return AllGather.apply(tensor)

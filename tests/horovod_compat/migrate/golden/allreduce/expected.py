@@ -2,15 +2,16 @@ import torch
 import horovod.torch as hvd
 
 
-def _native_allreduce(tensor, op="average", inplace=False, compression=None, prescale_factor=1.0,
-                      postscale_factor=1.0):
-    """hvd.allreduce on torch.distributed: reduce over all ranks into a new tensor (or in place).
+def _native_allreduce_async(tensor, op="average", inplace=False, compression=None,
+                            prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    """hvd.allreduce_async on torch.distributed: starts the reduction over all ranks into a new
+    tensor (or in place) and returns its handle: handle.wait() (hvd.synchronize) finishes it and
+    returns the result, handle.is_completed() is hvd.poll.
 
     op is "average" (sum, then divide by the world size; integer tensors truncate, as Horovod
     did), "sum", "min", "max" or "product". compression=default_hooks.fp16_compress_hook (what
     hvd.Compression.fp16 became) reduces a floating tensor in float16; the scale factors multiply
-    before and after the reduction. A tensor that requires grad goes through
-    torch.distributed.nn, which is differentiable.
+    before and after the reduction; process_set (a _NativeProcessSet) reduces over its ranks only.
     """
     import torch
     import torch.distributed as dist
@@ -20,38 +21,69 @@ def _native_allreduce(tensor, op="average", inplace=False, compression=None, pre
     if op not in ops:
         raise ValueError(f"allreduce op {op!r}: torch.distributed reduces with one of {sorted(ops)}"
                          + (" (Adasum has no torch.distributed equivalent)" if op == "adasum" else ""))
-    world = dist.get_world_size()
+    group = process_set.group if process_set is not None else None
     wire = None
     if compression is not None:
         wire = {"fp16_compress_hook": torch.float16, "bf16_compress_hook": torch.bfloat16}.get(
             getattr(compression, "__name__", None))
         if wire is None:
             raise ValueError(f"compression={compression!r}: expected None or DDP's fp16_compress_hook")
-    if tensor.requires_grad and torch.is_grad_enabled() and not inplace:
-        if op not in ("average", "sum"):
-            raise RuntimeError("differentiable allreduce supports only average and sum")
-        import torch.distributed.nn.functional as dist_nn
-
-        out = dist_nn.all_reduce(tensor * prescale_factor, op=dist.ReduceOp.SUM)
-        return (out / world if op == "average" else out) * postscale_factor
     out = tensor.detach().clone() if not inplace or prescale_factor != 1.0 else tensor
     if prescale_factor != 1.0:
         out.mul_(prescale_factor)
     wired = out.to(wire) if wire is not None and out.is_floating_point() else out
-    dist.all_reduce(wired, op=ops[op])
-    if op == "average":  # in the wire's dtype, as Horovod scaled its compressed buffer
-        if wired.is_floating_point() or wired.is_complex():
-            wired.div_(world)
-        else:
-            wired.copy_(torch.div(wired, world, rounding_mode="trunc"))
-    if postscale_factor != 1.0:
-        wired.mul_(postscale_factor)
-    if wired is not out:
-        out.copy_(wired)
-    if inplace and out is not tensor:
-        tensor.copy_(out)
-        return tensor
-    return out
+    announce = globals().get("_native_join_announce")  # the program calls hvd.join()
+    if announce is not None and group is None:
+        announce(2, wired.numel(), wired.dtype)
+    work = dist.all_reduce(wired, op=ops[op], group=group, async_op=True)
+
+    def finish():
+        if op == "average":  # in the wire's dtype, as Horovod scaled its compressed buffer
+            world = dist.get_world_size(group)
+            if wired.is_floating_point() or wired.is_complex():
+                wired.div_(world)
+            else:
+                wired.copy_(torch.div(wired, world, rounding_mode="trunc"))
+        if postscale_factor != 1.0:
+            wired.mul_(postscale_factor)
+        if wired is not out:
+            out.copy_(wired)
+        if inplace and out is not tensor:
+            tensor.copy_(out)
+        return tensor if inplace else out
+
+    class Handle:
+        def is_completed(self):
+            return work.is_completed()
+
+        def wait(self):
+            if not hasattr(self, "result"):
+                work.wait()
+                self.result = finish()
+            return self.result
+
+    return Handle()
+
+
+def _native_allreduce(tensor, op="average", inplace=False, **options):
+    """hvd.allreduce on torch.distributed: _native_allreduce_async(...).wait(), with the same
+    options. A tensor that requires grad goes through torch.distributed.nn, which is
+    differentiable (average and sum).
+    """
+    import torch
+
+    if tensor.requires_grad and torch.is_grad_enabled() and not inplace:
+        import torch.distributed as dist
+        import torch.distributed.nn.functional as dist_nn
+
+        if op not in ("average", "sum") or options.get("compression") is not None:
+            raise RuntimeError("a differentiable allreduce averages or sums, uncompressed")
+        ps = options.get("process_set")
+        group = ps.group if ps is not None else dist.group.WORLD
+        out = dist_nn.all_reduce(tensor * options.get("prescale_factor", 1.0), op=dist.ReduceOp.SUM, group=group)
+        out = out / dist.get_world_size(group) if op == "average" else out
+        return out * options.get("postscale_factor", 1.0)
+    return _native_allreduce_async(tensor, op, inplace, **options).wait()
 
 
 def metric_average(val, name):

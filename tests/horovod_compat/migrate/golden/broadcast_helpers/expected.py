@@ -29,10 +29,13 @@ def _native_broadcast_optimizer_state(optimizer, root_rank):
     """hvd.broadcast_optimizer_state on torch.distributed, with Horovod's exact behaviour.
 
     Like Horovod, an optimizer with no state yet first takes one step on zero gradients to
-    create its state (this advances e.g. Adam's step counter); then root_rank's state and
+    create its state (this advances e.g. Adam's step counter; the weights are put back after it,
+    so weight decay does not move them, as on horovod-compat); then root_rank's state and
     options (lr, momentum, ...) are loaded on every rank.  On a fresh optimizer under DDP the
     call is not needed at all; removing it changes the trajectory slightly for stateful optimizers.
     """
+    import contextlib
+
     import torch
     import torch.distributed as dist
 
@@ -40,23 +43,30 @@ def _native_broadcast_optimizer_state(optimizer, root_rank):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()
     if len(state_dict["state"]) == 0:
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    p.grad = torch.zeros_like(p)
-        optimizer.step()
+        saved = [(p, p.detach().clone()) for group in optimizer.param_groups
+                 for p in group["params"] if p.requires_grad]
+        for p, _ in saved:
+            p.grad = torch.zeros_like(p)
+        # a distributed optimizer steps without reducing: the other ranks may already have state
+        skip = getattr(optimizer, "skip_synchronize", contextlib.nullcontext)
+        with skip():
+            optimizer.step()
+        with torch.no_grad():
+            for p, value in saved:
+                p.copy_(value)
         state_dict = optimizer.state_dict()
     box = [state_dict]
     dist.broadcast_object_list(box, src=root_rank)
     optimizer.load_state_dict(box[0])
 
 
-def _native_broadcast_object(obj, root_rank=0):
-    """hvd.broadcast_object on torch.distributed: root_rank's (picklable) object on every rank."""
+def _native_broadcast_object(obj, root_rank=0, process_set=None):
+    """hvd.broadcast_object on torch.distributed: root_rank's (picklable) object on every rank
+    (of process_set, a _NativeProcessSet, when given; root_rank is a global rank)."""
     import torch.distributed as dist
 
     box = [obj]
-    dist.broadcast_object_list(box, src=root_rank)
+    dist.broadcast_object_list(box, src=root_rank, group=process_set.group if process_set is not None else None)
     return box[0]
 
 
@@ -69,8 +79,9 @@ def _native_allgather_object(obj):
     return out
 
 
-def _native_broadcast(tensor, root_rank, inplace=False):
-    """hvd.broadcast on torch.distributed: root_rank's values, in a new tensor (or in place)."""
+def _native_broadcast(tensor, root_rank, inplace=False, process_set=None):
+    """hvd.broadcast on torch.distributed: root_rank's values, in a new tensor (or in place).
+    root_rank is a global rank, also with a process_set (a _NativeProcessSet), as in Horovod."""
     import torch
     import torch.distributed as dist
 
@@ -78,7 +89,7 @@ def _native_broadcast(tensor, root_rank, inplace=False):
         raise RuntimeError("hvd.broadcast was differentiable; broadcast tensor.detach() instead")
     out = tensor if inplace else tensor.detach().clone()
     with torch.no_grad():
-        dist.broadcast(out, src=root_rank)
+        dist.broadcast(out, src=root_rank, group=process_set.group if process_set is not None else None)
     return out
 
 if not dist.is_initialized():

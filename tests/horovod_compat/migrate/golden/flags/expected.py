@@ -17,15 +17,15 @@ hvd.init()
 hvd.start_timeline("/tmp/timeline.json")
 # TODO(horovod-compat): hvd.alltoall: dist.all_to_all_single takes explicit input/output split sizes; returned splits must be exchanged first
 gathered = hvd.alltoall(torch.ones(dist.get_world_size()))
-# TODO(horovod-compat): hvd.allreduce_async: async handles (poll/synchronize) have no one-line native form; use dist.all_reduce(..., async_op=True).wait() and mind that it sums in place
+# TODO(horovod-compat): hvd.allreduce_async: hvd.allreduce_async() stays while Horovod calls remain in this file (its handle goes to hvd.synchronize/hvd.poll)
 handle = hvd.allreduce_async(torch.ones(1), name="x")
-# TODO(horovod-compat): hvd.synchronize: async handles (poll/synchronize) have no one-line native form; use dist.all_reduce(..., async_op=True).wait() and mind that it sums in place
+# TODO(horovod-compat): hvd.synchronize: hvd.synchronize() stays while Horovod calls remain in this file
 out = hvd.synchronize(handle)
-# TODO(horovod-compat): hvd.join: Horovod's join (uneven inputs: joined ranks add zeros) maps to the torch.distributed.algorithms.Join context manager around the training loop; semantics differ
+# TODO(horovod-compat): hvd.join: hvd.join() stays while Horovod calls remain in this file (the native join stands in only for native collectives)
 last = hvd.join()
 # TODO(horovod-compat): hvd.SyncBatchNorm: use torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before wrapping in DDP (it syncs only inside DDP)
 bn = hvd.SyncBatchNorm(8)
-# TODO(horovod-compat): hvd.ProcessSet: process sets map to dist.new_group(ranks); collectives then take group=
+# TODO(horovod-compat): hvd.ProcessSet: hvd.ProcessSet() stays while Horovod calls remain in this file (they need Horovod's sets)
 evens = hvd.ProcessSet([0, 2])
 # TODO(horovod-compat): hvd.Adasum: Adasum has no torch.distributed/DDP equivalent
 op = hvd.Adasum
@@ -36,5 +36,5 @@ except hvd.HorovodInternalError:
     pass
 # TODO(horovod-compat): hvd.stop_timeline: the Horovod timeline has no native form; use torch.profiler (see the guide)
 hvd.stop_timeline()
-# TODO(horovod-compat): hvd.barrier: hvd.barrier(process_set=...): use dist.barrier(group=dist.new_group(ranks))
+# TODO(horovod-compat): hvd.barrier: argument process_set= is not rewritten while Horovod calls remain in this file
 hvd.barrier(process_set=evens)

@@ -2,7 +2,8 @@ import torch
 import horovod.torch as hvd
 
 
-def train(loader, model):
+def train(loader, width):
+    model = torch.nn.Linear(width, 1)
     hvd.init()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
@@ -19,7 +20,8 @@ def train(loader, model):
             print(model(x).sum())
 
 
-def zero_grad_every_pass(loader, model):
+def zero_grad_every_pass(loader, width):
+    model = torch.nn.Linear(width, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          backward_passes_per_step=2)
@@ -30,7 +32,8 @@ def zero_grad_every_pass(loader, model):
             optimizer.step()
 
 
-def other_condition(loader, model):
+def other_condition(loader, width):
+    model = torch.nn.Linear(width, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          backward_passes_per_step=2)

@@ -1,0 +1,44 @@
+"""Running an original Horovod program and its rewrite side by side, for the tests that compare
+what they print: the original under horovodrun (this project's shim), the native one under the
+torchrun contract."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, Optional
+
+from distributor import run_script
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def printed(tmp_path: Path, pattern: str, *argv: str, env: Optional[Dict[str, str]] = None) -> list:
+    """Run ``python ARGV...`` (a launcher and a program) in `tmp_path` with this project
+    importable; it must succeed without a traceback. Returns the sorted matches of `pattern` in
+    its output (torchrun's ranks share one pipe: a line may run into the next one)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
+    done = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
+    return sorted(re.findall(pattern, done.stdout))
+
+
+HOROVODRUN = ("-m", "horovod_compat.run", "-np")
+
+
+def native_printed(script: Path, ranks: int, pattern: str, env: Optional[Dict[str, str]] = None) -> list:
+    """Run a native script on `ranks` local ranks under the torchrun contract (this project's
+    engine, as TorchDistributor runs scripts) and return the sorted matches of `pattern` in what
+    its ranks printed. Not `torchrun` itself: with gloo on torch 2.13 a rank of plain torchrun
+    sometimes aborts at interpreter exit after the script finished ("terminate called without an
+    active exception"), plain DDP scripts included (migration_guide/troubleshooting.md)."""
+    lines: list = []
+    run_script(str(script), num_processes=ranks, env={"OMP_NUM_THREADS": "1", **(env or {})}, timeout=240,
+               output=lambda rank, stream, line: lines.append(line) if stream == "stdout" else None)
+    return sorted(re.findall(pattern, "\n".join(lines)))
+
+
