@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Union
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
-from horovod_compat.migrate.context import Flagged, Outcome, RewriteContext, Rewritten, hvd_attr_name
+from horovod_compat.migrate.context import HOROVOD, Flagged, Outcome, RewriteContext, Rewritten, hvd_attr_name
 from horovod_compat.migrate.report import todo_comment
 from horovod_compat.migrate.rules import (
     collectives, constants, elastic, lightning, optimizer_hooks, runner, sampler, state_sync, topology,
@@ -253,6 +253,12 @@ class HorovodTransformer(cst.CSTTransformer):
         if name is None and original_node not in self.inner_attributes:
             other = hvd_attr_name(original_node, self.ctx.shared.horovod_aliases)
             parent = self.get_metadata(ParentNodeProvider, original_node, None)
+            if other == "__version__":  # logged beside torch's: the version doing the work now
+                self.ctx.need(HOROVOD, "torch")
+                self.ctx.rewrite(self._line(original_node), "horovod.__version__",
+                                 "-> torch.__version__ (no Horovod is left to report)")
+                return cst.parse_expression("torch.__version__").with_changes(
+                    lpar=updated_node.lpar, rpar=updated_node.rpar)
             if other is not None and not isinstance(parent, (cst.ImportAlias, cst.ImportFrom)) and not (
                     isinstance(parent, cst.Call) and parent.func is original_node and other == "run"):
                 self._flag(original_node, f"horovod.{other}", "only horovod.run(...) is rewritten "

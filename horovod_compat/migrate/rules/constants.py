@@ -1,4 +1,5 @@
-"""Horovod constants used as values: reduce ops and compressors, wherever the script keeps them.
+"""Horovod constants used as values: reduce ops, compressors, the global process set and the
+collective-failure exception, wherever the script keeps them.
 
 Real programs do not always write ``op=hvd.Sum`` in the call: they keep the constant in a table
 (``REDUCERS = {"sum": hvd.Sum, "mean": hvd.Average}``), a config field, a default argument, or
@@ -17,7 +18,8 @@ Native values:
   ``default_hooks.fp16_compress_hook``: a DDP model registers it as its comm hook, the helpers
   read it as "reduce in float16";
 * ``hvd.global_process_set`` -> ``None``: the helpers' default, every rank (a set made with
-  ``hvd.add_process_set`` becomes a ``_NativeProcessSet``, collectives.py).
+  ``hvd.add_process_set`` becomes a ``_NativeProcessSet``, collectives.py);
+* ``hvd.HorovodInternalError`` -> ``dist.DistBackendError``, what a failed collective raises.
 
 This applies only where the whole file becomes native (``SharedState.native_constants``): a
 Horovod call left in place must still receive Horovod's own constants.
@@ -40,6 +42,7 @@ NATIVE_VALUES: Dict[str, str] = {
     "Compression.none": "None",
     "Compression.fp16": "default_hooks.fp16_compress_hook",
     "global_process_set": "None",
+    "HorovodInternalError": "dist.DistBackendError",
 }
 
 
@@ -47,8 +50,8 @@ def native_value(name: Optional[str], ctx: RewriteContext) -> Optional[str]:
     """The native source for ``hvd.<name>`` (recording the import it needs), or None when `name`
     is not a constant with a native value."""
     value = NATIVE_VALUES.get(name or "")
-    if value is not None and value.startswith("default_hooks."):
-        ctx.need(HVD, "default_hooks")
+    if value is not None and "." in value:
+        ctx.need(HVD, value.split(".")[0])  # default_hooks, dist
     return value
 
 

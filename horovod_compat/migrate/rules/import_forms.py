@@ -2,8 +2,8 @@
 before the rewrite, so every rule sees ``hvd.X``.
 
 Real programs write ``from horovod.torch import allreduce, Average``, ``import
-horovod.torch.mpi_ops as mpi_ops`` or ``from horovod.torch.functions import
-broadcast_parameters``. Each of those names is one that ``horovod.torch`` itself exports (Horovod
+horovod.torch.mpi_ops as mpi_ops``, ``from horovod.torch.functions import
+broadcast_parameters`` or ``from horovod.common.exceptions import HorovodInternalError``. Each of those names is one that ``horovod.torch`` itself exports (Horovod
 0.28.1's ``horovod/torch/__init__.py`` re-exports them from these submodules), so ``allreduce``
 is ``hvd.allreduce`` and ``mpi_ops.allreduce`` is too. A form is brought over only when that is
 certain: the name is bound once in its scope (by that import), and a submodule's alias is only
@@ -37,6 +37,7 @@ HVD_NAMES = frozenset("""
 #: Submodules of ``horovod.torch`` whose public names ``horovod.torch`` re-exports.
 SUBMODULES = frozenset({"mpi_ops", "functions", "compression", "optimizer", "sync_batch_norm"})
 HVD_MODULE = "horovod.torch"
+EXCEPTIONS_MODULE = "horovod.common.exceptions"
 
 
 class _Plan(cst.CSTVisitor):
@@ -102,6 +103,8 @@ class _Plan(cst.CSTVisitor):
             elif module.startswith(HVD_MODULE + ".") and module.split(".")[-1] in SUBMODULES \
                     and name in HVD_NAMES:
                 self._names_from(node, alias, name)
+            elif module == EXCEPTIONS_MODULE and name == "HorovodInternalError":
+                self._names_from(node, alias, name)  # horovod.torch re-exports it
 
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:

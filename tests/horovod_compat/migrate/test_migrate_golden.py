@@ -44,7 +44,8 @@ def test_every_rule_family_has_a_golden_case():
     assert {"topology", "optimizer_ddp", "optimizer_fp16", "optimizer_flagged", "allreduce",
             "broadcast_helpers", "sampler", "horovod_runner", "flags", "imports_in_function",
             "keep_hvd_import", "no_horovod", "dataflow_choices", "horovod_run", "lightning_trainer",
-            "elastic_state", "accumulation_sub_batches", "import_forms", "import_fallback"} <= set(CASES)
+            "elastic_state", "accumulation_sub_batches", "import_forms", "import_fallback",
+            "values_and_handles"} <= set(CASES)
 
 
 def test_no_horovod_file_is_untouched():
