@@ -20,10 +20,13 @@ def _native_broadcast_optimizer_state(optimizer, root_rank):
     """hvd.broadcast_optimizer_state on torch.distributed, with Horovod's exact behaviour.
 
     Like Horovod, an optimizer with no state yet first takes one step on zero gradients to
-    create its state (this advances e.g. Adam's step counter); then root_rank's state and
+    create its state (this advances e.g. Adam's step counter; the weights are put back after it,
+    so weight decay does not move them, as on horovod-compat); then root_rank's state and
     options (lr, momentum, ...) are loaded on every rank.  On a fresh optimizer under DDP the
     call is not needed at all; removing it changes the trajectory slightly for stateful optimizers.
     """
+    import contextlib
+
     import torch
     import torch.distributed as dist
 
@@ -31,44 +34,105 @@ def _native_broadcast_optimizer_state(optimizer, root_rank):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()
     if len(state_dict["state"]) == 0:
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    p.grad = torch.zeros_like(p)
-        optimizer.step()
+        saved = [(p, p.detach().clone()) for group in optimizer.param_groups
+                 for p in group["params"] if p.requires_grad]
+        for p, _ in saved:
+            p.grad = torch.zeros_like(p)
+        # a distributed optimizer steps without reducing: the other ranks may already have state
+        skip = getattr(optimizer, "skip_synchronize", contextlib.nullcontext)
+        with skip():
+            optimizer.step()
+        with torch.no_grad():
+            for p, value in saved:
+                p.copy_(value)
         state_dict = optimizer.state_dict()
     box = [state_dict]
     dist.broadcast_object_list(box, src=root_rank)
     optimizer.load_state_dict(box[0])
 
 
-def _native_allreduce(tensor, op="average", inplace=False):
-    """hvd.allreduce on torch.distributed: reduce over all ranks into a new tensor (or in place).
+def _native_allreduce_async(tensor, op="average", inplace=False, compression=None,
+                            prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    """hvd.allreduce_async on torch.distributed: starts the reduction over all ranks into a new
+    tensor (or in place) and returns its handle: handle.wait() (hvd.synchronize) finishes it and
+    returns the result, handle.is_completed() is hvd.poll.
 
-    "average" sums then divides by the world size; integer tensors truncate, as Horovod did.
-    A tensor that requires grad goes through torch.distributed.nn, which is differentiable.
+    op is "average" (sum, then divide by the world size; integer tensors truncate, as Horovod
+    did), "sum", "min", "max" or "product". compression=default_hooks.fp16_compress_hook (what
+    hvd.Compression.fp16 became) reduces a floating tensor in float16; the scale factors multiply
+    before and after the reduction; process_set (a _NativeProcessSet) reduces over its ranks only.
     """
     import torch
     import torch.distributed as dist
 
     ops = {"average": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
            "max": dist.ReduceOp.MAX, "product": dist.ReduceOp.PRODUCT}
-    world = dist.get_world_size()
+    if op not in ops:
+        raise ValueError(f"allreduce op {op!r}: torch.distributed reduces with one of {sorted(ops)}"
+                         + (" (Adasum has no torch.distributed equivalent)" if op == "adasum" else ""))
+    group = process_set.group if process_set is not None else None
+    wire = None
+    if compression is not None:
+        wire = {"fp16_compress_hook": torch.float16, "bf16_compress_hook": torch.bfloat16}.get(
+            getattr(compression, "__name__", None))
+        if wire is None:
+            raise ValueError(f"compression={compression!r}: expected None or DDP's fp16_compress_hook")
+    out = tensor.detach().clone() if not inplace or prescale_factor != 1.0 else tensor
+    if prescale_factor != 1.0:
+        out.mul_(prescale_factor)
+    wired = out.to(wire) if wire is not None and out.is_floating_point() else out
+    announce = globals().get("_native_join_announce")  # the program calls hvd.join()
+    if announce is not None and group is None:
+        announce(2, wired.numel(), wired.dtype)
+    work = dist.all_reduce(wired, op=ops[op], group=group, async_op=True)
+
+    def finish():
+        if op == "average":  # in the wire's dtype, as Horovod scaled its compressed buffer
+            world = dist.get_world_size(group)
+            if wired.is_floating_point() or wired.is_complex():
+                wired.div_(world)
+            else:
+                wired.copy_(torch.div(wired, world, rounding_mode="trunc"))
+        if postscale_factor != 1.0:
+            wired.mul_(postscale_factor)
+        if wired is not out:
+            out.copy_(wired)
+        if inplace and out is not tensor:
+            tensor.copy_(out)
+        return tensor if inplace else out
+
+    class Handle:
+        def is_completed(self):
+            return work.is_completed()
+
+        def wait(self):
+            if not hasattr(self, "result"):
+                work.wait()
+                self.result = finish()
+            return self.result
+
+    return Handle()
+
+
+def _native_allreduce(tensor, op="average", inplace=False, **options):
+    """hvd.allreduce on torch.distributed: _native_allreduce_async(...).wait(), with the same
+    options. A tensor that requires grad goes through torch.distributed.nn, which is
+    differentiable (average and sum).
+    """
+    import torch
+
     if tensor.requires_grad and torch.is_grad_enabled() and not inplace:
-        if op not in ("average", "sum"):
-            raise RuntimeError("differentiable allreduce supports only average and sum")
+        import torch.distributed as dist
         import torch.distributed.nn.functional as dist_nn
 
-        out = dist_nn.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return out / world if op == "average" else out
-    out = tensor if inplace else tensor.detach().clone()
-    dist.all_reduce(out, op=ops[op])
-    if op == "average":
-        if out.is_floating_point() or out.is_complex():
-            out.div_(world)
-        else:
-            out.copy_(torch.div(out, world, rounding_mode="trunc"))
-    return out
+        if op not in ("average", "sum") or options.get("compression") is not None:
+            raise RuntimeError("a differentiable allreduce averages or sums, uncompressed")
+        ps = options.get("process_set")
+        group = ps.group if ps is not None else dist.group.WORLD
+        out = dist_nn.all_reduce(tensor * options.get("prescale_factor", 1.0), op=dist.ReduceOp.SUM, group=group)
+        out = out / dist.get_world_size(group) if op == "average" else out
+        return out * options.get("postscale_factor", 1.0)
+    return _native_allreduce_async(tensor, op, inplace, **options).wait()
 
 
 def make_data():

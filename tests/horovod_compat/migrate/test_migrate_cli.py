@@ -210,7 +210,8 @@ def test_notebook_model_used_in_another_cell_is_not_wrapped(tmp_path):
     assert "not DDP because `model` is also used in another notebook cell" in err
     new = json.loads(path.read_text())
     first = "".join(new["cells"][0]["source"])
-    assert "opt = _native_distributed_optimizer(opt)\n" in first and "DDP(" not in first
+    assert "opt = _native_distributed_optimizer(opt, named_parameters=model.named_parameters())\n" in first
+    assert "DDP(" not in first
     assert new["cells"][1] == nb["cells"][1]
 
 
@@ -287,9 +288,10 @@ def test_notebook_model_created_in_another_cell_is_not_wrapped(tmp_path):
     _write_nb(path, nb)
     status, _, err = run("-v", path)
     assert status == 0, err
-    assert f"{path}[cell 1]:4: rewrote hvd.DistributedOptimizer: -> _native_distributed_optimizer(opt)" in err
+    assert f"{path}[cell 1]:4: rewrote hvd.DistributedOptimizer: -> _native_distributed_optimizer(...), same arguments" in err
     assert "not DDP because `model` is not bound in this file or cell" in err
-    assert "opt = _native_distributed_optimizer(opt)" in "".join(json.loads(path.read_text())["cells"][1]["source"])
+    assert "opt = _native_distributed_optimizer(opt, named_parameters=model.named_parameters())" \
+        in "".join(json.loads(path.read_text())["cells"][1]["source"])
 
 
 def test_check_json_reports_per_file_what_changes_and_what_needs_a_person(tmp_path):
