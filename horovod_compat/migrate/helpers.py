@@ -286,6 +286,7 @@ def _native_distributed_optimizer(optimizer, named_parameters=None, compression=
             instances = _native_distributed_optimizer.__dict__.setdefault("instances", [])
             self._index = len(instances)
             instances.append(self)
+            self._join = globals().get("_native_join_announce")  # the program calls hvd.join()
             params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
             size, limit = 0, bucket_mb * 2 ** 20
             for p in reversed(params):  # backward reaches the last layers first
@@ -302,9 +303,8 @@ def _native_distributed_optimizer(optimizer, named_parameters=None, compression=
                 p.register_post_accumulate_grad_hook(self._gradient_ready)
 
         def _announce(self):
-            announce = globals().get("_native_join_announce")  # the program calls hvd.join()
-            if announce is not None and group is None and not self._announced:
-                announce(1, self._index)
+            if self._join is not None and group is None and not self._announced:
+                self._join(1, self._index)
                 self._announced = True
 
         def _stand_in(self):
@@ -315,7 +315,8 @@ def _native_distributed_optimizer(optimizer, named_parameters=None, compression=
                                             device=bucket[0].device))
 
         def _gradient_ready(self, p):
-            self._announce()
+            if self._join is not None:
+                self._announce()
             self._passes[p] = self._passes.get(p, 0) + 1
             if self._passes[p] == backward_passes_per_step:
                 self._ready[self._bucket_of[p]] += 1
