@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Set, Union
 
 import libcst as cst
 
+from horovod_compat.migrate.helpers import REQUIRES
 from horovod_compat.migrate.report import Finding, Kind
 
 #: Import families: native imports are inserted next to the import they replace, so that an
@@ -112,7 +113,10 @@ class RewriteContext:
             self.needs[family].add(name)
 
     def need_helper(self, name: str) -> None:
-        """Record that the module needs the native helper function `name` (see helpers.py)."""
+        """Record that the module needs the native helper function `name` (see helpers.py), and
+        the helpers it calls."""
+        for required in REQUIRES.get(name, ()):
+            self.need_helper(required)
         if name not in self.helpers:
             self.helpers.append(name)
 

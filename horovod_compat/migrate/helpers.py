@@ -7,9 +7,23 @@ They are inserted at module level after the file's leading imports, once per fil
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List
 
 HELPERS: Dict[str, str] = {
+    "_native_wire_dtype": '''
+def _native_wire_dtype(compression):
+    """The dtype Horovod's compression sent tensors in: None (no compression), or float16 for
+    hvd.Compression.fp16, which became DDP's default_hooks.fp16_compress_hook (bf16 likewise)."""
+    import torch
+
+    if compression is None:
+        return None
+    wire = {"fp16_compress_hook": torch.float16, "bf16_compress_hook": torch.bfloat16}.get(
+        getattr(compression, "__name__", None))
+    if wire is None:
+        raise ValueError(f"compression={compression!r}: expected None or DDP's fp16_compress_hook")
+    return wire
+''',
     # One source for the blocking and the asynchronous form: the blocking one waits on the other.
     "_native_allreduce": '''
 def _native_allreduce_async(tensor, op="average", inplace=False, compression=None,
@@ -32,12 +46,7 @@ def _native_allreduce_async(tensor, op="average", inplace=False, compression=Non
         raise ValueError(f"allreduce op {op!r}: torch.distributed reduces with one of {sorted(ops)}"
                          + (" (Adasum has no torch.distributed equivalent)" if op == "adasum" else ""))
     group = process_set.group if process_set is not None else None
-    wire = None
-    if compression is not None:
-        wire = {"fp16_compress_hook": torch.float16, "bf16_compress_hook": torch.bfloat16}.get(
-            getattr(compression, "__name__", None))
-        if wire is None:
-            raise ValueError(f"compression={compression!r}: expected None or DDP's fp16_compress_hook")
+    wire = _native_wire_dtype(compression)
     out = tensor.detach().clone() if not inplace or prescale_factor != 1.0 else tensor
     if prescale_factor != 1.0:
         out.mul_(prescale_factor)
@@ -252,12 +261,7 @@ def _native_distributed_optimizer(optimizer, named_parameters=None, compression=
                "retune the learning rate). See migration_guide/differences.md" if op == "adasum" else ""))
     if gradient_predivide_factor != 1.0 and op != "average":
         raise ValueError("gradient_predivide_factor is only supported with op=average")
-    wire = None
-    if compression is not None:
-        wire = {"fp16_compress_hook": torch.float16, "bf16_compress_hook": torch.bfloat16}.get(
-            getattr(compression, "__name__", None))
-        if wire is None:
-            raise ValueError(f"compression={compression!r}: expected None or DDP's fp16_compress_hook")
+    wire = _native_wire_dtype(compression)
     if named_parameters is not None:
         named = list(named_parameters)
         names = [name for name, _ in named]
@@ -619,4 +623,10 @@ class _NativeElasticSampler:
     def __len__(self):
         return len(self.indices)
 ''',
+}
+
+#: The helpers each helper calls: inserted with it, before it.
+REQUIRES: Dict[str, List[str]] = {
+    "_native_allreduce": ["_native_wire_dtype"],
+    "_native_distributed_optimizer": ["_native_wire_dtype"],
 }

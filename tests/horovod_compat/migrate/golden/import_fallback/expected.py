@@ -6,6 +6,20 @@ import os
 import torch.distributed as dist
 
 
+def _native_wire_dtype(compression):
+    """The dtype Horovod's compression sent tensors in: None (no compression), or float16 for
+    hvd.Compression.fp16, which became DDP's default_hooks.fp16_compress_hook (bf16 likewise)."""
+    import torch
+
+    if compression is None:
+        return None
+    wire = {"fp16_compress_hook": torch.float16, "bf16_compress_hook": torch.bfloat16}.get(
+        getattr(compression, "__name__", None))
+    if wire is None:
+        raise ValueError(f"compression={compression!r}: expected None or DDP's fp16_compress_hook")
+    return wire
+
+
 def _native_allreduce_async(tensor, op="average", inplace=False, compression=None,
                             prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """hvd.allreduce_async on torch.distributed: starts the reduction over all ranks into a new
@@ -26,12 +40,7 @@ def _native_allreduce_async(tensor, op="average", inplace=False, compression=Non
         raise ValueError(f"allreduce op {op!r}: torch.distributed reduces with one of {sorted(ops)}"
                          + (" (Adasum has no torch.distributed equivalent)" if op == "adasum" else ""))
     group = process_set.group if process_set is not None else None
-    wire = None
-    if compression is not None:
-        wire = {"fp16_compress_hook": torch.float16, "bf16_compress_hook": torch.bfloat16}.get(
-            getattr(compression, "__name__", None))
-        if wire is None:
-            raise ValueError(f"compression={compression!r}: expected None or DDP's fp16_compress_hook")
+    wire = _native_wire_dtype(compression)
     out = tensor.detach().clone() if not inplace or prescale_factor != 1.0 else tensor
     if prescale_factor != 1.0:
         out.mul_(prescale_factor)

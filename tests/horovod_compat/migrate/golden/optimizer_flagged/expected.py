@@ -5,6 +5,20 @@ import os
 import torch.distributed as dist
 
 
+def _native_wire_dtype(compression):
+    """The dtype Horovod's compression sent tensors in: None (no compression), or float16 for
+    hvd.Compression.fp16, which became DDP's default_hooks.fp16_compress_hook (bf16 likewise)."""
+    import torch
+
+    if compression is None:
+        return None
+    wire = {"fp16_compress_hook": torch.float16, "bf16_compress_hook": torch.bfloat16}.get(
+        getattr(compression, "__name__", None))
+    if wire is None:
+        raise ValueError(f"compression={compression!r}: expected None or DDP's fp16_compress_hook")
+    return wire
+
+
 def _native_distributed_optimizer(optimizer, named_parameters=None, compression=None,
                                   backward_passes_per_step=1, op="average",
                                   gradient_predivide_factor=1.0, num_groups=0, groups=None,
@@ -39,12 +53,7 @@ def _native_distributed_optimizer(optimizer, named_parameters=None, compression=
                "retune the learning rate). See migration_guide/differences.md" if op == "adasum" else ""))
     if gradient_predivide_factor != 1.0 and op != "average":
         raise ValueError("gradient_predivide_factor is only supported with op=average")
-    wire = None
-    if compression is not None:
-        wire = {"fp16_compress_hook": torch.float16, "bf16_compress_hook": torch.bfloat16}.get(
-            getattr(compression, "__name__", None))
-        if wire is None:
-            raise ValueError(f"compression={compression!r}: expected None or DDP's fp16_compress_hook")
+    wire = _native_wire_dtype(compression)
     if named_parameters is not None:
         named = list(named_parameters)
         names = [name for name, _ in named]
