@@ -78,9 +78,10 @@ class SharedState:
     #: Horovod uses remain after the rewrite: ``hvd.init()``/``hvd.shutdown()`` stay beside
     #: their native replacements, so the partly migrated program still runs.
     keep_horovod_lifecycle: bool = False
-    #: Horovod constants used as values (``REDUCERS = {"sum": hvd.Sum}``) become native values
-    #: (rules/constants.py). Off when Horovod uses remain: those still need Horovod's constants.
-    native_constants: bool = True
+    #: The rewrite aims at a file with no Horovod left: Horovod constants used as values become
+    #: native values (rules/constants.py), async handles, process sets and join are rewritten.
+    #: Off in the second pass when Horovod uses remain: those calls need Horovod's own objects.
+    all_native: bool = True
 
     def aliases(self, family: str) -> Set[str]:
         """The local names an import of `family` binds."""

@@ -183,7 +183,7 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
     every = [_names(m) for m in modules]
     modules = [import_forms.normalize(m, every[i], set().union(*every[:i], *every[i + 1:]))
                for i, m in enumerate(modules)]
-    shared = SharedState(keep_horovod_lifecycle=keep_lifecycle, native_constants=not keep_lifecycle)
+    shared = SharedState(keep_horovod_lifecycle=keep_lifecycle, all_native=not keep_lifecycle)
     unsupported: List[Dict[cst.CSTNode, str]] = []
     for module in modules:
         scan = ImportScan(shared)

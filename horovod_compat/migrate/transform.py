@@ -244,7 +244,7 @@ class HorovodTransformer(cst.CSTTransformer):
         # once, at its outermost attribute.
         name = hvd_attr_name(original_node, self.ctx.hvd_aliases)
         if name is not None and self.hvd_call_depth == 0 and original_node not in self.inner_attributes \
-                and self.ctx.shared.native_constants:
+                and self.ctx.shared.all_native:
             native = constants.native_value(name, self.ctx)
             if native is not None:
                 self.ctx.rewrite(self._line(original_node), f"hvd.{name}",

@@ -24,6 +24,7 @@ from horovod_compat.migrate.context import (
 )
 from horovod_compat.migrate.rules import constants
 
+
 def _reduce_op(call: cst.Call, ctx: RewriteContext) -> Union[str, Flagged]:
     """The native op argument (source) for `op=` / `average=`: a literal constant as its string
     (``"sum"``), any other expression with its constants made native (rules/constants.py: the
@@ -72,7 +73,7 @@ def _native_options(call: cst.Call, ctx: RewriteContext, allowed: set, options_t
         if name == "compression" and text.endswith("Compression.none"):
             continue
         value = constants.native_expression(arg.value, ctx) if name in options_taken else None
-        if name == "process_set" and not ctx.shared.native_constants:
+        if name == "process_set" and not ctx.shared.all_native:
             value = None
         if value is None:
             return Flagged(f"argument {name}= is not rewritten"
@@ -90,7 +91,7 @@ def rewrite_allreduce(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome
     if has_star_args(call) or len(pos) != 1:
         return Flagged(f"hvd.{name}() needs exactly one positional tensor argument to be rewritten")
     is_async = name.startswith("allreduce_async")
-    if is_async and not ctx.shared.native_constants:
+    if is_async and not ctx.shared.all_native:
         return Flagged(f"hvd.{name}() stays while Horovod calls remain in this file (its handle "
                        "goes to hvd.synchronize/hvd.poll)")
     options = _native_options(call, ctx, {"op", "average", "name"}, _ALLREDUCE_OPTIONS)
@@ -120,7 +121,7 @@ def rewrite_handle(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
     pos = positional_args(call)
     if has_star_args(call) or len(pos) != 1 or keyword_args(call):
         return Flagged(f"hvd.{name}() arguments not understood")
-    if not ctx.shared.native_constants:
+    if not ctx.shared.all_native:
         return Flagged(f"hvd.{name}() stays while Horovod calls remain in this file")
     method = "wait" if name == "synchronize" else "is_completed"
     handle = pos[0].value
@@ -213,7 +214,7 @@ def rewrite_process_set(name: str, call: cst.Call, ctx: RewriteContext) -> Outco
     pos = positional_args(call)
     if has_star_args(call) or len(pos) != 1 or keyword_args(call):
         return Flagged(f"hvd.{name}() arguments not understood")
-    if not ctx.shared.native_constants:
+    if not ctx.shared.all_native:
         return Flagged(f"hvd.{name}() stays while Horovod calls remain in this file (they need Horovod's sets)")
     ctx.need_helper("_NativeProcessSet")
     ctx.need(HVD, "dist")
@@ -227,7 +228,7 @@ def rewrite_join(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
     optimizer steps and allreduces until every rank has joined, and returns the last one."""
     if has_star_args(call) or len(call.args) > 1 or set(keyword_args(call)) - {"device"}:
         return Flagged("hvd.join() arguments not understood")
-    if not ctx.shared.native_constants:
+    if not ctx.shared.all_native:
         return Flagged("hvd.join() stays while Horovod calls remain in this file (the native join "
                        "stands in only for native collectives)")
     ctx.need_helper("_native_join")

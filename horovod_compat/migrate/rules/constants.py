@@ -21,7 +21,7 @@ Native values:
   ``hvd.add_process_set`` becomes a ``_NativeProcessSet``, collectives.py);
 * ``hvd.HorovodInternalError`` -> ``dist.DistBackendError``, what a failed collective raises.
 
-This applies only where the whole file becomes native (``SharedState.native_constants``): a
+This applies only where the whole file becomes native (``SharedState.all_native``): a
 Horovod call left in place must still receive Horovod's own constants.
 """
 from __future__ import annotations
@@ -80,7 +80,7 @@ def native_expression(node: cst.BaseExpression, ctx: RewriteContext) -> Optional
     that keeps Horovod calls)."""
     replace = _Replace(ctx.hvd_aliases)
     out = node.visit(replace)
-    if replace.found - set(NATIVE_VALUES) or (replace.found and not ctx.shared.native_constants):
+    if replace.found - set(NATIVE_VALUES) or (replace.found and not ctx.shared.all_native):
         return None
     for name in replace.found:
         native_value(name, ctx)

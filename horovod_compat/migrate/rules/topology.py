@@ -83,7 +83,7 @@ def rewrite_init(call: cst.Call, ctx: RewriteContext, pin_device: bool = True) -
         )
     kept = _kept(call, ctx)
     if "process_sets" in kw:
-        if not ctx.shared.native_constants:
+        if not ctx.shared.all_native:
             return Flagged("hvd.init(process_sets=...) stays while Horovod calls remain in this file")
         sets = kw["process_sets"].value
         if not (isinstance(sets, cst.SimpleString) and sets.evaluated_value == "dynamic"):

@@ -31,7 +31,7 @@ evens = hvd.ProcessSet([0, 2])
 op = hvd.Adasum
 try:
     dist.barrier()
-# TODO(horovod-compat): hvd.HorovodInternalError: collective failures surface as torch.distributed.DistBackendError / RuntimeError
+# TODO(horovod-compat): hvd.HorovodInternalError: kept: Horovod calls remain in this file and work with Horovod's own exception; once the file becomes native this is dist.DistBackendError
 except hvd.HorovodInternalError:
     pass
 # TODO(horovod-compat): hvd.stop_timeline: the Horovod timeline has no native form; use torch.profiler (see the guide)
