@@ -13,9 +13,9 @@ The proof is deliberately narrow, and says why it fails:
   runs (``model(x, tasks=("cls",))``);
 * the model is built from ``torch.nn`` layers (``nn.Sequential(nn.Linear(...), ...)``), a known
   single-output torchvision architecture, or a class of this file whose ``forward(self, x)`` is
-  straight-line code (no branches, loops, comprehensions, ``with`` blocks or early returns) that
-  uses every submodule and parameter its ``__init__`` assigns, recursively for the file's own
-  classes among them.
+  straight-line code (no branches, loops, comprehensions, ``with`` blocks, early returns, or
+  submodules picked at run time from ``self.experts[i]`` / ``getattr``) that uses every submodule
+  and parameter its ``__init__`` assigns, recursively for the file's own classes among them.
 """
 from __future__ import annotations
 
@@ -77,6 +77,11 @@ def _class_reason(name: str, classes: Dict[str, ast.ClassDef], seen: Set[str]) -
             return f"`{name}.forward` branches or loops (line {node.lineno})"
         if isinstance(node, ast.Attribute) and node.attr in ("detach", "no_grad", "detach_"):
             return f"`{name}.forward` detaches part of the graph (line {node.lineno})"
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
+                and isinstance(node.value.value, ast.Name) and node.value.value.id == "self":
+            return f"`{name}.forward` picks from `self.{node.value.attr}[...]` (line {node.lineno})"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
+            return f"`{name}.forward` looks a submodule up by name (line {node.lineno})"
     used = _self_attributes(forward)
     init = _method(cls, "__init__")
     for node in ast.walk(init) if init is not None else ():
