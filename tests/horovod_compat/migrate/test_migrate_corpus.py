@@ -1,6 +1,7 @@
-"""The rewriter on programs written the way real projects write them (corpus/: 36 training
+"""The rewriter on programs written the way real projects write them (corpus/: 48 training
 programs of our own, in research, library-integration and domain styles, written without reading
-the rewriter): every one comes out native, parses on Python 3.9, is a fixed point, and keeps its
+the rewriter; the d* dozen came last and was measured before any change for it): every one comes
+out native, parses on Python 3.9, is a fixed point, and keeps its
 meaning: the native program under the torchrun contract prints the losses and final weights the
 original printed under horovodrun, on 2 CPU ranks (the representative set below in every run;
 every program with HOROVOD_COMPAT_CORPUS_ALL=1).
@@ -41,11 +42,13 @@ REPRESENTATIVE = [
     "b12_process_sets.py",          # add_process_set / process_set= / remove_process_set
     "c04_optim_factory.py",         # DistributedOptimizer(opt, **kwargs)
     "c12_simclr_allgather.py",      # differentiable allgather inside the loss
+    "d03_moe_top1.py",              # an expert picked per batch: parameters without gradient
+    "d05_finetune_frozen.py",       # frozen backbone, two LR groups, 2 passes per step
 ]
 
 
 def test_the_corpus_is_what_the_docstring_says():
-    assert len(PROGRAMS) >= 30 and set(REPRESENTATIVE) <= set(PROGRAMS)
+    assert len(PROGRAMS) >= 48 and set(REPRESENTATIVE) <= set(PROGRAMS)
 
 
 @pytest.fixture(scope="module")
