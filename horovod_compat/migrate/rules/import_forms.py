@@ -3,7 +3,8 @@ before the rewrite, so every rule sees ``hvd.X``.
 
 Real programs write ``from horovod.torch import allreduce, Average``, ``import
 horovod.torch.mpi_ops as mpi_ops``, ``from horovod.torch.functions import
-broadcast_parameters`` or ``from horovod.common.exceptions import HorovodInternalError``. Each of those names is one that ``horovod.torch`` itself exports (Horovod
+broadcast_parameters`` or ``from horovod.common.exceptions import HorovodInternalError``;
+``from horovod import run`` is brought to ``import horovod`` and ``horovod.run``. Each of those names is one that ``horovod.torch`` itself exports (Horovod
 0.28.1's ``horovod/torch/__init__.py`` re-exports them from these submodules), so ``allreduce``
 is ``hvd.allreduce`` and ``mpi_ops.allreduce`` is too. A form is brought over only when that is
 certain: the name is bound once in its scope (by that import), and a submodule's alias is only
@@ -12,7 +13,7 @@ and keeps its TODO (``imports.unsupported_import``).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, Union
+from typing import Dict, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, ScopeProvider
@@ -48,9 +49,10 @@ class _Plan(cst.CSTVisitor):
     def __init__(self, hvd: str, elsewhere: Set[str]) -> None:
         self.hvd = hvd
         self.elsewhere = elsewhere  # names used in the input's other units (notebook cells)
-        self.uses: Dict[cst.CSTNode, str] = {}  # Name or Attribute node -> X of hvd.X
+        self.uses: Dict[cst.CSTNode, Tuple[str, str]] = {}  # Name/Attribute node -> (module, X)
         self.dropped: Set[cst.ImportAlias] = set()
-        self.statements: Set[cst.CSTNode] = set()  # import statements that lost an alias
+        #: import statements that lost an alias -> the module they import instead
+        self.statements: Dict[cst.CSTNode, str] = {}
 
     def _references(self, stmt: cst.CSTNode, name: str) -> Optional[List[cst.Name]]:
         """Every use of `name` as bound by `stmt`, or None if `name` is bound more than once
@@ -63,15 +65,16 @@ class _Plan(cst.CSTVisitor):
             return None
         return [access.node for access in assignments[0].references if isinstance(access.node, cst.Name)]
 
-    def _names_from(self, stmt: cst.ImportFrom, alias: cst.ImportAlias, exported: str) -> None:
+    def _names_from(self, stmt: cst.ImportFrom, alias: cst.ImportAlias, exported: str,
+                    module: str = HVD_MODULE) -> None:
         bound = alias_bound(alias)
         refs = self._references(stmt, bound) if bound else None
         if refs is None:
             return
         for ref in refs:
-            self.uses[ref] = exported
+            self.uses[ref] = (module, exported)
         self.dropped.add(alias)
-        self.statements.add(stmt)
+        self.statements[stmt] = module
 
     def _submodule(self, stmt: Union[cst.Import, cst.ImportFrom], alias: cst.ImportAlias) -> None:
         bound = alias_bound(alias)
@@ -86,9 +89,9 @@ class _Plan(cst.CSTVisitor):
                 return  # used otherwise than as alias.NAME: leave it
             attributes.append(parent)
         for attribute in attributes:
-            self.uses[attribute] = attribute.attr.value
+            self.uses[attribute] = (HVD_MODULE, attribute.attr.value)
         self.dropped.add(alias)
-        self.statements.add(stmt)
+        self.statements[stmt] = HVD_MODULE
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
@@ -105,6 +108,8 @@ class _Plan(cst.CSTVisitor):
                 self._names_from(node, alias, name)
             elif module == EXCEPTIONS_MODULE and name == "HorovodInternalError":
                 self._names_from(node, alias, name)  # horovod.torch re-exports it
+            elif module == "horovod" and name == "run":
+                self._names_from(node, alias, name, module="horovod")  # -> horovod.run(...)
 
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:
@@ -118,19 +123,22 @@ class _Apply(cst.CSTTransformer):
     def __init__(self, plan: _Plan) -> None:
         self.plan = plan
 
-    def _hvd(self, name: str) -> cst.Attribute:
-        return cst.Attribute(cst.Name(self.plan.hvd), cst.Name(name))
+    def _bound(self, module: str) -> str:
+        return self.plan.hvd if module == HVD_MODULE else module
+
+    def _use(self, use: Tuple[str, str]) -> cst.Attribute:
+        return cst.Attribute(cst.Name(self._bound(use[0])), cst.Name(use[1]))
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
-        name = self.plan.uses.get(original_node)
-        return self._hvd(name) if name is not None else updated_node
+        use = self.plan.uses.get(original_node)
+        return self._use(use) if use is not None else updated_node
 
     def leave_Attribute(self, original_node: cst.Attribute,
                         updated_node: cst.Attribute) -> cst.BaseExpression:
-        name = self.plan.uses.get(original_node)
-        if name is None:
+        use = self.plan.uses.get(original_node)
+        if use is None:
             return updated_node
-        return self._hvd(name).with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
+        return self._use(use).with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
 
     def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom
                          ) -> Union[cst.ImportFrom, cst.Import]:
@@ -146,8 +154,10 @@ class _Apply(cst.CSTTransformer):
         if original not in self.plan.statements:
             return updated
         kept = [a for a, o in zip(updated.names, original.names) if o not in self.plan.dropped]
-        canonical = cst.Import([cst.ImportAlias(cst.parse_expression(HVD_MODULE),  # type: ignore[arg-type]
-                                                asname=cst.AsName(cst.Name(self.plan.hvd)))])
+        module = self.plan.statements[original]
+        asname = cst.AsName(cst.Name(self.plan.hvd)) if module == HVD_MODULE else None
+        canonical = cst.Import([cst.ImportAlias(cst.parse_expression(module),  # type: ignore[arg-type]
+                                                asname=asname)])
         if not kept:
             return canonical
         kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)

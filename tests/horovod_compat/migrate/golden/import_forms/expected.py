@@ -3,6 +3,7 @@ import torch
 import atexit
 import os
 import torch.distributed as dist
+import distributor
 
 
 def _native_broadcast_parameters(params, root_rank):
@@ -139,11 +140,15 @@ def main():
     _native_broadcast_parameters(model.state_dict(), root_rank=0)
     x = _native_allreduce(torch.ones(2) * dist.get_rank(), "average")
     cfg = _native_broadcast_object({"lr": 0.1}, 0)
-    print(f"rank {dist.get_rank()} of {dist.get_world_size()} x {x.tolist()} cfg {cfg}")
+    try:
+        print(f"rank {dist.get_rank()} of {dist.get_world_size()} x {x.tolist()} cfg {cfg}")
+    except dist.DistBackendError:
+        raise
 
 
 def shadowed(allreduce=None):
     return allreduce  # the parameter, not Horovod's: left alone
 
 
-main()
+if __name__ == "__main__":
+    distributor.run_function(main, num_processes=2, return_all=True)
