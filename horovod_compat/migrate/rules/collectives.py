@@ -36,7 +36,7 @@ def _reduce_op(call: cst.Call, ctx: RewriteContext) -> Union[str, Flagged]:
         name = hvd_attr_name(value, ctx.hvd_aliases)
         if name == "Adasum":
             return Flagged("op=Adasum has no torch.distributed equivalent; it is not a plain average")
-        op = constants.NATIVE_VALUES.get(name) if name and not name.startswith("Compression") else None
+        op = constants.NATIVE_VALUES[name] if name in constants.REDUCE_OPS else None
         if op is None:
             op = constants.native_expression(value, ctx)
         if op is None:

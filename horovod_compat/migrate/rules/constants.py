@@ -32,6 +32,8 @@ import libcst as cst
 
 from horovod_compat.migrate.context import HVD, RewriteContext, hvd_attr_name
 
+#: Horovod's reduce-op constants.
+REDUCE_OPS = ("Average", "Sum", "Min", "Max", "Product", "Adasum")
 NATIVE_VALUES: Dict[str, str] = {
     "Average": '"average"',
     "Sum": '"sum"',

@@ -47,7 +47,7 @@ from horovod_compat.migrate.context import (
     keyword_args,
     positional_args,
 )
-from horovod_compat.migrate.rules import dataflow, parameter_use
+from horovod_compat.migrate.rules import constants, dataflow, parameter_use
 from horovod_compat.migrate.rules.accumulation import Accumulation, plan_accumulation
 
 
@@ -126,8 +126,9 @@ class _Options:
     constants: Dict[cst.Attribute, str] = dataclasses.field(default_factory=dict)
 
 
-_COMPRESSION = {"Compression.none": "None", "Compression.fp16": "default_hooks.fp16_compress_hook"}
-_OPS = {"Average": '"average"', "Adasum": '"adasum"'}
+#: The constants DDP can take, with their native values (rules/constants.py).
+_COMPRESSION = {c: constants.NATIVE_VALUES[c] for c in ("Compression.none", "Compression.fp16")}
+_OPS = {c: constants.NATIVE_VALUES[c] for c in ("Average", "Adasum")}
 
 
 def _choice(call: cst.Call, keyword: str, facts: "_Facts", ctx: RewriteContext):
