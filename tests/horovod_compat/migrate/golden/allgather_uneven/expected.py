@@ -7,9 +7,10 @@ import torch.distributed as dist
 
 def _native_allgather(tensor, process_set=None):
     """hvd.allgather on torch.distributed: every rank's tensor (of process_set, a
-    _NativeProcessSet, when given) concatenated along dim 0, in rank order. The first dimension may differ between ranks: the sizes are gathered first and each
-    tensor is padded to the largest. Differentiable as Horovod's was: the gradient is averaged
-    over the ranks and each rank keeps the rows it gave.
+    _NativeProcessSet, when given) concatenated along dim 0, in rank order. The first dimension
+    may differ between ranks: the sizes are gathered first and each tensor is padded to the
+    largest. Differentiable as Horovod's was: the gradient is averaged over the ranks and each
+    rank keeps the rows it gave.
     """
     import torch
     import torch.distributed as dist

@@ -24,6 +24,23 @@ def _native_wire_dtype(compression):
     return wire
 
 
+class _NativeHandle:
+    """What hvd.allreduce_async returned: is_completed() is hvd.poll, wait() is hvd.synchronize
+    (the reduction's work, then `finish` to scale and copy the result, once)."""
+
+    def __init__(self, work, finish):
+        self.work, self.finish = work, finish
+
+    def is_completed(self):
+        return self.work.is_completed()
+
+    def wait(self):
+        if self.finish is not None:
+            self.work.wait()
+            self.result, self.finish = self.finish(), None
+        return self.result
+
+
 def _native_allreduce_async(tensor, op="average", inplace=False, compression=None,
                             prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """hvd.allreduce_async on torch.distributed: starts the reduction over all ranks into a new
@@ -69,17 +86,7 @@ def _native_allreduce_async(tensor, op="average", inplace=False, compression=Non
             tensor.copy_(out)
         return tensor if inplace else out
 
-    class Handle:
-        def is_completed(self):
-            return work.is_completed()
-
-        def wait(self):
-            if not hasattr(self, "result"):
-                work.wait()
-                self.result = finish()
-            return self.result
-
-    return Handle()
+    return _NativeHandle(work, finish)
 
 
 def _native_allreduce(tensor, op="average", inplace=False, **options):
