@@ -35,7 +35,7 @@ def worker(kind: str, steps: int, rounds: int, warmup: int, out_dir: str) -> Dic
     import torch.distributed as dist
     import torch.nn.functional as F
     import horovod_compat.torch as hvd
-    from horovod_compat.torch import timeline
+    from horovod_compat.common import timeline
 
     sys.path.insert(0, HERE)
     from train_step import build_model, make_batch   # the models of the training-step benchmark
@@ -87,7 +87,7 @@ def micro_cost(tensors: int = 194, steps: int = 20) -> Dict[str, float]:
     writer thread (translation + formatting + write), for a DistributedOptimizer-like event stream."""
     sys.path.insert(0, ROOT)
     from horovod_compat.timeline.writer import TimelineRecorder
-    from horovod_compat.torch import hooks
+    from horovod_compat.common import hooks
 
     names = [f"layer.{i}.weight" for i in range(tensors)]
 

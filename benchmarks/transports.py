@@ -1,7 +1,7 @@
 """The data paths of horovod_compat, for benchmarks that print them side by side in one run.
 
 On one host ranks share memory (the default).  Ranks on several hosts negotiate and move allreduce
-data over the set's authenticated TCP mesh (`horovod_compat/torch/_mesh.py`), which
+data over the set's authenticated TCP mesh (`horovod_compat/common/_mesh.py`), which
 `HOROVOD_COMPAT_SHM_DATA=0 HOROVOD_COMPAT_SHM_CONTROL=0` forces on one host.  Sets larger than the
 mesh allows (64 ranks) use gloo for both, which `HOROVOD_COMPAT_TCP_CONTROL=0
 HOROVOD_COMPAT_TCP_DATA=0` forces as well.

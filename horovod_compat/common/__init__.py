@@ -1,2 +1,3 @@
-"""``horovod.common``: framework-independent pieces of the Horovod API (its exceptions)."""
+"""``horovod.common``: the runtime every framework binding shares (Horovod's own split: ``common`` is
+the runtime, ``horovod.torch`` and ``horovod.tensorflow`` are bindings of it). See docs/architecture.md."""
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401

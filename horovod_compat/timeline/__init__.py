@@ -1,7 +1,7 @@
 """Horovod timelines for horovod-compat: recording (``writer``), reading, summarising, plotting and
 merging (``reader``, ``plot``, ``merge``), and the ``python -m horovod_compat.timeline`` command.
 
-Recording (attached to the hvd shim by ``horovod_compat.torch.timeline``)::
+Recording (attached to the hvd shim by ``horovod_compat.common.timeline``)::
 
     HOROVOD_TIMELINE=/path/tl.json            rank 0 records from hvd.init() (Horovod's behaviour)
     HOROVOD_TIMELINE=/path/tl.{rank}.json     every rank records its own file

@@ -42,7 +42,7 @@ __all__ = ["TraceFile", "TimelineRecorder", "op_label", "backend_activity", "for
            "format_dtype", "NEGOTIATE_START", "ALL_READY", "OP_START", "OP_END", "ACTIVITY_START",
            "ACTIVITY_END"]
 
-# Event names of ``horovod_compat.torch.hooks`` (kept as plain strings so this package does not
+# Event names of ``horovod_compat.common.hooks`` (kept as plain strings so this package does not
 # import torch).
 NEGOTIATE_START = "NEGOTIATE_START"
 ALL_READY = "ALL_READY"
@@ -166,7 +166,7 @@ class _Track:
 class TimelineRecorder:
     """Collects collective events on the hot path and writes Horovod's timeline on a thread.
 
-    ``listener`` is the callable to subscribe to ``horovod_compat.torch.hooks``
+    ``listener`` is the callable to subscribe to ``horovod_compat.common.hooks``
     (``listener(event, tensor_name, info)``).  ``anchor`` is ``(perf_counter_ns, time_ns)`` taken at
     the same moment (``hvd.init``): timestamps are µs since then, and the wall-clock anchor is
     written into the metadata so per-rank files can be merged onto one time axis.

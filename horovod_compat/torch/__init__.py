@@ -1,11 +1,10 @@
 """``horovod.torch`` on ``torch.distributed``: the public namespace of ``import horovod.torch as hvd``.
 
-The layers (each module imports only the ones below it; ``docs/architecture.md`` draws them):
-leaves (``ops``, ``exceptions``, ``compression``, ``hooks``), transports (``_shm`` data,
-``_exchange`` negotiation messages), the coordinator (``negotiation``: Horovod's guarantees for every
-op; ``stall``), process sets and the lifecycle (``process_sets``, ``lifecycle``), the collectives
-(``collectives``), and the API built on them (``functions``, ``optimizer``, ``_adasum``,
-``sync_batch_norm``, ``elastic``, ``timeline``).
+A binding of the shared runtime (``horovod_compat.common``: lifecycle, process sets, negotiation,
+transports, the runtime's collectives, timeline, stall inspector, elastic loop; see
+docs/architecture.md).  What is torch's own lives here: the differentiable collectives, sparse
+tensors and compression (``collectives``), ``functions`` (parameters and optimizer state),
+``optimizer`` and ``_adasum``, ``sync_batch_norm`` and the torch elastic states (``elastic``).
 
 ``torch_group(process_set)`` (not in Horovod) gives the ``torch.distributed`` group behind a process
 set, for code that wants to run native collectives on exactly the same ranks.
@@ -22,16 +21,16 @@ from .collectives import (  # noqa: F401
     sparse_allreduce_async, synchronize,
 )
 from .compression import Compression  # noqa: F401
-from .exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
-from .lifecycle import (  # noqa: F401
+from horovod_compat.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
+from horovod_compat.common.lifecycle import (  # noqa: F401
     add_process_set, get_process_set_ids_and_ranks, remove_process_set,
     ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
     is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
     mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
     stop_timeline, sycl_built,
 )
-from .process_sets import ProcessSet, global_process_set, torch_group  # noqa: F401
-from . import hooks  # noqa: F401
+from horovod_compat.common.process_sets import ProcessSet, global_process_set, torch_group  # noqa: F401
+from horovod_compat.common import hooks  # noqa: F401
 from horovod_compat.common.util import check_extension  # noqa: F401
 
 __version__ = "0.28.1"

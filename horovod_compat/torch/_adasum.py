@@ -22,11 +22,14 @@ from typing import Any, Dict, List
 
 import torch
 
-from . import collectives, ops
+from horovod_compat.common import ops
+from horovod_compat.common.exceptions import (STEP_AFTER_SYNC as _STEP_AFTER_SYNC,
+                                              TOO_MANY_BACKWARDS as _TOO_MANY_BACKWARDS,
+                                              ZERO_GRAD_PENDING as _ZERO_GRAD_PENDING)
+from horovod_compat.common.process_sets import require_member
+
+from . import collectives
 from ._optim_util import explicit_groups as _explicit_groups, synchronize_skipped as _synchronize_skipped
-from .exceptions import (STEP_AFTER_SYNC as _STEP_AFTER_SYNC, TOO_MANY_BACKWARDS as _TOO_MANY_BACKWARDS,
-                         ZERO_GRAD_PENDING as _ZERO_GRAD_PENDING)
-from .process_sets import require_member
 
 
 class _DistributedAdasumOptimizer(torch.optim.Optimizer):

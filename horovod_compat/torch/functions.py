@@ -3,39 +3,30 @@ allgather of objects.
 
 They are what nearly every Horovod training script calls right after ``hvd.init()`` to make all ranks
 start from rank 0's weights (``broadcast_parameters``, ``broadcast_optimizer_state``) and to share
-small Python values (``broadcast_object``, ``allgather_object``).
+small Python values (``broadcast_object``, ``allgather_object``, which every binding shares:
+``horovod_compat.common.objects``).
 
 Implementation notes (our own design, not Horovod's):
 - tensors are broadcast fused: one flat buffer per dtype, so a model with hundreds of small tensors
   costs a handful of collectives, not hundreds;
-- objects travel as cloudpickle bytes: the length first, then the bytes.  Every rank issues the same
-  collectives in the same order whatever object it passes, so -- unlike real Horovod -- ranks passing
-  objects of different types never hang.
 """
 from __future__ import annotations
 
-import io
 import zlib
 from collections import OrderedDict
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-import cloudpickle
 import torch
 import torch.distributed as dist
 
-from . import collectives, runtime
-from .exceptions import HorovodInternalError
-from .process_sets import ProcessSet, global_process_set
+from horovod_compat.common import runtime
+from horovod_compat.common.exceptions import HorovodInternalError
+from horovod_compat.common.objects import set_size, allgather_object, broadcast_object
+from horovod_compat.common.process_sets import ProcessSet, global_process_set
+
+from . import collectives
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object"]
-
-
-def _set_size(process_set: ProcessSet) -> int:
-    runtime.current()  # Horovod's ValueError before init
-    n = process_set.size()
-    if n is None:
-        raise ValueError(f"{process_set} has not been registered (hvd.init / hvd.add_process_set)")
-    return n
 
 
 def _broadcast_tensors_(tensors: Sequence[torch.Tensor], root_rank: int, process_set: ProcessSet) -> None:
@@ -45,7 +36,7 @@ def _broadcast_tensors_(tensors: Sequence[torch.Tensor], root_rank: int, process
     otherwise every rank raises ``HorovodInternalError`` naming the first differing tensor, and
     nothing is broadcast.  The check costs one small allreduce of a layout digest.
     """
-    if _set_size(process_set) == 1:
+    if set_size(process_set) == 1:
         return
     by_dtype: "OrderedDict[Tuple[torch.dtype, torch.device], List[torch.Tensor]]" = OrderedDict()
     for t in tensors:
@@ -121,51 +112,6 @@ def broadcast_parameters(params: Union[Mapping[str, torch.Tensor], List[Any]], r
             raise ValueError(f"invalid parameter {name!r} of type: {type(p)}")
         tensors.append(p.data if isinstance(p, torch.nn.Parameter) else p)
     _broadcast_tensors_(tensors, root_rank, process_set)
-
-
-def _dumps(obj: Any) -> torch.Tensor:
-    buf = io.BytesIO()
-    cloudpickle.dump(obj, buf)
-    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-
-
-def _loads(t: torch.Tensor) -> Any:
-    return cloudpickle.loads(t.numpy().tobytes())
-
-
-def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
-                     process_set: ProcessSet = global_process_set) -> Any:
-    """Return ``root_rank``'s ``obj`` on every rank (serialized with cloudpickle).
-
-    Non-root ranks may pass anything (typically None).  ``name`` names the two broadcasts (the
-    length, then the bytes) as Horovod does; without it they pair by position.
-    """
-    if _set_size(process_set) == 1:
-        return obj
-    is_root = dist.get_rank() == root_rank  # Horovod's root is a global rank
-    payload = _dumps(obj) if is_root else torch.empty(0, dtype=torch.uint8)
-    length = torch.tensor([payload.numel()], dtype=torch.int64)
-    collectives.broadcast_(length, root_rank, name=f"{name}.sz" if name else None,
-                           process_set=process_set)
-    if not is_root:
-        payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    collectives.broadcast_(payload, root_rank, name=name, process_set=process_set)
-    return obj if is_root else _loads(payload)
-
-
-def allgather_object(obj: Any, name: Optional[str] = None,
-                     process_set: ProcessSet = global_process_set) -> List[Any]:
-    """Return the list of every rank's ``obj``, in rank order (serialized with cloudpickle).
-
-    Objects may differ in type and size between ranks.
-    """
-    if _set_size(process_set) == 1:
-        return [obj]
-    payload = _dumps(obj)
-    sizes = collectives.allgather(torch.tensor([payload.numel()], dtype=torch.int64),
-                                  name=f"{name}.sz" if name else None, process_set=process_set)
-    data = collectives.allgather(payload, name=name, process_set=process_set)
-    return [_loads(part) for part in data.split(sizes.tolist())]
 
 
 def _is_distributed_optimizer(optimizer: torch.optim.Optimizer) -> bool:

@@ -6,16 +6,16 @@ synchronize``); every name is the same object as in ``horovod_compat.torch``.
 from .collectives import *  # noqa: F401,F403
 from .collectives import __all__ as _coll_all
 from .compression import Compression  # noqa: F401
-from .exceptions import HorovodInternalError  # noqa: F401
-from .lifecycle import *  # noqa: F401,F403
-from .lifecycle import __all__ as _life_all
-from .process_sets import *  # noqa: F401,F403
-from .process_sets import __all__ as _ps_all
+from horovod_compat.common.exceptions import HorovodInternalError  # noqa: F401
+from horovod_compat.common.lifecycle import *  # noqa: F401,F403
+from horovod_compat.common.lifecycle import __all__ as _life_all
+from horovod_compat.common.process_sets import *  # noqa: F401,F403
+from horovod_compat.common.process_sets import __all__ as _ps_all
 
 
 def handle_average_backwards_compatibility(op, average):  # noqa: ANN001, ANN201
     """Horovod helper: map the deprecated ``average=`` flag to an op (warns; both -> ValueError)."""
-    from .collectives import _resolve_op
+    from horovod_compat.common.collectives import resolve_op as _resolve_op
 
     return _resolve_op(average, op)
 

@@ -39,17 +39,20 @@ import torch.distributed as dist
 
 from distributor import worker as _worker
 
+from horovod_compat.common import hooks as _hooks
+from horovod_compat.common import ops, runtime
+from horovod_compat.common.collectives import reduce_in_place as _reduce_in_place
+from horovod_compat.common.collectives import transport_name as _transport_name
+from horovod_compat.common.exceptions import (HorovodInternalError, STEP_AFTER_SYNC as _STEP_AFTER_SYNC,
+                                              TOO_MANY_BACKWARDS as _TOO_MANY_BACKWARDS,
+                                              ZERO_GRAD_PENDING as _ZERO_GRAD_PENDING)
+from horovod_compat.common.process_sets import global_process_set as _GLOBAL, require_member
+
 from . import collectives as _collectives
-from . import hooks as _hooks
-from . import ops, runtime
+from ._adasum import make_adasum_optimizer
+from ._optim_util import explicit_groups as _explicit_groups, synchronize_skipped as _synchronize_skipped
 from .compression import Compression
 from .functions import allgather_object
-from .exceptions import (HorovodInternalError, STEP_AFTER_SYNC as _STEP_AFTER_SYNC,
-                         TOO_MANY_BACKWARDS as _TOO_MANY_BACKWARDS,
-                         ZERO_GRAD_PENDING as _ZERO_GRAD_PENDING)
-from ._optim_util import explicit_groups as _explicit_groups, synchronize_skipped as _synchronize_skipped
-from ._adasum import make_adasum_optimizer
-from .process_sets import global_process_set as _GLOBAL, require_member
 
 __all__ = ["DistributedOptimizer"]
 
@@ -449,7 +452,7 @@ class _GradReducer:
         `fused`: a fusion-buffer copy follows OP_START before the transfer."""
         backend = None
         if "OP_START" in events and b.custom is None:
-            backend = _collectives.transport_name(b.buffer, self.wire_code, self.process_set)
+            backend = _transport_name(b.buffer, self.wire_code, self.process_set)
         for i in b.members:
             p = self.params[i]
             name = self.names[i] or f"allreduce.noname.{i}"
@@ -472,7 +475,7 @@ class _GradReducer:
             tensors = [b.buffer]
         else:
             tensors = [c for c, _ctx in b.custom if c is not None]
-        b.work = _collectives.reduce_in_place(
+        b.work = _reduce_in_place(
             tensors, f"DistributedOptimizer.{self.uid}.bucket{b.index}", self.wire_code,
             self.process_set)
 

@@ -19,8 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from . import collectives, lifecycle, ops
-from .process_sets import ProcessSet, global_process_set
+from horovod_compat.common import lifecycle, ops
+from horovod_compat.common.process_sets import ProcessSet, global_process_set
+
+from . import collectives
 
 __all__ = ["SyncBatchNorm"]
 

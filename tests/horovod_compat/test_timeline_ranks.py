@@ -30,7 +30,7 @@ def _dynamic_job(path):
     import os
     import torch
     import horovod_compat.torch as hvd
-    from horovod_compat.torch import runtime
+    from horovod_compat.common import runtime
 
     errors = {}
     try:
@@ -199,7 +199,7 @@ def test_sigkilled_ranks_leave_valid_per_rank_files_that_merge(tmp_path):
 def _env_job():
     import torch
     import horovod_compat.torch as hvd
-    from horovod_compat.torch import runtime
+    from horovod_compat.common import runtime
 
     hvd.init()
     writing = runtime.current().timeline.current_path()
@@ -261,7 +261,7 @@ def _late_rank_job(delay: float) -> str:
     import time
     import torch
     import horovod_compat.torch as hvd
-    from horovod_compat.torch import process_sets
+    from horovod_compat.common import process_sets
 
     hvd.init()
     control = type(hvd.global_process_set.negotiation.exchange).__name__

@@ -298,7 +298,7 @@ def test_cli_summarize_plot_and_merge(tmp_path):
 
 def test_adapter_env_parsing_and_stop_without_start(caplog, monkeypatch):
     import logging
-    from horovod_compat.torch import timeline
+    from horovod_compat.common import timeline
 
     assert timeline._parse_bytes("64M") == 64 * 1024 * 1024
     assert timeline._parse_bytes("1.5k") == 1536
@@ -324,7 +324,7 @@ def test_adapter_env_parsing_and_stop_without_start(caplog, monkeypatch):
 def test_session_states_through_shutdown_and_init(tmp_path, monkeypatch):
     """An env recording pauses at shutdown and goes on in the same file at the next init; a
     start_timeline recording ends at shutdown."""
-    from horovod_compat.torch import timeline
+    from horovod_compat.common import timeline
 
     path = str(tmp_path / "tl.json")
     monkeypatch.setenv("HOROVOD_TIMELINE", path)
@@ -344,7 +344,7 @@ def test_session_states_through_shutdown_and_init(tmp_path, monkeypatch):
 
 
 def test_unwritable_env_timeline_warns_instead_of_failing_init(tmp_path, monkeypatch):
-    from horovod_compat.torch import timeline
+    from horovod_compat.common import timeline
 
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -11,7 +11,7 @@ world, at most ``HOROVOD_ELASTIC_RESET_LIMIT`` times.
 """
 from __future__ import annotations
 
-from .runner import run
+from horovod_compat.common.elastic import run
 from .sampler import ElasticSampler
 from .state import ObjectState, State, TorchState
 

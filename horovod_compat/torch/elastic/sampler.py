@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, List, Sized
 
 import torch
 
-from .. import lifecycle
+from horovod_compat.common import lifecycle
 
 __all__ = ["ElasticSampler"]
 

@@ -1,4 +1,5 @@
-"""Elastic state objects: what ``commit()`` saves, ``restore()`` brings back after a failed
+"""Elastic state objects of ``horovod.torch`` (the base ``State`` and ``ObjectState`` are the
+runtime's, ``horovod_compat.common.elastic``): what ``commit()`` saves, ``restore()`` brings back after a failed
 collective, and ``sync()`` copies from rank 0 when a round starts (Horovod 0.28.1's API).
 
 - ``State``: reset callbacks, host-change notices and ``check_host_updates`` (every rank takes rank
@@ -14,129 +15,19 @@ objects never share memory with the saved state.
 from __future__ import annotations
 
 import copy
-import queue
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, Dict, List, Optional, Tuple, Type
 
 import torch
 
-from distributor import worker
-from distributor.elastic.world import HostUpdate
+from horovod_compat.common.elastic import ObjectState, State
+from horovod_compat.common.lifecycle import rank
 
-from ..exceptions import HostsUpdatedInterrupt
 from ..functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
-from ..lifecycle import rank
 from .sampler import ElasticSampler
 
 __all__ = ["State", "ObjectState", "TorchState", "StateHandler", "ModelStateHandler",
            "OptimizerStateHandler", "SamplerStateHandler", "get_handler_registry",
            "set_handler_registry"]
-
-
-class State:
-    """Base of elastic states (Horovod's ``horovod.common.elastic.State``).
-
-    ``bcast_object(obj)`` returns rank 0's ``obj`` on every rank; ``get_rank()`` this rank.
-    """
-
-    def __init__(self, bcast_object: Callable[[Any], Any] = broadcast_object,
-                 get_rank: Callable[[], int] = rank) -> None:
-        self._bcast_object = bcast_object
-        self._rank = get_rank
-        self._host_messages: "queue.Queue[Tuple[float, HostUpdate]]" = queue.Queue()
-        self._last_updated_timestamp: float = 0
-        self._reset_callbacks: List[Callable[[], None]] = []
-        #: commits made so far (``hvd.elastic.run`` tells progress from a failure loop by it)
-        self.commits = 0
-
-    def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
-        """Functions called (in order) after every reset, e.g. to rescale the learning rate to the
-        new number of workers."""
-        self._reset_callbacks.extend(callbacks)
-
-    def on_reset(self) -> None:
-        """After a reset (new world): forget the host notices about earlier rounds, ``reset()``,
-        run the callbacks.
-
-        A notice is about an earlier round when the driver stamped it before the new round
-        formed (``worker.round_formed_at()``, same clock). One stamped later stays: it can reach
-        this rank between the round's forming and this call (a replacement that joined at once),
-        and dropping it would leave the newcomer waiting while this round trains without it."""
-        self._last_updated_timestamp = max(self._last_updated_timestamp, worker.round_formed_at())
-        self.reset()
-        for callback in self._reset_callbacks:
-            callback()
-
-    def on_hosts_updated(self, timestamp: float, update_res: Any = HostUpdate.NO_UPDATE) -> None:
-        """The driver announced a host change (called from the link's thread)."""
-        self._host_messages.put((timestamp, HostUpdate(int(update_res))))
-
-    def commit(self) -> None:
-        """Save the state (the point a failure rolls back to), then ``check_host_updates()``."""
-        self.save()
-        self.commits += 1
-        self.check_host_updates()
-
-    def check_host_updates(self) -> None:
-        """Raise ``HostsUpdatedInterrupt`` on every rank at once if hosts changed.
-
-        Each rank folds the notices it received since the last check; rank 0's view (previous
-        timestamp, newest timestamp, union of the changes) is broadcast, so all ranks decide alike
-        even when a notice reached some of them a moment later.  ``skip_sync`` is True when hosts
-        were only removed (the survivors' state is already equal)."""
-        prev = last = self._last_updated_timestamp
-        update = HostUpdate.NO_UPDATE
-        while True:
-            try:
-                timestamp, res = self._host_messages.get_nowait()
-            except queue.Empty:
-                break
-            if timestamp > last:
-                last = timestamp
-                update |= res
-        prev, self._last_updated_timestamp, update = self._bcast_object((prev, last, int(update)))
-        if self._last_updated_timestamp > prev:
-            raise HostsUpdatedInterrupt(HostUpdate(update) == HostUpdate.REMOVED)
-
-    def save(self) -> None:
-        """Save the state in host memory."""
-        raise NotImplementedError()
-
-    def restore(self) -> None:
-        """Bring back the last saved state, undoing what changed since."""
-        raise NotImplementedError()
-
-    def sync(self) -> None:
-        """Make every rank's state equal to rank 0's."""
-        raise NotImplementedError()
-
-    def reset(self) -> None:
-        """Adjust to a new world after a reset, before ``sync()`` (nothing by default)."""
-
-
-class ObjectState(State):
-    """Picklable attributes given as keyword arguments (``ObjectState(epoch=0, batch=0)``)."""
-
-    def __init__(self, bcast_object: Callable[[Any], Any] = broadcast_object,
-                 get_rank: Callable[[], int] = rank, **kwargs: Any) -> None:
-        self._saved_state: Dict[str, Any] = kwargs
-        self._set_attrs()
-        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
-
-    def _set_attrs(self) -> None:
-        # copies: changing an attribute in place must not change the committed value
-        for attr, value in self._saved_state.items():
-            setattr(self, attr, copy.deepcopy(value))
-
-    def save(self) -> None:
-        self._saved_state = {attr: copy.deepcopy(getattr(self, attr)) for attr in self._saved_state}
-
-    def restore(self) -> None:
-        self._set_attrs()
-
-    def sync(self) -> None:
-        if self._saved_state:
-            self._saved_state = self._bcast_object(self._saved_state)
-            self._set_attrs()
 
 
 # ---- saved copies of tensors ----------------------------------------------------------------------

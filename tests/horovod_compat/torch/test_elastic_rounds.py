@@ -23,7 +23,7 @@ def _rank_main(store_port):
     import horovod_compat.torch as hvd
     from distributor import worker
     from distributor.elastic.world import HostUpdate, World
-    from horovod_compat.torch import lifecycle
+    from horovod_compat.common import lifecycle
 
     torch.set_num_threads(1)
     me = int(os.environ["RANK"])

@@ -14,9 +14,9 @@ import torch.distributed as dist
 import horovod_compat.torch as hvd
 from distributor import worker
 from distributor.elastic.world import HostUpdate, World
-from horovod_compat.torch import lifecycle
+from horovod_compat.common import lifecycle
 from horovod_compat.torch.elastic import sampler as sampler_mod
-from horovod_compat.torch.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovod_compat.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
                "MASTER_ADDR", "MASTER_PORT", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE",

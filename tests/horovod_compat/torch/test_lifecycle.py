@@ -178,7 +178,7 @@ def _engine_lifecycle():
                        nccl_built=hvd.nccl_built(), ddl_built=hvd.ddl_built(),
                        ccl_built=hvd.ccl_built(), sycl_built=hvd.sycl_built(), cuda_built=hvd.cuda_built(),
                        rocm_built=hvd.rocm_built(), mpi_threads=hvd.mpi_threads_supported())
-    try:  # dispatched to horovod_compat.torch.timeline, which wants HOROVOD_TIMELINE=DYNAMIC
+    try:  # dispatched to horovod_compat.common.timeline, which wants HOROVOD_TIMELINE=DYNAMIC
         hvd.start_timeline("/tmp/never-written.json")
         res["timeline"] = "started"
     except ValueError as e:

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from distributor import protocol
-from horovod_compat.torch import _mesh, ops
-from horovod_compat.torch.exceptions import HorovodInternalError
+from horovod_compat.common import _mesh, ops
+from horovod_compat.common.exceptions import HorovodInternalError
 
 SECRET = protocol.new_secret()
 

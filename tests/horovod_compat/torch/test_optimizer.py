@@ -44,7 +44,7 @@ def _scenarios():
     from torch.nn.parallel import DistributedDataParallel as DDP
     torch.set_num_threads(1)
     _init()
-    from horovod_compat.torch import ops
+    from horovod_compat.common import ops
     from horovod_compat.torch.optimizer import DistributedOptimizer
     rank, size = dist.get_rank(), dist.get_world_size()
     Sum, Average = ops.Sum, ops.Average
@@ -298,7 +298,7 @@ def _scenarios():
     rep["load_state_dict"] = diff(list(m2.parameters()), ref_adam)
 
     # op=Adasum: every rank steps locally, deltas are combined with the Adasum rule
-    from horovod_compat.torch.ops import adasum_pair
+    from horovod_compat.common.ops import adasum_pair
     m = make()
     start = [p.detach().clone() for p in m.parameters()]
     ref_m = make()
@@ -331,7 +331,7 @@ def _scenarios():
 
     # timeline events for every reduced tensor, under its parameter name
     try:
-        from horovod_compat.torch import hooks
+        from horovod_compat.common import hooks
     except ImportError:
         hooks = None
     if hooks is not None:
@@ -413,7 +413,7 @@ def _validation_and_size1():
     import torch
     import torch.distributed as dist
     _init()
-    from horovod_compat.torch import ops
+    from horovod_compat.common import ops
     from horovod_compat.torch.optimizer import DistributedOptimizer
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))

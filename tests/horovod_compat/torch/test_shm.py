@@ -1,4 +1,4 @@
-"""The shared-memory allreduce transport (horovod_compat/torch/_shm.py) on real ranks.
+"""The shared-memory allreduce transport (horovod_compat/common/_shm.py) on real ranks.
 
 Inputs are deterministic per rank, so every rank computes the exact expected result itself.  A
 64 KB slot makes the larger tensors take several rounds (and both banks).
@@ -20,7 +20,7 @@ SMALL_SLOT = {"HOROVOD_COMPAT_SHM_SLOT_KB": "64"}
 def _matrix():
     import torch
     import horovod.torch as hvd
-    from horovod_compat.torch.process_sets import global_process_set
+    from horovod_compat.common.process_sets import global_process_set
 
     torch.set_num_threads(1)
     hvd.init()
@@ -175,7 +175,7 @@ def test_gloo_carries_the_data_when_shared_memory_is_off():
     def probe():
         import torch
         import horovod.torch as hvd
-        from horovod_compat.torch.process_sets import global_process_set
+        from horovod_compat.common.process_sets import global_process_set
 
         hvd.init()
         got = hvd.allreduce(torch.ones(3) * (hvd.rank() + 1), op=hvd.Sum).tolist()
@@ -193,7 +193,7 @@ def test_gloo_carries_the_data_when_shared_memory_is_off():
 def _optimizer_step():
     import torch
     import horovod.torch as hvd
-    from horovod_compat.torch.process_sets import global_process_set
+    from horovod_compat.common.process_sets import global_process_set
 
     torch.set_num_threads(1)
     hvd.init()
