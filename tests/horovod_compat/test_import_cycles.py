@@ -103,3 +103,38 @@ def test_the_checker_sees_a_cycle(tmp_path, monkeypatch) -> None:
     (pkg / "b.py").write_text("from .a import f\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
     assert _cycles("cyc") == [["cyc.a", "cyc.b"]]
+
+
+def _external_imports(path: str) -> Set[str]:
+    """Top-level names of every module ``path`` imports (absolute imports only)."""
+    out: Set[str] = set()
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module)
+    return out
+
+
+# The line between the runtime and the framework bindings (docs/architecture.md): the runtime
+# knows no binding and no framework API beyond torch.distributed's buffers; the bindings know the
+# runtime and not each other.
+_LAYERS = {
+    "horovod_compat.common": ("horovod_compat.torch", "horovod_compat.tensorflow",
+                              "horovod_compat.keras", "horovod_compat._keras", "tensorflow",
+                              "keras", "tf_keras", "torch.nn", "torch.optim", "torch.autograd"),
+    "horovod_compat.torch": ("horovod_compat.tensorflow", "horovod_compat.keras",
+                             "horovod_compat._keras", "tensorflow", "keras", "tf_keras"),
+    "horovod_compat.tensorflow": ("horovod_compat.torch",),
+}
+
+
+@pytest.mark.parametrize("package", sorted(_LAYERS))
+def test_the_runtime_and_the_bindings_import_only_downward(package: str) -> None:
+    forbidden = _LAYERS[package]
+    bad = []
+    for name, path in sorted(_modules(package.replace(".", os.sep)).items()):
+        for mod in sorted(_external_imports(path)):
+            if any(mod == f or mod.startswith(f + ".") for f in forbidden):
+                bad.append(f"{name} imports {mod}")
+    assert bad == [], "\n".join(bad)
