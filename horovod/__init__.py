@@ -22,9 +22,9 @@ a mix of files).  Our decision:
   file and the real Horovod is used; ``horovod_compat.torch`` stays importable under its own name.
 
 ``horovod.run`` (Horovod's ``horovod.runner.run``) is loaded on first use; ``horovod.spark`` resolves
-to ``horovod_compat.spark``.  ``horovod.tensorflow``, ``horovod.keras``, ``horovod.mxnet`` and
-``horovod.ray`` raise ``ModuleNotFoundError`` saying what this project provides instead
-(``horovod_compat.frameworks``).
+to ``horovod_compat.spark``; ``horovod.tensorflow``, ``horovod.keras`` and ``horovod._keras`` to the
+TensorFlow and Keras bindings.  ``horovod.mxnet`` and ``horovod.ray`` raise ``ModuleNotFoundError``
+saying what this project provides instead (``horovod_compat.frameworks``).
 """
 import glob as _glob
 import os as _os

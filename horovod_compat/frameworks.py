@@ -1,25 +1,18 @@
 """Which of Horovod's framework modules this project provides, and the answer for the others.
 
-`import horovod.tensorflow` (and Keras, MXNet, Ray) raises `ModuleNotFoundError` with a message
-that says what horovod-compat covers and where TensorFlow and Keras users go, instead of a bare
-"No module named ...". `horovodrun --check-build` reports the same facts.
+`import horovod.mxnet` (and Ray) raises `ModuleNotFoundError` with a message that says what
+horovod-compat covers and where their users go, instead of a bare "No module named ...". `horovodrun --check-build` reports the same facts.
 """
 from __future__ import annotations
 
 from typing import Dict
 
 #: What this project gives Horovod users, in one phrase.
-PROVIDES = ("horovod.torch (on torch.distributed), the launchers (horovodrun, horovod.run, "
-            "HorovodRunner) and the Spark APIs (horovod.spark.run)")
-
-_TF_ADVICE = ("TensorFlow and Keras users: use tf.distribute.MultiWorkerMirroredStrategy (see "
-              "migration_guide/README.md, section 'TensorFlow and Keras').")
+PROVIDES = ("horovod.torch, horovod.tensorflow and horovod.keras (on one runtime), the launchers "
+            "(horovodrun, horovod.run, HorovodRunner) and the Spark APIs (horovod.spark.run)")
 
 #: Horovod modules this project does not provide → the advice for their users.
 UNSUPPORTED: Dict[str, str] = {
-    "horovod.tensorflow": _TF_ADVICE,
-    "horovod.keras": _TF_ADVICE,
-    "horovod._keras": _TF_ADVICE,
     "horovod.mxnet": ("MXNet is retired (Apache attic, 2023); move the model to PyTorch and use "
                       "horovod.torch or torch.distributed."),
     "horovod.ray": ("Ray users: Ray Train's TorchTrainer runs torch.distributed code directly; "

@@ -87,6 +87,8 @@ _REDUCE_WIRE = {torch.int16: torch.int32}
 def _move_view(t: torch.Tensor) -> torch.Tensor:
     """A flat view of a contiguous tensor in a dtype gloo can move (int16 travels as bytes)."""
     flat = t.reshape(-1)
+    if flat.numel() == 0:  # an empty view may carry stride 0, which .view(uint8) refuses
+        flat = torch.empty(0, dtype=t.dtype, device=t.device)
     return flat.view(torch.uint8) if t.dtype == torch.int16 else flat
 
 

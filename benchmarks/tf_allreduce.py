@@ -1,0 +1,91 @@
+"""``hvd.allreduce`` of a TensorFlow tensor against the same call on a torch tensor, 2 ranks, CPU.
+
+    python benchmarks/tf_allreduce.py [--iters 30] [--sizes 1M,64M]
+
+Issue 26's target: the TensorFlow binding's ``hvd.allreduce`` costs <= 1.1x ``horovod.torch``'s on
+the same bytes (1 MB and 64 MB, float32).  Both bindings run in the same two rank processes on the
+same runtime (one ``hvd.init()``), interleaved in the same rounds, each call timed after a barrier,
+so machine noise hits them alike.  Printed per size: the median time of torch's
+``hvd.allreduce(x)``, TensorFlow's eager ``hvd.allreduce(x)``, TensorFlow's inside a
+``tf.function`` (one ``tf.numpy_function`` node), and the ratios TF / torch.  Ranks are started
+with the project's engine (``distributor.run_function``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Dict, List
+
+
+def _measure(sizes: List[int], iters: int) -> Dict[int, Dict[str, float]]:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+    import tensorflow as tf
+    import torch
+
+    import horovod.tensorflow as hvd_tf
+    import horovod.torch as hvd_torch
+
+    hvd_torch.init()
+    assert hvd_tf.rank() == hvd_torch.rank() and hvd_tf.size() == hvd_torch.size()
+    out: Dict[int, Dict[str, float]] = {}
+    for nbytes in sizes:
+        n = max(1, nbytes // 4)
+        data = np.random.default_rng(hvd_torch.rank()).standard_normal(n).astype(np.float32)
+        xt = torch.from_numpy(data.copy())
+        xf = tf.constant(data)
+
+        @tf.function
+        def traced(x):
+            return hvd_tf.allreduce(x)
+
+        calls = {"torch": lambda: hvd_torch.allreduce(xt),
+                 "tf_eager": lambda: hvd_tf.allreduce(xf),
+                 "tf_function": lambda: traced(xf)}
+        for fn in calls.values():  # warm-up (tracing, buffers)
+            fn()
+        times: Dict[str, List[float]] = {k: [] for k in calls}
+        for _ in range(iters):
+            for k, fn in calls.items():
+                hvd_torch.barrier()
+                t0 = time.perf_counter()
+                fn()
+                times[k].append(time.perf_counter() - t0)
+        check = hvd_tf.allreduce(xf, op=hvd_tf.Sum).numpy()
+        expect = hvd_torch.allreduce(xt, op=hvd_torch.Sum).numpy()
+        assert np.allclose(check, expect), "the bindings disagree"
+        out[nbytes] = {k: statistics.median(v) for k, v in times.items()}
+    return out
+
+
+def _size(text: str) -> int:
+    units = {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper()
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--sizes", default="1M,64M")
+    args = ap.parse_args()
+    sizes = [_size(s) for s in args.sizes.split(",")]
+    from distributor import run_function
+
+    res = run_function(_measure, sizes, args.iters, num_processes=2,
+                       env={"OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
+    print(f"hvd.allreduce, float32, 2 ranks on one host, median of {args.iters} (ms)")
+    print(f"{'size':>8} {'torch':>9} {'tf eager':>9} {'tf.function':>12} "
+          f"{'eager/torch':>12} {'function/torch':>15}")
+    for nbytes in sizes:
+        r = res[nbytes]
+        print(f"{nbytes / (1 << 20):>7.0f}M {r['torch'] * 1e3:>9.3f} {r['tf_eager'] * 1e3:>9.3f} "
+              f"{r['tf_function'] * 1e3:>12.3f} {r['tf_eager'] / r['torch']:>12.2f} "
+              f"{r['tf_function'] / r['torch']:>15.2f}")
+    print("target (issue 26): TF / torch <= 1.1 at 1M and 64M")
+
+
+if __name__ == "__main__":
+    main()

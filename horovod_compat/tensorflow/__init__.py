@@ -1,0 +1,45 @@
+"""``horovod.tensorflow`` on the shared runtime: the public namespace of
+``import horovod.tensorflow as hvd``.
+
+A thin binding of ``horovod_compat.common`` (the same runtime as ``horovod.torch``: one
+``hvd.init()`` in a process that imports both gives both the same ranks, process sets and
+timeline): ``mpi_ops`` moves TensorFlow tensors through the runtime's collectives and registers
+Horovod's gradients; ``functions`` broadcasts variables and objects; ``gradient_tape`` and
+``optimizer`` average gradients; ``sync_batch_norm`` and ``elastic`` as in Horovod.
+``horovod.tensorflow.keras`` (and ``horovod.keras``) live in ``horovod_compat.tensorflow.keras``.
+"""
+from __future__ import annotations
+
+import importlib.util as _util
+
+if _util.find_spec("tensorflow") is None:
+    raise ModuleNotFoundError(
+        "horovod.tensorflow needs TensorFlow, which is not installed in this Python "
+        "environment: pip install 'horovod-compat[tensorflow]' (a CPU TensorFlow; GPU users "
+        "install their own tensorflow)", name="tensorflow")
+
+from horovod_compat.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
+from horovod_compat.common.util import check_extension  # noqa: F401
+
+from .compression import Compression  # noqa: F401
+from .util import _executing_eagerly  # noqa: F401  (Horovod's tests call hvd._executing_eagerly)
+from .mpi_ops import (  # noqa: F401
+    Adasum, Average, Max, Min, Product, Sum, ProcessSet, global_process_set,
+    add_process_set, allgather, allreduce, alltoall, barrier, broadcast, broadcast_,
+    ccl_built, cross_rank, cross_size, cuda_built, ddl_built, get_process_set_ids_and_ranks,
+    gloo_built, gloo_enabled, grouped_allgather, grouped_allreduce, grouped_reducescatter, init,
+    is_homogeneous, is_initialized, join, local_rank, local_rank_op, local_size, local_size_op,
+    mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, process_set_included_op, rank,
+    rank_op, reducescatter, remove_process_set, rocm_built, shutdown, size, size_op,
+    start_timeline, stop_timeline, sycl_built,
+)
+from .functions import (  # noqa: F401
+    allgather_object, broadcast_global_variables, broadcast_object, broadcast_object_fn,
+    broadcast_variables,
+)
+from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape  # noqa: F401
+from .optimizer import DistributedOptimizer  # noqa: F401
+from .sync_batch_norm import SyncBatchNormalization  # noqa: F401
+from . import elastic  # noqa: F401,E402
+
+__version__ = "0.28.1"

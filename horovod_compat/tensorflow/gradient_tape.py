@@ -1,0 +1,139 @@
+"""``hvd.DistributedGradientTape`` and ``hvd.PartialDistributedGradientTape``.
+
+The wrapper is an instance of a subclass of the user's own tape class (``isinstance`` still holds)
+that shares the recorded tape; ``gradient()`` computes the local gradients, then averages them
+across ranks in one grouped allreduce (``gradients.allreduce_gradients``).  Gradients of *local*
+variables (``PartialDistributedGradientTape``'s ``local_layers``, or ``register_local_var``) are
+not reduced; with ``scale_local_gradients`` (the default) they are divided by the set's size, as in
+Horovod, so that a later global average keeps their scale."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from horovod_compat.common.ops import Average
+from horovod_compat.common.process_sets import ProcessSet, global_process_set
+
+from .compression import Compression
+from .gradients import allreduce_gradients
+
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
+
+
+class _DistributedGradientTape(tf.GradientTape):
+    """Mixed in before the user's tape class (see ``DistributedGradientTape``)."""
+
+    def _hvd_setup(self, compression: Any, sparse_as_dense: bool, op: int,
+                   gradient_predivide_factor: float, process_set: ProcessSet,
+                   scale_local_gradients: bool) -> None:
+        self._hvd_compression = compression
+        self._hvd_sparse_as_dense = sparse_as_dense
+        self._hvd_op = op
+        self._hvd_predivide = gradient_predivide_factor
+        self._hvd_process_set = process_set
+        self._hvd_scale_local = scale_local_gradients
+        self._hvd_local_refs: set = set()
+
+    def register_local_var(self, var: tf.Variable) -> None:
+        """Keep ``var``'s gradient local (not reduced across ranks)."""
+        self._hvd_local_refs.add(var.ref())
+
+    def _local_gradients(self, target: Any, sources: Any, output_gradients: Any = None,
+                         **kwargs: Any) -> Any:
+        return super().gradient(target, sources, output_gradients, **kwargs)
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 **kwargs: Any) -> Any:
+        grads = self._local_gradients(target, sources, output_gradients, **kwargs)
+        flat_sources = tf.nest.flatten(sources)
+        flat_grads = tf.nest.flatten(grads, expand_composites=False)
+        reduced = self._reduce(flat_sources, flat_grads)
+        return tf.nest.pack_sequence_as(grads, reduced)
+
+    def _is_local(self, var: Any) -> bool:
+        return hasattr(var, "ref") and var.ref() in self._hvd_local_refs
+
+    def _reduce(self, flat_sources: Sequence[Any], flat_grads: Sequence[Any]) -> List[Any]:
+        local = [self._is_local(v) for v in flat_sources]
+        global_idx = [i for i, is_local in enumerate(local) if not is_local]
+        reduced = allreduce_gradients([flat_grads[i] for i in global_idx], op=self._hvd_op,
+                                      compression=self._hvd_compression,
+                                      sparse_as_dense=self._hvd_sparse_as_dense,
+                                      gradient_predivide_factor=self._hvd_predivide,
+                                      process_set=self._hvd_process_set)
+        out = list(flat_grads)
+        for i, g in zip(global_idx, reduced):
+            out[i] = g
+        if self._hvd_scale_local:
+            n = self._hvd_process_set.size()
+            for i, is_local in enumerate(local):
+                if is_local and out[i] is not None and n > 1:
+                    g = out[i]
+                    out[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+                              if isinstance(g, tf.IndexedSlices) else g / n)
+        return out
+
+    def get_local_and_global_gradients(self, target: Any, sources: Any,
+                                       output_gradients: Any = None
+                                       ) -> Tuple[List[Tuple[Any, Any]], List[Tuple[Any, Any]]]:
+        """``([(local var, its gradient)], [(global var, its reduced gradient)])``."""
+        flat_sources = tf.nest.flatten(sources)
+        grads = self.gradient(target, sources, output_gradients)
+        flat_grads = tf.nest.flatten(grads)
+        pairs = list(zip(flat_sources, flat_grads))
+        return ([(v, g) for v, g in pairs if self._is_local(v)],
+                [(v, g) for v, g in pairs if not self._is_local(v)])
+
+
+_classes: Dict[type, type] = {}
+
+
+def _wrap(gradtape: tf.GradientTape) -> _DistributedGradientTape:
+    base = type(gradtape)
+    if isinstance(gradtape, _DistributedGradientTape):
+        return gradtape
+    cls = _classes.get(base)
+    if cls is None:
+        cls = _classes[base] = type(base.__name__, (_DistributedGradientTape, base), {})
+    tape = cls.__new__(cls)
+    tape.__dict__.update(gradtape.__dict__)  # the same recorded tape, persistence, watches
+    return tape
+
+
+def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                            device_sparse: str = "", compression: Any = Compression.none,
+                            sparse_as_dense: bool = False, op: int = Average,
+                            gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                            groups: Optional[Any] = None,
+                            process_set: ProcessSet = global_process_set,
+                            scale_local_gradients: bool = True) -> tf.GradientTape:
+    """A tape whose ``gradient()`` averages the gradients across ranks (Horovod's API;
+    ``num_groups``/``groups`` are accepted: every gradient already travels in one group)."""
+    if groups is not None and not (isinstance(groups, int) or isinstance(groups, list)):
+        raise ValueError("groups should be a non-negative integer or a list of list of "
+                         "tf.Variable.")
+    tape = _wrap(gradtape)
+    tape._hvd_setup(compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
+                    scale_local_gradients)
+    return tape
+
+
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                                   device_sparse: str = "", compression: Any = Compression.none,
+                                   sparse_as_dense: bool = False, op: int = Average,
+                                   gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                                   groups: Optional[Any] = None,
+                                   process_set: ProcessSet = global_process_set,
+                                   local_layers: Optional[Sequence[Any]] = None,
+                                   scale_local_gradients: bool = True) -> tf.GradientTape:
+    """``DistributedGradientTape`` that keeps the gradients of ``local_layers``' variables local."""
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    layers = [] if local_layers is None else (
+        [local_layers] if not isinstance(local_layers, (list, tuple)) else list(local_layers))
+    for layer in layers:
+        for var in layer.trainable_weights:
+            tape.register_local_var(var)
+    return tape

@@ -1,0 +1,543 @@
+"""``horovod.tensorflow.mpi_ops``: Horovod's collectives on TensorFlow tensors, on the shared runtime.
+
+How a TensorFlow tensor reaches the runtime (``horovod_compat.common``): its NumPy view becomes a
+torch buffer without a copy (``torch.from_numpy``), the runtime's collective runs on it exactly as
+for ``horovod.torch`` (negotiation by position or name, shared memory on one host, gloo/TCP across
+hosts, the timeline, the stall inspector, ``join``), and the result comes back as a NumPy array that
+TensorFlow wraps.  Eagerly that is a direct call; inside ``tf.function`` (Keras traces
+``train_step``) it is one ``tf.numpy_function`` node per op -- a grouped op (``grouped_allreduce``,
+the gradient tape, ``DistributedOptimizer``) is ONE node for all its tensors.
+
+Order inside a graph: TensorFlow may run independent nodes in any order and in parallel, but every
+rank must submit collectives in the same order (and a node that blocks for peers must not starve
+another that they wait for).  So each collective node of a graph gets a control dependency on the
+previous collective node built in the same graph: the graph runs them in the order the program
+built them, which is the same on every rank.
+
+Gradients are Horovod's (``tf.custom_gradient``): allreduce -> allreduce of the gradient with the
+same op and scales; allgather -> Sum-allreduce of the gradient, this rank's rows; broadcast ->
+Sum-allreduce on the root, zeros elsewhere; alltoall -> alltoall back along the received splits;
+reducescatter -> allgather of the gradient (times the set's size for Sum).
+
+Not here: GPU-resident collectives (TensorFlow tensors on a GPU are staged through host memory),
+XLA compilation of these ops (``jit_compile=True`` cannot contain a ``numpy_function``).
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+import torch
+
+from horovod_compat.common import collectives as _rt
+from horovod_compat.common import lifecycle as _life
+from horovod_compat.common.exceptions import HorovodInternalError
+from horovod_compat.common.lifecycle import *  # noqa: F401,F403
+from horovod_compat.common.lifecycle import __all__ as _life_all
+from horovod_compat.common.ops import Adasum, Average, Max, Min, Product, Sum
+from horovod_compat.common.process_sets import *  # noqa: F401,F403
+from horovod_compat.common.process_sets import __all__ as _ps_all
+from horovod_compat.common.process_sets import ProcessSet, global_process_set
+
+from .compression import Compression
+from .util import _executing_eagerly  # noqa: F401  (Horovod's tests import it from here too)
+
+__all__ = list(_life_all) + list(_ps_all) + [
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "HorovodInternalError",
+    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "broadcast_",
+    "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
+    "size_op", "local_size_op", "rank_op", "local_rank_op", "process_set_included_op",
+]
+
+# torch.from_numpy warns for read-only arrays (TensorFlow's are); the runtime only reads inputs.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
+                        module=r"horovod_compat\.tensorflow")
+
+_BF16 = np.dtype(tf.bfloat16.as_numpy_dtype)
+# dtypes gloo cannot carry, and how they travel: reductions convert to a wider type that gloo
+# reduces (unsigned sums wrap around exactly as in the narrow type once converted back), the other
+# collectives move the same bytes under a signed type of the same width.
+_REDUCE_AS = {np.dtype(np.uint16): np.dtype(np.int32), np.dtype(np.uint32): np.dtype(np.int64),
+              np.dtype(np.uint64): np.dtype(np.int64), _BF16: np.dtype(np.float32)}
+_MOVE_AS = {np.dtype(np.uint16): np.dtype(np.int16), np.dtype(np.uint32): np.dtype(np.int32),
+            np.dtype(np.uint64): np.dtype(np.int64), _BF16: np.dtype(np.int16)}
+
+
+def _to_buffer(a: Any, reduce: bool = False) -> torch.Tensor:
+    """A torch view of the NumPy array ``a`` in a dtype the runtime carries (see above)."""
+    a = np.ascontiguousarray(a)
+    if reduce and a.dtype in _REDUCE_AS:
+        a = a.astype(_REDUCE_AS[a.dtype])
+    elif a.dtype in _MOVE_AS:
+        a = a.view(_MOVE_AS[a.dtype])
+    return torch.from_numpy(a)
+
+
+def _from_buffer(t: torch.Tensor, dtype: np.dtype, reduce: bool = False) -> np.ndarray:
+    out = t.numpy()
+    if out.dtype == dtype:
+        return out
+    if reduce or dtype not in _MOVE_AS:
+        return out.astype(dtype)
+    return out.view(dtype)
+
+
+def _wait(pending: Any, process_set: ProcessSet) -> Any:
+    """The op's result.  A failure that leaves the process set usable (ranks disagreeing on a
+    shape or type, a bad argument) is TensorFlow's ``FailedPreconditionError``, as Horovod raises
+    it; a failure that breaks the set (a peer left) stays ``HorovodInternalError``."""
+    try:
+        return pending.wait()
+    except HorovodInternalError as exc:
+        try:
+            broken = _rt.set_state(process_set).broken is not None
+        except Exception:
+            broken = True
+        if broken:
+            raise
+        raise tf.errors.FailedPreconditionError(None, None, str(exc)) from exc
+
+
+# ----------------------------------------------------------------------------- running an op
+
+_order_lock = threading.Lock()
+_last_node: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def _run(fn: Callable[..., Any], inputs: Sequence[Any], tout: Sequence[tf.DType], label: str,
+         name: Optional[str] = None) -> List[tf.Tensor]:
+    """``fn(op_name, *numpy_inputs) -> list of numpy outputs`` as TensorFlow tensors.
+
+    Eagerly ``fn`` is called at once.  In a ``tf.function`` it becomes one ``tf.numpy_function``
+    node ordered after the function's previous collective node (program order; unnamed ops pair by
+    position, as eagerly).  In a TF1 graph, whose session runs only the nodes a fetch needs (so a
+    chain would re-run earlier collectives), an unnamed op is named after its node, which is the
+    same on every rank that built the same graph, and ops pair by name whatever order they run in.
+    """
+    if tf.executing_eagerly():
+        outs = fn(name, *[x.numpy() if hasattr(x, "numpy") else np.asarray(x) for x in inputs])
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, tout)]
+    graph = tf.compat.v1.get_default_graph()
+    if not graph.building_function:
+        op_name = name or graph.unique_name(f"hvd.{label}")
+        outs = tf.numpy_function(lambda *a: fn(op_name, *a), list(inputs), list(tout),
+                                 stateful=True, name=label)
+        return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    with _order_lock:
+        prev = _last_node.get(graph)
+        with tf.control_dependencies([prev] if prev is not None else []):
+            outs = tf.numpy_function(lambda *a: fn(name, *a), list(inputs), list(tout),
+                                     stateful=True, name=label)
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        _last_node[graph] = outs[0].op if outs else None
+    return outs
+
+
+def _np_dtype(d: tf.DType) -> np.dtype:
+    return np.dtype(d.as_numpy_dtype)
+
+
+def _check_supported(t: tf.Tensor) -> None:
+    if t.dtype in (tf.string, tf.variant, tf.resource) or t.dtype.is_quantized:
+        raise ValueError(f"Horovod collectives do not support tensors of type {t.dtype.name}")
+
+
+# ----------------------------------------------------------------------------- allreduce
+
+def _reduce_np(tensors: Sequence[tf.Tensor], op: int, prescale: float, postscale: float,
+               name: Optional[str], process_set: ProcessSet) -> List[tf.Tensor]:
+    """Allreduce ``tensors`` (one grouped op when more than one) without gradients."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    for t in tensors:
+        _check_supported(t)
+    dtypes = [t.dtype for t in tensors]
+    kind = "allreduce" if len(tensors) == 1 else "grouped_allreduce"
+
+    def fn(op_name: Optional[str], *arrays: np.ndarray) -> List[np.ndarray]:
+        bufs = [_to_buffer(a, reduce=True) for a in arrays]
+        out = _wait(_rt.submit_allreduce(bufs, None, op_name, op, prescale, postscale, process_set,
+                                         kind), process_set)
+        outs = [out] if kind == "allreduce" else out
+        return [_from_buffer(o, _np_dtype(d), reduce=True) for o, d in zip(outs, dtypes)]
+
+    outs = _run(fn, tensors, dtypes, "HorovodAllreduce", name)
+    for o, t in zip(outs, tensors):
+        o.set_shape(t.shape)
+    return outs
+
+
+def _is_float(t: tf.Tensor) -> bool:
+    return t.dtype.is_floating or t.dtype.is_complex
+
+
+def _grouped_allreduce_diff(tensors: Sequence[tf.Tensor], op: int, prescale: float,
+                            postscale: float, name: Optional[str],
+                            process_set: ProcessSet) -> List[tf.Tensor]:
+    """The same, differentiable: the gradient is the allreduce of the gradient (same op, scales)."""
+    if not any(_is_float(t) for t in tensors):
+        return _reduce_np(tensors, op, prescale, postscale, name, process_set)
+
+    @tf.custom_gradient
+    def f(*xs):
+        ys = _reduce_np(xs, op, prescale, postscale, name, process_set)
+
+        def grad(*dys):
+            return _reduce_np([tf.convert_to_tensor(d) for d in dys], op, prescale, postscale,
+                              None, process_set)
+        return ys, grad
+    out = f(*tensors)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _resolve(average: Optional[bool], op: Optional[int]) -> int:
+    return _rt.resolve_op(average, op)
+
+
+def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "",
+              device_sparse: str = "", compression: Any = Compression.none,
+              op: Optional[int] = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set,
+              ignore_name_scope: bool = False) -> Any:
+    """Reduce ``tensor`` over the process set (default: Average) and return the result.
+
+    A ``tf.IndexedSlices`` is reduced as Horovod does: its values and indices are allgathered
+    (Average divides the values by the set's size), giving an ``IndexedSlices`` with every rank's
+    rows.  Differentiable; ``compression`` applies on the wire (``Compression.fp16``)."""
+    op = _resolve(average, op)
+    if isinstance(tensor, tf.IndexedSlices):
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotImplementedError("Pre/postscale_factor are not supported with "
+                                      "tf.IndexedSlices")
+        return _allreduce_indexed_slices(tensor, op, name, process_set)
+    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    out = _grouped_allreduce_diff([compressed], op, prescale_factor, postscale_factor, name,
+                                  process_set)[0]
+    return compression.decompress(out, ctx)
+
+
+def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: int, name: Optional[str],
+                              process_set: ProcessSet) -> tf.IndexedSlices:
+    if op not in (Average, Sum):
+        raise NotImplementedError("Only Average and Sum are supported for tf.IndexedSlices; "
+                                  "pass sparse_as_dense=True to reduce them as dense tensors")
+    values = allgather(slices.values, name=f"{name}.values" if name else None,
+                       process_set=process_set)
+    indices = allgather(slices.indices, name=f"{name}.indices" if name else None,
+                        process_set=process_set)
+    if op == Average:
+        values = values / tf.cast(process_set.size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
+                      device_dense: str = "", device_sparse: str = "",
+                      compression: Any = Compression.none, op: Optional[int] = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set, name: Optional[str] = None,
+                      ignore_name_scope: bool = False) -> List[Any]:
+    """Reduce a list of tensors as one op (one round trip, fused); returns a list."""
+    op = _resolve(average, op)
+    tensors = list(tensors)
+    if not tensors:
+        return []
+    if any(isinstance(t, tf.IndexedSlices) for t in tensors):
+        return [allreduce(t, op=op, compression=compression, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor, process_set=process_set)
+                for t in tensors]
+    pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    outs = _grouped_allreduce_diff([p[0] for p in pairs], op, prescale_factor, postscale_factor,
+                                   name, process_set)
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+# ----------------------------------------------------------------------------- allgather
+
+def _gather_np(tensors: Sequence[tf.Tensor], name: Optional[str],
+               process_set: ProcessSet) -> List[tf.Tensor]:
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    for t in tensors:
+        _check_supported(t)
+        if t.shape.rank == 0:
+            raise ValueError("allgather requires a tensor of at least one dimension; "
+                             "reshape a scalar with tf.reshape(t, [1])")
+    dtypes = [t.dtype for t in tensors]
+    kind = "allgather" if len(tensors) == 1 else "grouped_allgather"
+
+    def fn(op_name: Optional[str], *arrays: np.ndarray) -> List[np.ndarray]:
+        out = _wait(_rt.submit_allgather([_to_buffer(a) for a in arrays], op_name, process_set,
+                                         kind), process_set)
+        outs = [out] if kind == "allgather" else out
+        return [_from_buffer(o, _np_dtype(d)) for o, d in zip(outs, dtypes)]
+
+    outs = _run(fn, tensors, dtypes, "HorovodAllgather", name)
+    for o, t in zip(outs, tensors):
+        o.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
+    return outs
+
+
+def _first_dims(tensors: Sequence[tf.Tensor], process_set: ProcessSet) -> List[tf.Tensor]:
+    """Every rank's first dimension of each tensor (for the allgather gradient)."""
+    dims = [tf.reshape(tf.shape(t, out_type=tf.int64)[0], [1]) for t in tensors]
+    return _gather_np(dims, None, process_set)
+
+
+def _grouped_allgather_diff(tensors: Sequence[tf.Tensor], name: Optional[str],
+                            process_set: ProcessSet) -> List[tf.Tensor]:
+    if not any(_is_float(t) for t in tensors):
+        return _gather_np(tensors, name, process_set)
+
+    @tf.custom_gradient
+    def f(*xs):
+        ys = _gather_np(xs, name, process_set)
+
+        def grad(*dys):
+            summed = _reduce_np([tf.convert_to_tensor(d) for d in dys], Sum, 1.0, 1.0, None,
+                                process_set)
+            dims = _first_dims(xs, process_set)
+            me = process_set.rank()
+            n = process_set.size()
+            return [tf.split(s, tf.reshape(tf.cast(d, tf.int32), [n]), num=n, axis=0)[me]
+                    if n > 1 else s for s, d in zip(summed, dims)]
+        return ys, grad
+    out = f(*tensors)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def allgather(tensor: Any, device_dense: str = "", device_sparse: str = "",
+              name: Optional[str] = None, process_set: ProcessSet = global_process_set,
+              ignore_name_scope: bool = False) -> tf.Tensor:
+    """Concatenate every rank's ``tensor`` along the first dimension (which may differ)."""
+    if isinstance(tensor, tf.IndexedSlices):
+        return tf.IndexedSlices(allgather(tensor.values, process_set=process_set),
+                                allgather(tensor.indices, process_set=process_set),
+                                dense_shape=tensor.dense_shape)
+    return _grouped_allgather_diff([tf.convert_to_tensor(tensor)], name, process_set)[0]
+
+
+def grouped_allgather(tensors: Sequence[Any], device_dense: str = "", device_sparse: str = "",
+                      name: Optional[str] = None, process_set: ProcessSet = global_process_set,
+                      ignore_name_scope: bool = False) -> List[tf.Tensor]:
+    """Allgather a list of tensors as one op."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    return _grouped_allgather_diff(tensors, name, process_set) if tensors else []
+
+
+# ----------------------------------------------------------------------------- broadcast
+
+def _broadcast_np(tensor: tf.Tensor, root_rank: int, name: Optional[str],
+                  process_set: ProcessSet) -> tf.Tensor:
+    _check_supported(tensor)
+    dtype = tensor.dtype
+
+    def fn(op_name: Optional[str], a: np.ndarray) -> List[np.ndarray]:
+        buf = _to_buffer(a).clone()
+        out = _wait(_rt.submit_broadcast(buf, root_rank, op_name, process_set, True), process_set)
+        return [_from_buffer(out, _np_dtype(dtype))]
+
+    out = _run(fn, [tensor], [dtype], "HorovodBroadcast", name)[0]
+    out.set_shape(tensor.shape)
+    return out
+
+
+def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set,
+              ignore_name_scope: bool = False) -> tf.Tensor:
+    """Global rank ``root_rank``'s ``tensor`` on every rank of the set (differentiable: the
+    gradient is summed over the set on the root, zero elsewhere)."""
+    tensor = tf.convert_to_tensor(tensor)
+    root_rank = int(root_rank)
+    if not _is_float(tensor):
+        return _broadcast_np(tensor, root_rank, name, process_set)
+
+    @tf.custom_gradient
+    def f(x):
+        y = _broadcast_np(x, root_rank, name, process_set)
+
+        def grad(dy):
+            summed = _reduce_np([tf.convert_to_tensor(dy)], Sum, 1.0, 1.0, None, process_set)[0]
+            return summed if _life.rank() == root_rank else summed * 0
+        return y, grad
+    return f(tensor)
+
+
+def broadcast_(variables: Any, root_rank: int, name: Optional[str] = None,
+               process_set: ProcessSet = global_process_set) -> Any:
+    """Overwrite ``variables`` (one ``tf.Variable`` or a list) with rank ``root_rank``'s values;
+    returns them (Horovod's in-place broadcast)."""
+    single = not isinstance(variables, (list, tuple))
+    vs = [variables] if single else list(variables)
+    for i, v in enumerate(vs):
+        v.assign(_broadcast_np(tf.convert_to_tensor(v), int(root_rank),
+                               f"{name}.{i}" if name else None, process_set))
+    return variables
+
+
+# ----------------------------------------------------------------------------- alltoall
+
+def _alltoall_np(tensor: tf.Tensor, splits: Optional[tf.Tensor], name: Optional[str],
+                 process_set: ProcessSet) -> Tuple[tf.Tensor, tf.Tensor]:
+    _check_supported(tensor)
+    dtype = tensor.dtype
+    inputs = [tensor] + ([tf.cast(splits, tf.int64)] if splits is not None else [])
+
+    def fn(op_name: Optional[str], a: np.ndarray,
+           s: Optional[np.ndarray] = None) -> List[np.ndarray]:
+        sp = None if s is None else [int(x) for x in np.asarray(s).reshape(-1)]
+        out, recv = _wait(_rt.submit_alltoall(_to_buffer(a), sp, op_name, process_set,
+                                              with_recv=True), process_set)
+        return [_from_buffer(out, _np_dtype(dtype)), recv.numpy().astype(np.int32)]
+
+    out, recv = _run(fn, inputs, [dtype, tf.int32], "HorovodAlltoall", name)
+    out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
+    recv.set_shape([None])
+    return out, recv
+
+
+def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
+             ignore_name_scope: bool = False,
+             process_set: ProcessSet = global_process_set) -> Any:
+    """Send rows ``splits[i]`` of ``tensor`` to rank i and gather what every rank sent here.
+
+    Returns the gathered tensor, or ``(output, received_splits)`` when ``splits`` is given, as
+    Horovod's TensorFlow API does.  Differentiable: the gradient travels back along the rows
+    each rank received."""
+    tensor = tf.convert_to_tensor(tensor)
+    if tensor.shape.rank == 0:
+        raise ValueError("alltoall requires a tensor of at least one dimension")
+    sp = None if splits is None else tf.convert_to_tensor(splits)
+    if sp is not None and not (sp.dtype.is_integer):
+        raise ValueError(f"alltoall: splits must contain integers (tf.int32), not {sp.dtype.name}")
+    if not _is_float(tensor):
+        out, recv = _alltoall_np(tensor, sp, name, process_set)
+        return out if splits is None else (out, recv)
+
+    @tf.custom_gradient
+    def f(x):
+        y, recv = _alltoall_np(x, sp, name, process_set)
+
+        def grad(dy, _drecv=None):
+            g, _ = _alltoall_np(tf.convert_to_tensor(dy), recv, None, process_set)
+            return g
+        return (y, recv), grad
+    out, recv = f(tensor)
+    return out if splits is None else (out, recv)
+
+
+# ----------------------------------------------------------------------------- reducescatter
+
+def _reducescatter_np(tensors: Sequence[tf.Tensor], op: int, prescale: float, postscale: float,
+                      name: Optional[str], process_set: ProcessSet) -> List[tf.Tensor]:
+    dtypes = [t.dtype for t in tensors]
+    kind = "reducescatter" if len(tensors) == 1 else "grouped_reducescatter"
+    for t in tensors:
+        _check_supported(t)
+        if t.shape.rank == 0:
+            raise ValueError("reducescatter does not support scalar tensors: the tensor must "
+                             "have at least one dimension")
+
+    def fn(op_name: Optional[str], *arrays: np.ndarray) -> List[np.ndarray]:
+        out = _wait(_rt.submit_reducescatter([_to_buffer(a, reduce=True) for a in arrays], op_name,
+                                             op, prescale, postscale, process_set, kind),
+                    process_set)
+        outs = [out] if kind == "reducescatter" else out
+        return [_from_buffer(o, _np_dtype(d), reduce=True) for o, d in zip(outs, dtypes)]
+
+    outs = _run(fn, tensors, dtypes, "HorovodReducescatter", name)
+    for o, t in zip(outs, tensors):
+        o.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
+    return outs
+
+
+def _grouped_reducescatter_diff(tensors: Sequence[tf.Tensor], op: int, prescale: float,
+                                postscale: float, name: Optional[str],
+                                process_set: ProcessSet) -> List[tf.Tensor]:
+    if not any(_is_float(t) for t in tensors):
+        return _reducescatter_np(tensors, op, prescale, postscale, name, process_set)
+
+    @tf.custom_gradient
+    def f(*xs):
+        ys = _reducescatter_np(xs, op, prescale, postscale, name, process_set)
+
+        def grad(*dys):
+            factor = prescale * postscale * (process_set.size() if op == Sum else 1)
+            scaled = [tf.convert_to_tensor(d) * tf.cast(factor, d.dtype) if factor != 1.0
+                      else tf.convert_to_tensor(d) for d in dys]
+            return _gather_np(scaled, None, process_set)
+        return ys, grad
+    out = f(*tensors)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compression.none,
+                  op: int = Average, name: Optional[str] = None,
+                  process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
+    """Reduce ``tensor`` over the set (Sum or Average) and return this rank's block of rows."""
+    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    out = _grouped_reducescatter_diff([compressed], op, prescale_factor, postscale_factor, name,
+                                      process_set)[0]
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
+                          compression: Any = Compression.none, op: int = Average,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          name: Optional[str] = None,
+                          ignore_name_scope: bool = False) -> List[tf.Tensor]:
+    """Reducescatter a list of tensors as one op."""
+    pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    if not pairs:
+        return []
+    outs = _grouped_reducescatter_diff([p[0] for p in pairs], op, prescale_factor,
+                                       postscale_factor, name, process_set)
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+# ----------------------------------------------------------------------------- join, barrier
+
+def join() -> tf.Tensor:
+    """This rank is out of data: contribute zeros to the others' collectives until every rank
+    joined.  Returns the last rank to join (as a tensor, like Horovod)."""
+    return _run(lambda _name: [np.asarray(_rt.join(), dtype=np.int32)], [], [tf.int32],
+                "HorovodJoin")[0]
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Block until every rank of the set reached the barrier."""
+    _run(lambda _name: (_rt.barrier(process_set), [np.int32(0)])[1], [], [tf.int32],
+         "HorovodBarrier")
+
+
+# ----------------------------------------------------------------------------- topology as ops
+
+def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    """The number of ranks in process set ``process_set_id`` (0: the job), as a tensor."""
+    return tf.constant(_set(process_set_id).size(), dtype=tf.int32, name=name)
+
+
+def local_size_op(name: Optional[str] = None) -> tf.Tensor:
+    return tf.constant(_life.local_size(), dtype=tf.int32, name=name)
+
+
+def rank_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    """This process's rank in process set ``process_set_id`` (0: the job), as a tensor."""
+    return tf.constant(_set(process_set_id).rank(), dtype=tf.int32, name=name)
+
+
+def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
+    return tf.constant(_life.local_rank(), dtype=tf.int32, name=name)
+
+
+def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    """1 if this rank belongs to process set ``process_set_id``, else 0 (as a tensor)."""
+    return tf.constant(int(_set(process_set_id).included()), dtype=tf.int32, name=name)
+
+
+def _set(process_set_id: int) -> ProcessSet:
+    return global_process_set if process_set_id == 0 else _life.process_set_by_id(process_set_id)
