@@ -15,15 +15,22 @@ previous collective node built in the same graph: the graph runs them in the ord
 built them, which is the same on every rank.
 
 Gradients are Horovod's (``tf.custom_gradient``): allreduce -> allreduce of the gradient with the
-same op and scales; allgather -> Sum-allreduce of the gradient, this rank's rows; broadcast ->
-Sum-allreduce on the root, zeros elsewhere; alltoall -> alltoall back along the received splits;
+same op and scales; allgather -> averaged gradient, this rank's rows; broadcast -> averaged
+gradient on the root, zeros elsewhere; alltoall -> alltoall back along the received splits;
 reducescatter -> allgather of the gradient (times the set's size for Sum).
+
+A TF1 graph's session runs independent collective nodes on its inter-op threads, and each blocks
+its thread until the peers submit the same op: if every thread of both ranks held a different op,
+the job would wait for ever.  TensorFlow sizes that pool from ``TF_NUM_INTEROP_THREADS`` when a
+session's config leaves it unset, so importing this module sets it (only if unset) to
+``INTEROP_THREADS``: a graph may then run up to that many collectives at once.
 
 Not here: GPU-resident collectives (TensorFlow tensors on a GPU are staged through host memory),
 XLA compilation of these ops (``jit_compile=True`` cannot contain a ``numpy_function``).
 """
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 import weakref
@@ -45,6 +52,10 @@ from horovod_compat.common.process_sets import ProcessSet, global_process_set
 
 from .compression import Compression
 from .util import _executing_eagerly  # noqa: F401  (Horovod's tests import it from here too)
+
+#: Inter-op threads for TF1 sessions and the eager context, when the user set none (see above).
+INTEROP_THREADS = 64
+os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(max(INTEROP_THREADS, os.cpu_count() or 1)))
 
 __all__ = list(_life_all) + list(_ps_all) + [
     "Average", "Sum", "Adasum", "Min", "Max", "Product", "HorovodInternalError",
@@ -296,8 +307,8 @@ def _grouped_allgather_diff(tensors: Sequence[tf.Tensor], name: Optional[str],
         ys = _gather_np(xs, name, process_set)
 
         def grad(*dys):
-            summed = _reduce_np([tf.convert_to_tensor(d) for d in dys], Sum, 1.0, 1.0, None,
-                                process_set)
+            summed = _reduce_np([tf.convert_to_tensor(d) for d in dys], Average, 1.0, 1.0,
+                                None, process_set)
             dims = _first_dims(xs, process_set)
             me = process_set.rank()
             n = process_set.size()
@@ -348,7 +359,7 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set,
               ignore_name_scope: bool = False) -> tf.Tensor:
     """Global rank ``root_rank``'s ``tensor`` on every rank of the set (differentiable: the
-    gradient is summed over the set on the root, zero elsewhere)."""
+    gradient is averaged over the set on the root, zero elsewhere)."""
     tensor = tf.convert_to_tensor(tensor)
     root_rank = int(root_rank)
     if not _is_float(tensor):
@@ -359,8 +370,8 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
         y = _broadcast_np(x, root_rank, name, process_set)
 
         def grad(dy):
-            summed = _reduce_np([tf.convert_to_tensor(dy)], Sum, 1.0, 1.0, None, process_set)[0]
-            return summed if _life.rank() == root_rank else summed * 0
+            avg = _reduce_np([tf.convert_to_tensor(dy)], Average, 1.0, 1.0, None, process_set)[0]
+            return avg if _life.rank() == root_rank else avg * 0
         return y, grad
     return f(tensor)
 

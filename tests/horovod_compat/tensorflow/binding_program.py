@@ -45,8 +45,8 @@ with tf.GradientTape(persistent=True) as tape:
     g = tf.reduce_sum(hvd.allgather(v))
     b = tf.reduce_sum(hvd.broadcast(v, 0))
 put("grad_allreduce", tape.gradient(s, v))   # 2v * sum over ranks of ones
-put("grad_allgather", tape.gradient(g, v))   # sum over ranks of ones, this rank's rows
-put("grad_broadcast", tape.gradient(b, v))   # summed on the root, zero elsewhere
+put("grad_allgather", tape.gradient(g, v))   # average over ranks of ones, this rank's rows
+put("grad_broadcast", tape.gradient(b, v))   # averaged on the root, zero elsewhere
 
 
 @tf.function
