@@ -8,18 +8,27 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import re
 from typing import Any, Dict, Iterator, List, Sequence
 
 __all__ = ["check_extension", "gpu_available", "split_list", "is_iterable", "env",
-           "num_rank_is_power_2"]
+           "num_rank_is_power_2", "is_version_greater_equal_than"]
 
 
 def check_extension(ext_name: str, ext_env_var: str, pkg_path: str, *args: Any) -> None:
     """Horovod raised if its compiled extension was missing; ours is pure Python, so this only
     checks that the framework behind ``ext_name`` (e.g. ``horovod.torch``) can be imported."""
     framework = ext_name.split(".")[-1]
-    if framework == "torch":
-        importlib.import_module("torch")
+    if framework in ("torch", "tensorflow"):
+        importlib.import_module(framework)
+
+
+def is_version_greater_equal_than(ver: str, target: str) -> bool:
+    """True when version ``ver`` (e.g. ``tf.__version__``) is at least ``target`` (their release
+    numbers compared; a suffix such as ``rc0`` or ``+cpu`` is ignored)."""
+    def release(v: str) -> tuple:
+        return tuple(int(p) for p in re.findall(r"\d+", v.split("+")[0].split("rc")[0])[:3])
+    return release(ver) >= release(target)
 
 
 def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:

@@ -87,7 +87,9 @@ class TensorFlowKerasState(TensorFlowState):
         opt_vars = getattr(self.optimizer, "variables", None) if self.optimizer else None
         if callable(opt_vars):  # tf-keras v2 optimizers: a method
             opt_vars = opt_vars()
-        return list(self.model.variables) + list(opt_vars or [])
+        # model.weights: on Keras 3 it leaves out the layers' seed-generator states, so that
+        # each rank keeps its own dropout randomness
+        return list(self.model.weights) + list(opt_vars or [])
 
     def save(self) -> None:
         self.variables = self._all_variables()

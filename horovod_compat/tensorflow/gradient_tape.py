@@ -3,8 +3,9 @@
 The wrapper is an instance of a subclass of the user's own tape class (``isinstance`` still holds)
 that shares the recorded tape; ``gradient()`` computes the local gradients, then averages them
 across ranks in one grouped allreduce (``gradients.allreduce_gradients``).  Gradients of *local*
-variables (``PartialDistributedGradientTape``'s ``local_layers``, or ``register_local_var``) are
-not reduced; with ``scale_local_gradients`` (the default) they are divided by the set's size, as in
+variables (``PartialDistributedGradientTape``'s ``local_layers``, or ``register_local_source``) are
+not reduced (Keras 3 variables included: sources are matched by identity); with
+``scale_local_gradients`` (the default) they are divided by the set's size, as in
 Horovod, so that a later global average keeps their scale."""
 from __future__ import annotations
 
@@ -33,11 +34,12 @@ class _DistributedGradientTape(tf.GradientTape):
         self._hvd_predivide = gradient_predivide_factor
         self._hvd_process_set = process_set
         self._hvd_scale_local = scale_local_gradients
-        self._hvd_local_refs: set = set()
+        self._hvd_local: Dict[int, Any] = {}  # id -> source (kept alive so that ids stay unique)
 
-    def register_local_var(self, var: tf.Variable) -> None:
-        """Keep ``var``'s gradient local (not reduced across ranks)."""
-        self._hvd_local_refs.add(var.ref())
+    def register_local_source(self, source: Any) -> None:
+        """Keep the gradient of ``source`` (a variable or tensor) local: not reduced across ranks
+        (Horovod's model-parallel API; ``PartialDistributedGradientTape`` uses it per layer)."""
+        self._hvd_local[id(source)] = source
 
     def _local_gradients(self, target: Any, sources: Any, output_gradients: Any = None,
                          **kwargs: Any) -> Any:
@@ -51,8 +53,8 @@ class _DistributedGradientTape(tf.GradientTape):
         reduced = self._reduce(flat_sources, flat_grads)
         return tf.nest.pack_sequence_as(grads, reduced)
 
-    def _is_local(self, var: Any) -> bool:
-        return hasattr(var, "ref") and var.ref() in self._hvd_local_refs
+    def _is_local(self, source: Any) -> bool:
+        return self._hvd_local.get(id(source)) is source
 
     def _reduce(self, flat_sources: Sequence[Any], flat_grads: Sequence[Any]) -> List[Any]:
         local = [self._is_local(v) for v in flat_sources]
@@ -135,5 +137,5 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
         [local_layers] if not isinstance(local_layers, (list, tuple)) else list(local_layers))
     for layer in layers:
         for var in layer.trainable_weights:
-            tape.register_local_var(var)
+            tape.register_local_source(var)
     return tape

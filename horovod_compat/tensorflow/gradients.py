@@ -40,8 +40,6 @@ def allreduce_gradients(grads: Sequence[Any], op: int = Average,
                                   "use op=hvd.Average")
     op, prescale, postscale = scales(op, gradient_predivide_factor)
     grads = list(grads)
-    if process_set.size() == 1 and op in (Average, Sum) and prescale * postscale == 1.0:
-        return grads
     out: List[Any] = list(grads)
     dense_idx: List[int] = []
     for i, g in enumerate(grads):

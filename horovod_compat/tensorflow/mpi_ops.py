@@ -80,7 +80,9 @@ _MOVE_AS = {np.dtype(np.uint16): np.dtype(np.int16), np.dtype(np.uint32): np.dty
 
 def _to_buffer(a: Any, reduce: bool = False) -> torch.Tensor:
     """A torch view of the NumPy array ``a`` in a dtype the runtime carries (see above)."""
-    a = np.ascontiguousarray(a)
+    a = np.asarray(a)
+    if not a.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
+        a = np.array(a, order="C")
     if reduce and a.dtype in _REDUCE_AS:
         a = a.astype(_REDUCE_AS[a.dtype])
     elif a.dtype in _MOVE_AS:
@@ -130,7 +132,10 @@ def _run(fn: Callable[..., Any], inputs: Sequence[Any], tout: Sequence[tf.DType]
     same on every rank that built the same graph, and ops pair by name whatever order they run in.
     """
     if tf.executing_eagerly():
-        outs = fn(name, *[x.numpy() if hasattr(x, "numpy") else np.asarray(x) for x in inputs])
+        try:
+            outs = fn(name, *[x.numpy() if hasattr(x, "numpy") else np.asarray(x) for x in inputs])
+        except ValueError as exc:  # what a graph's node raises for it (Horovod's error type)
+            raise tf.errors.InvalidArgumentError(None, None, str(exc)) from exc
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, tout)]
     graph = tf.compat.v1.get_default_graph()
     if not graph.building_function:
@@ -378,14 +383,15 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
 
 def broadcast_(variables: Any, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> Any:
-    """Overwrite ``variables`` (one ``tf.Variable`` or a list) with rank ``root_rank``'s values;
-    returns them (Horovod's in-place broadcast)."""
+    """Assign rank ``root_rank``'s values to ``variables`` (a list) in place; returns what each
+    assignment returns (the variables eagerly, their assigned values in a graph), as Horovod's
+    in-place broadcast."""
     single = not isinstance(variables, (list, tuple))
     vs = [variables] if single else list(variables)
-    for i, v in enumerate(vs):
-        v.assign(_broadcast_np(tf.convert_to_tensor(v), int(root_rank),
-                               f"{name}.{i}" if name else None, process_set))
-    return variables
+    out = [v.assign(_broadcast_np(tf.convert_to_tensor(v), int(root_rank),
+                                  f"{name}.{i}" if name else None, process_set))
+           for i, v in enumerate(vs)]
+    return out[0] if single else out
 
 
 # ----------------------------------------------------------------------------- alltoall
@@ -527,27 +533,38 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
 
 # ----------------------------------------------------------------------------- topology as ops
 
+def _topology_op(value: Callable[[], int], name: Optional[str]) -> tf.Tensor:
+    """``value()`` as an int32 tensor, read when the op runs (an elastic job's world changes
+    between the runs of one traced function), or at once eagerly."""
+    if tf.executing_eagerly():
+        return tf.constant(value(), dtype=tf.int32, name=name)
+    out = tf.numpy_function(lambda: np.int32(value()), [], tf.int32, stateful=True,
+                            name=name or "HorovodTopology")
+    out.set_shape([])
+    return out
+
+
 def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
     """The number of ranks in process set ``process_set_id`` (0: the job), as a tensor."""
-    return tf.constant(_set(process_set_id).size(), dtype=tf.int32, name=name)
+    return _topology_op(lambda: _set(process_set_id).size(), name)
 
 
 def local_size_op(name: Optional[str] = None) -> tf.Tensor:
-    return tf.constant(_life.local_size(), dtype=tf.int32, name=name)
+    return _topology_op(_life.local_size, name)
 
 
 def rank_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
     """This process's rank in process set ``process_set_id`` (0: the job), as a tensor."""
-    return tf.constant(_set(process_set_id).rank(), dtype=tf.int32, name=name)
+    return _topology_op(lambda: _set(process_set_id).rank(), name)
 
 
 def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
-    return tf.constant(_life.local_rank(), dtype=tf.int32, name=name)
+    return _topology_op(_life.local_rank, name)
 
 
 def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
     """1 if this rank belongs to process set ``process_set_id``, else 0 (as a tensor)."""
-    return tf.constant(int(_set(process_set_id).included()), dtype=tf.int32, name=name)
+    return _topology_op(lambda: int(bool(_set(process_set_id).included())), name)
 
 
 def _set(process_set_id: int) -> ProcessSet:

@@ -1,7 +1,7 @@
 """``hvd.SyncBatchNormalization``: Keras batch normalization whose batch statistics are computed
 over the samples of every rank (one grouped allreduce of the per-rank count, sum and sum of
-squares per step), as Horovod's.  Works on Keras 3 (it overrides ``_moments``) and on tf-keras
-(``_calculate_mean_and_var``), whichever ``tf.keras`` is."""
+squares per step), as Horovod's.  Works on Keras 3 and on tf-keras, whichever ``tf.keras`` is
+(both compute the batch statistics in ``_moments``)."""
 from __future__ import annotations
 
 import inspect
@@ -43,15 +43,20 @@ class SyncBatchNormalization(tf.keras.layers.BatchNormalization):
             kwargs["fused"] = False  # tf-keras; Keras 3 has no fused kernel
         super().__init__(**kwargs)
 
-    # Keras 3
-    def _moments(self, inputs: tf.Tensor, mask: Any) -> Any:
+    def _moments(self, inputs: tf.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """Keras 3 calls ``_moments(inputs, mask)``; tf-keras ``_moments(inputs, reduction_axes,
+        keep_dims, mask=None)``: either way the statistics are the whole job's."""
+        if _LEGACY:
+            axes = args[0] if args else kwargs["reduction_axes"]
+            keep_dims = args[1] if len(args) > 1 else kwargs.get("keep_dims", False)
+            mask = args[2] if len(args) > 2 else kwargs.get("mask")
+        else:
+            axes, keep_dims = self._reduction_axes, False
+            mask = args[0] if args else kwargs.get("mask")
         if mask is not None:
-            return super()._moments(inputs, mask)
-        return _global_moments(inputs, self._reduction_axes, keepdims=False)
+            return super()._moments(inputs, *args, **kwargs)
+        return _global_moments(inputs, axes, keepdims=keep_dims)
 
-    # tf-keras
-    def _calculate_mean_and_var(self, inputs: tf.Tensor, reduction_axes: Sequence[int],
-                                keep_dims: bool, mask: Any = None) -> Any:
-        if mask is not None:
-            return super()._calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask=mask)
-        return _global_moments(inputs, reduction_axes, keepdims=keep_dims)
+
+#: tf-keras (``TF_USE_LEGACY_KERAS=1``): its batch normalization's ``_moments`` takes the axes.
+_LEGACY = "keep_dims" in inspect.signature(tf.keras.layers.BatchNormalization._moments).parameters

@@ -1,0 +1,683 @@
+"""``horovod._keras``: the Keras side of ``horovod.tensorflow.keras`` and ``horovod.keras``, for
+Keras 3 (the ``tf.keras`` of TensorFlow >= 2.16) and tf-keras (``TF_USE_LEGACY_KERAS=1``; both its
+optimizers and its ``tf.keras.optimizers.legacy`` ones).
+
+``create_distributed_optimizer`` returns an instance of a subclass of the user's optimizer class
+(same name, same module, ``isinstance`` holds), made with ``from_config(optimizer.get_config())``
+as Horovod does, whose gradients are reduced across ranks before they are applied:
+
+* where they are reduced: in the gradient-computing methods Keras' ``minimize`` calls
+  (tf-keras: ``compute_gradients``/``_compute_gradients``, ``get_gradients``; also
+  ``_compute_gradients`` on Keras 3), as Horovod does -- which keeps a tf-keras
+  ``LossScaleOptimizer`` consistent across ranks; gradients handed straight to
+  ``apply_gradients`` (Keras 3's ``model.fit``, custom loops) are reduced there (Keras 3: in
+  ``apply``).  Gradients are reduced once per step either way.
+* how: one grouped allreduce of the step's gradients (``horovod_compat.tensorflow.gradients``),
+  traced into ``model.fit``'s ``tf.function`` like any other op; gradients of variables given to
+  ``register_local_var`` stay local (divided by the set's size with ``scale_local_gradients``).
+* ``backward_passes_per_step=N``: gradients are summed locally in variables for N steps (divided
+  by N with ``average_aggregated_gradients``), reduced at the N-th, and applied then; the steps in
+  between only count ``iterations`` (``tf.cond``, so it works inside ``tf.function``).
+  ``opt._agg_helper.counter`` holds the number of passes since the last reduction, as in Horovod.
+
+Keras 3 specifics: ``opt.variables()`` works as well as ``opt.variables`` and ``opt.lr`` is
+``opt.learning_rate`` (Horovod-era code uses both); ``Model.compile`` accepts Horovod's
+``experimental_run_tf_function=`` (ignored, as tf-keras ignores it) and compiles a model whose
+optimizer is distributed with ``jit_compile=False`` (XLA cannot compile the collectives).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import threading
+import warnings
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from horovod_compat.common.ops import Adasum, Average, Sum
+from horovod_compat.common.process_sets import ProcessSet, global_process_set
+import horovod_compat.tensorflow.mpi_ops as _ops
+from horovod_compat.tensorflow.compression import Compression
+from horovod_compat.tensorflow.gradients import allreduce_gradients
+
+__all__ = ["create_distributed_optimizer", "is_distributed_optimizer", "optimizer_flavor",
+           "broadcast_global_variables", "allreduce", "allgather", "broadcast", "reducescatter",
+           "load_model", "KERAS3", "TF_KERAS", "TF_KERAS_LEGACY"]
+
+KERAS3 = "keras3"                  #: keras>=3 optimizers (``keras.optimizers.*``)
+TF_KERAS = "tf_keras"              #: tf-keras optimizers (``tf_keras.optimizers.*``)
+TF_KERAS_LEGACY = "tf_keras_legacy"  #: tf-keras OptimizerV2 (``tf_keras.optimizers.legacy.*``)
+
+
+def optimizer_flavor(optimizer: Any) -> str:
+    """Which Keras ``optimizer`` belongs to: ``KERAS3``, ``TF_KERAS`` or ``TF_KERAS_LEGACY``."""
+    modules = [getattr(k, "__module__", "") or "" for k in type(optimizer).__mro__]
+    if any(m.endswith("optimizer_v2") for m in modules):
+        return TF_KERAS_LEGACY
+    if any(m.startswith("tf_keras.") for m in modules):
+        return TF_KERAS
+    if any(m.startswith("keras.") for m in modules) and hasattr(optimizer, "stateless_apply"):
+        return KERAS3
+    raise ValueError(f"{type(optimizer).__name__} is not a Keras optimizer (Keras 3 or tf-keras): "
+                     f"{optimizer!r}")
+
+
+def is_distributed_optimizer(optimizer: Any) -> bool:
+    """True for an optimizer made by ``create_distributed_optimizer``."""
+    return getattr(type(optimizer), "_hvd_distributed", False)
+
+
+# ----------------------------------------------------------------------------- small helpers
+
+# Our methods run as plain Python when a user's tf.function calls them (AutoGraph would otherwise
+# rewrite them, and everything they call, on every trace).
+_not_converted = tf.autograph.experimental.do_not_convert
+
+
+class _CallableList(list):
+    """A list that can also be called (``opt.variables`` and ``opt.variables()`` both work)."""
+
+    def __call__(self) -> "_CallableList":
+        return self
+
+
+def _var_ids(var: Any) -> List[int]:
+    """Identities under which ``var`` is known: itself and, for a Keras 3 variable, the
+    ``tf.Variable`` it wraps (either may be registered or passed)."""
+    ids = [id(var)]
+    inner = getattr(var, "_value", None)
+    if isinstance(inner, tf.Variable):
+        ids.append(id(inner))
+    return ids
+
+
+def _shape_of(var: Any) -> List[int]:
+    return [int(d) for d in tf.TensorShape(var.shape).as_list()]
+
+
+def _set_size(process_set: ProcessSet) -> Any:
+    """The set's size as a Python number, or (traced, in an elastic job, whose size can change
+    between calls of an already traced ``train_step``) as a tensor read at run time."""
+    if tf.executing_eagerly() or os.environ.get("HOROVOD_ELASTIC", "0") in ("", "0"):
+        return process_set.size()
+    return tf.numpy_function(lambda: np.float32(process_set.size()), [], tf.float32,
+                             stateful=True)
+
+
+def _divide(grad: Any, n: Any) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(n, grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad / tf.cast(n, grad.dtype)
+
+
+class _Settings:
+    """The wrapper's Horovod parameters and bookkeeping.  A plain object on purpose: Keras 3 and
+    TensorFlow track lists, dicts and variables assigned to an optimizer's attributes (they would
+    become optimizer variables or checkpoint dependencies)."""
+
+    def __init__(self, compression: Any, sparse_as_dense: bool, op: int,
+                 gradient_predivide_factor: float, groups: Any, process_set: ProcessSet,
+                 scale_local_gradients: bool) -> None:
+        self.compression = compression
+        self.sparse_as_dense = sparse_as_dense
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.groups = groups
+        self.process_set = process_set
+        self.scale_local_gradients = scale_local_gradients
+        self.local_ids: set = set()       # ids of the variables registered as local
+        self.local_keep: List[Any] = []   # keeps them alive (ids stay unique)
+        self.pending = False              # gradients from our compute path: already reduced
+
+
+class LocalGradientAggregationHelper:
+    """``backward_passes_per_step``: per-variable accumulators and the pass ``counter``
+    (``tf.Variable``s outside the optimizer's own variables, so checkpoints keep their layout)."""
+
+    def __init__(self, backward_passes_per_step: int, average_aggregated_gradients: bool) -> None:
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self.average_aggregated_gradients = bool(average_aggregated_gradients)
+        with tf.init_scope():
+            self.counter = tf.Variable(0, dtype=tf.int32, trainable=False,
+                                       name="hvd_aggregation_counter")
+        self._accumulators: Dict[int, Any] = {}
+        self._keep: List[Any] = []  # keeps the keyed variables alive (ids stay unique)
+
+    def _accumulator(self, var: Any, grad: tf.Tensor) -> tf.Variable:
+        key = id(var)
+        acc = self._accumulators.get(key)
+        if acc is None:
+            with tf.init_scope():
+                acc = tf.Variable(tf.zeros(_shape_of(var), dtype=grad.dtype), trainable=False,
+                                  name="hvd_aggregated_gradient")
+            self._accumulators[key] = acc
+            self._keep.append(var)
+        return acc
+
+    @_not_converted
+    def aggregate(self, grads: Sequence[Any], variables: Sequence[Any],
+                  reduce_fn: Callable[[List[Any], List[Any]], List[Any]]) -> List[Any]:
+        """Add ``grads`` to the accumulators; on the N-th pass return the reduced accumulation
+        (and reset), otherwise this pass's local gradients (which will not be applied)."""
+        idx = [i for i, g in enumerate(grads) if g is not None]
+        out: List[Any] = list(grads)
+        if not idx:
+            return out
+        dense = [tf.convert_to_tensor(grads[i]) for i in idx]
+        accs = [self._accumulator(variables[i], g) for i, g in zip(idx, dense)]
+        adds = [a.assign_add(g) for a, g in zip(accs, dense)]
+        with tf.control_dependencies(adds):
+            count = self.counter.assign_add(1)
+        n = self.backward_passes_per_step
+
+        def boundary() -> List[tf.Tensor]:
+            with tf.control_dependencies([count]):
+                values = [a.read_value() for a in accs]
+            if self.average_aggregated_gradients:
+                values = [v / tf.cast(n, v.dtype) for v in values]
+            reduced = [tf.convert_to_tensor(r) for r in
+                       reduce_fn(values, [variables[i] for i in idx])]
+            with tf.control_dependencies(reduced):
+                resets = [a.assign(tf.zeros_like(a)) for a in accs]
+                resets.append(self.counter.assign(0))
+            with tf.control_dependencies(resets):
+                return [tf.identity(r) for r in reduced]
+
+        def between() -> List[tf.Tensor]:
+            return [tf.identity(g) for g in dense]
+
+        results = tf.cond(tf.equal(count, n), boundary, between)
+        if not isinstance(results, (list, tuple)):
+            results = [results]
+        for i, r, g in zip(idx, results, dense):
+            r.set_shape(g.shape)
+            out[i] = r
+        return out
+
+    def should_apply(self) -> tf.Tensor:
+        """True right after a reduction (the counter went back to 0)."""
+        return tf.equal(self.counter, 0)
+
+
+# ----------------------------------------------------------------------------- the wrapper
+
+class _DistributedOptimizerMixin:
+    """What every distributed optimizer class adds (placed before the user's class in the MRO)."""
+
+    _hvd_distributed = True
+    _hvd_init_args: Dict[str, Any] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._hvd_setup(**type(self)._hvd_init_args)
+
+    def _hvd_setup(self, compression: Any, sparse_as_dense: bool, op: int,
+                   gradient_predivide_factor: float, backward_passes_per_step: int,
+                   average_aggregated_gradients: bool, groups: Any, process_set: ProcessSet,
+                   scale_local_gradients: bool) -> None:
+        self._hvd = _Settings(compression, sparse_as_dense, op, gradient_predivide_factor,
+                              groups, process_set, scale_local_gradients)
+        self._agg_helper = (LocalGradientAggregationHelper(backward_passes_per_step,
+                                                           average_aggregated_gradients)
+                            if backward_passes_per_step > 1 else None)
+
+    # -- Horovod's API on the optimizer
+
+    @property
+    def process_set(self) -> ProcessSet:
+        return self._hvd.process_set
+
+    @property
+    def scale_local_gradients(self) -> bool:
+        return self._hvd.scale_local_gradients
+
+    def register_local_var(self, var: Any) -> None:
+        """Keep ``var``'s gradient on this worker (not reduced across ranks)."""
+        self._hvd.local_keep.append(var)
+        self._hvd.local_ids.update(_var_ids(var))
+
+    def _hvd_is_local(self, var: Any) -> bool:
+        return any(i in self._hvd.local_ids for i in _var_ids(var))
+
+    # -- reduction
+
+    def _hvd_reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> List[Any]:
+        """One grouped reduction of the global gradients; local ones scaled as configured."""
+        s = self._hvd
+        local = [self._hvd_is_local(v) for v in variables]
+        global_idx = [i for i, is_local in enumerate(local) if not is_local]
+        out = list(grads)
+        if global_idx:
+            # scalars travel as shape [1] (the TensorFlow binding returns 0-d results as [1])
+            scalar = [grads[i] is not None and not isinstance(grads[i], tf.IndexedSlices) and
+                      tf.convert_to_tensor(grads[i]).shape.rank == 0 for i in global_idx]
+            sending = [tf.reshape(grads[i], [1]) if sc else grads[i]
+                       for i, sc in zip(global_idx, scalar)]
+            reduced = allreduce_gradients(sending, op=s.op,
+                                          compression=s.compression,
+                                          sparse_as_dense=s.sparse_as_dense,
+                                          gradient_predivide_factor=s.gradient_predivide_factor,
+                                          process_set=s.process_set)
+            for i, r, sc in zip(global_idx, reduced, scalar):
+                out[i] = tf.reshape(r, []) if sc else r
+        if s.scale_local_gradients and any(local):
+            n = _set_size(s.process_set)
+            if not isinstance(n, int) or n > 1:
+                for i, is_local in enumerate(local):
+                    if is_local and out[i] is not None:
+                        out[i] = _divide(out[i], n)
+        return out
+
+    @_not_converted
+    def _allreduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> List[Any]:
+        """Horovod's hook: reduce (or, with ``backward_passes_per_step``, aggregate) ``grads``."""
+        grads, variables = list(grads), list(variables)
+        if self._agg_helper is not None:
+            return self._agg_helper.aggregate(grads, variables, self._hvd_reduce)
+        return self._hvd_reduce(grads, variables)
+
+    def _hvd_grads_to_apply(self, grads: List[Any], variables: List[Any]) -> List[Any]:
+        if self._hvd.pending:  # already reduced by _compute_gradients & co.
+            self._hvd.pending = False
+            return grads
+        return self._allreduce(grads, variables)
+
+    def _hvd_computed(self, grads_and_vars: Iterable[Any]) -> List[Any]:
+        """Reduce what a gradient-computing method of the base class returned."""
+        pairs = list(grads_and_vars)
+        if not pairs:
+            return pairs
+        grads, variables = zip(*pairs)
+        reduced = self._allreduce(list(grads), list(variables))
+        self._hvd.pending = True
+        return list(zip(reduced, variables))
+
+    def _hvd_gated(self, apply_fn: Callable[[], Any], iterations: Any) -> None:
+        """Run ``apply_fn`` on the steps that reduced; count ``iterations`` on the others."""
+        def apply_branch() -> tf.Tensor:
+            apply_fn()
+            return tf.constant(True)
+
+        def skip_branch() -> tf.Tensor:
+            iterations.assign_add(1)
+            return tf.constant(False)
+
+        tf.cond(self._agg_helper.should_apply(), apply_branch, skip_branch)
+
+
+class _Keras3Mixin(_DistributedOptimizerMixin):
+    """Keras 3: ``apply`` (which ``apply_gradients`` and ``model.fit`` call) reduces first."""
+
+    @property
+    def variables(self) -> _CallableList:  # type: ignore[override]
+        return _CallableList(super().variables)
+
+    @property
+    def lr(self) -> Any:
+        """The learning rate as tf-keras gave it: the ``tf.Variable`` itself (so that
+        ``tf.keras.backend.set_value(opt.lr, x)`` and ``opt.lr.numpy()`` work)."""
+        inner = getattr(self._learning_rate, "_value", None)
+        return inner if isinstance(inner, tf.Variable) else self.learning_rate
+
+    @lr.setter
+    def lr(self, value: Any) -> None:
+        self.learning_rate = value
+
+    @_not_converted
+    def apply_gradients(self, grads_and_vars: Iterable[Any], *args: Any, **kwargs: Any) -> Any:
+        # Horovod-era callers pass tf-keras' experimental_aggregate_gradients= / name=
+        pairs = list(grads_and_vars)
+        if not pairs:
+            return self.iterations
+        grads, variables = zip(*pairs)
+        self.apply(list(grads), list(variables))
+        return self._iterations
+
+    @_not_converted
+    def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+        grads = list(grads)
+        if not grads:
+            return super().apply(grads, trainable_variables)
+        if trainable_variables is None:
+            if not self.built:
+                return super().apply(grads, trainable_variables)  # Keras' own error
+            variables = list(self._trainable_variables)
+        else:
+            variables = list(trainable_variables)
+        grads = self._hvd_grads_to_apply(grads, variables)
+        if self._agg_helper is None:
+            return super().apply(grads, trainable_variables)
+        if not self.built:
+            self.build(variables)
+            self.built = True
+        parent_apply = super().apply
+        self._hvd_gated(lambda: parent_apply(grads, trainable_variables), self._iterations)
+        return None
+
+    @_not_converted
+    def _compute_gradients(self, loss: Any, var_list: Any, grad_loss: Any = None,
+                           tape: Optional[tf.GradientTape] = None) -> List[Any]:
+        """Horovod's (tf-keras') ``_compute_gradients``: reduced ``(gradient, variable)`` pairs."""
+        if not callable(loss) and tape is None:
+            raise ValueError("`tape` is required when a `Tensor` loss is passed.")
+        tape = tape if tape is not None else tf.GradientTape()
+        if callable(loss):
+            with tape:
+                loss = loss()
+        if callable(var_list):
+            var_list = var_list()
+        var_list = list(var_list)
+        grads = tape.gradient(loss, var_list, output_gradients=grad_loss)
+        return self._hvd_computed(zip(grads, var_list))
+
+
+class _TfKerasApplyMixin(_DistributedOptimizerMixin):
+    """tf-keras, both kinds: ``apply_gradients`` reduces what was not reduced yet, then applies
+    (or, between reductions of ``backward_passes_per_step``, only counts ``iterations``)."""
+
+    def _hvd_build(self, pairs: List[Any]) -> None:
+        """Create the slots before the ``tf.cond`` (as ``apply_gradients`` would)."""
+        with tf.init_scope():
+            self.build([v for _, v in pairs])
+
+    @_not_converted
+    def apply_gradients(self, grads_and_vars: Iterable[Any], *args: Any, **kwargs: Any) -> Any:
+        pairs = list(grads_and_vars)
+        if not pairs:
+            return super().apply_gradients(pairs, *args, **kwargs)
+        grads, variables = (list(t) for t in zip(*pairs))
+        grads = self._hvd_grads_to_apply(grads, variables)
+        pairs = list(zip(grads, variables))
+        if self._agg_helper is None:
+            return super().apply_gradients(pairs, *args, **kwargs)
+        self._hvd_build(pairs)
+        parent = super().apply_gradients
+        self._hvd_gated(lambda: parent(pairs, *args, **kwargs), self.iterations)
+        return self.iterations
+
+
+class _TfKerasMixin(_TfKerasApplyMixin):
+    """tf-keras optimizers (``tf_keras.optimizers.Optimizer``): ``minimize`` ->
+    ``compute_gradients`` (reduces here) -> ``apply_gradients``."""
+
+    @_not_converted
+    def compute_gradients(self, loss: Any, var_list: Any, tape: Any = None) -> List[Any]:
+        return self._hvd_computed(super().compute_gradients(loss, var_list, tape))
+
+    @_not_converted
+    def _compute_gradients(self, loss: Any, var_list: Any, grad_loss: Any = None,
+                           tape: Any = None) -> List[Any]:
+        """Horovod's name for it (OptimizerV2's), with ``grad_loss``."""
+        if grad_loss is None:
+            return self.compute_gradients(loss, var_list, tape)
+        tape = tape if tape is not None else tf.GradientTape()
+        if callable(loss):
+            with tape:
+                if not callable(var_list):
+                    tape.watch(var_list)
+                loss = loss()
+        if callable(var_list):
+            var_list = var_list()
+        grads = tape.gradient(loss, var_list, grad_loss)
+        return self._hvd_computed(zip(grads, var_list))
+
+
+class _TfKerasLegacyMixin(_TfKerasApplyMixin):
+    """tf-keras ``OptimizerV2`` (``tf.keras.optimizers.legacy``): ``minimize`` ->
+    ``_compute_gradients`` (reduces here); graph-mode Keras -> ``get_gradients``."""
+
+    @_not_converted
+    def compute_gradients(self, loss: Any, var_list: Any, tape: Any = None) -> List[Any]:
+        return self._compute_gradients(loss, var_list, None, tape)
+
+    @_not_converted
+    def _compute_gradients(self, loss: Any, var_list: Any, grad_loss: Any = None,
+                           tape: Any = None) -> List[Any]:
+        return self._hvd_computed(super()._compute_gradients(loss, var_list, grad_loss,
+                                                             tape=tape))
+
+    @_not_converted
+    def get_gradients(self, loss: Any, params: Any) -> List[Any]:
+        grads = super().get_gradients(loss, params)
+        pairs = self._hvd_computed(zip(grads, params))
+        return [g for g, _ in pairs]
+
+    def _hvd_build(self, pairs: List[Any]) -> None:
+        with tf.init_scope():
+            self._create_all_weights([v for g, v in pairs if g is not None])
+
+
+_MIXINS = {KERAS3: _Keras3Mixin, TF_KERAS: _TfKerasMixin, TF_KERAS_LEGACY: _TfKerasLegacyMixin}
+
+
+def create_distributed_optimizer(optimizer: Any, name: Optional[str] = None,
+                                 device_dense: str = "", device_sparse: str = "",
+                                 compression: Any = Compression.none,
+                                 sparse_as_dense: bool = False,
+                                 gradient_predivide_factor: float = 1.0, op: int = Average,
+                                 backward_passes_per_step: int = 1,
+                                 average_aggregated_gradients: bool = False,
+                                 groups: Any = None,
+                                 process_set: ProcessSet = global_process_set,
+                                 scale_local_gradients: bool = True,
+                                 num_groups: int = 0, keras: Any = None) -> Any:
+    """A distributed copy of the Keras ``optimizer`` (see the module docstring).
+
+    ``keras`` (Horovod passed its Keras module first) and ``num_groups``/``groups`` are accepted:
+    every gradient already travels in one grouped allreduce."""
+    if op == Adasum:
+        raise NotImplementedError("op=hvd.Adasum is not supported for Keras optimizers; "
+                                  "use op=hvd.Average")
+    if op not in (Average, Sum):
+        raise ValueError("op currently only supports Average and Sum")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if int(backward_passes_per_step) < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if groups is not None and not (isinstance(groups, list) or
+                                   (isinstance(groups, int) and groups >= 0)):
+        raise ValueError("groups should be a non-negative integer or a list of list of "
+                         "tf.Variable.")
+    flavor = optimizer_flavor(optimizer)
+    base = type(optimizer)
+    if is_distributed_optimizer(optimizer):
+        # wrapping twice would reduce twice: rewrap the original class instead
+        base = next(k for k in base.__mro__[1:] if not issubclass(k, _DistributedOptimizerMixin))
+    init_args = dict(compression=compression, sparse_as_dense=bool(sparse_as_dense), op=op,
+                     gradient_predivide_factor=float(gradient_predivide_factor),
+                     backward_passes_per_step=int(backward_passes_per_step),
+                     average_aggregated_gradients=bool(average_aggregated_gradients),
+                     groups=groups, process_set=process_set,
+                     scale_local_gradients=bool(scale_local_gradients))
+    # Same name and module as the user's class: a model saved with it loads without Horovod.
+    cls = type(base.__name__, (_MIXINS[flavor], base),
+               {"__module__": base.__module__, "__qualname__": base.__qualname__,
+                "_hvd_init_args": init_args})
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    return cls.from_config(config)
+
+
+# ----------------------------------------------------------------------------- Keras 3 compile
+
+_compile_patch_lock = threading.Lock()
+
+
+def _install_keras3_compile_patch() -> None:
+    """Keras 3's ``Model.compile``: accept (and ignore) Horovod's
+    ``experimental_run_tf_function=``, and compile without XLA when the optimizer is distributed.
+
+    Patched where Keras defines it (``Trainer.compile``), so that Keras' check for models that
+    override ``compile`` still sees the original owner."""
+    try:
+        import keras
+    except ImportError:  # pragma: no cover - Keras 3 ships with TensorFlow >= 2.16
+        return
+    if not str(getattr(keras, "__version__", "0")).startswith("3"):
+        return
+    owner = next((k for k in keras.Model.__mro__ if "compile" in vars(k)), None)
+    if owner is None:
+        return
+    with _compile_patch_lock:
+        original = vars(owner)["compile"]
+        if getattr(original, "_hvd_patched", False):
+            return
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def compile(self, *args, experimental_run_tf_function: Any = None, **kwargs):  # noqa: A001
+            try:
+                bound = signature.bind(self, *args, **kwargs)
+            except TypeError:
+                return original(self, *args, **kwargs)
+            arguments = bound.arguments
+            if is_distributed_optimizer(arguments.get("optimizer")):
+                jit = arguments.get("jit_compile", "auto")
+                if jit is True:
+                    warnings.warn("jit_compile=True cannot compile Horovod's collectives (XLA); "
+                                  "compiling with jit_compile=False", stacklevel=2)
+                if jit:
+                    arguments["jit_compile"] = False
+            return original(*bound.args, **bound.kwargs)
+
+        compile._hvd_patched = True  # type: ignore[attr-defined]
+        setattr(owner, "compile", compile)
+
+
+_install_keras3_compile_patch()
+
+
+# ----------------------------------------------------------------------------- value collectives
+
+def _as_tensor(value: Any, name: Optional[str]) -> tf.Tensor:
+    if isinstance(value, (tf.Tensor, tf.Variable)) or hasattr(value, "_value"):
+        return tf.convert_to_tensor(value)
+    return tf.constant(value, name=name)
+
+
+def broadcast_global_variables(backend: Any, root_rank: int) -> Any:
+    """TF1 sessions only: in TensorFlow 2 this raises, as Horovod does (use the
+    ``BroadcastGlobalVariablesCallback`` or ``hvd.broadcast_variables``)."""
+    from horovod_compat.tensorflow.functions import broadcast_global_variables as _bgv
+
+    op = _bgv(root_rank)
+    session = getattr(backend, "get_session", None)
+    return session().run(op) if session is not None else op
+
+
+def _keep_scalar(fn: Callable[[tf.Tensor], tf.Tensor], tensor: tf.Tensor) -> tf.Tensor:
+    """``fn(tensor)``, a 0-d tensor travelling as shape [1] (the TensorFlow binding gives 0-d
+    tensors back as [1])."""
+    if tensor.shape.rank == 0:
+        return tf.reshape(fn(tf.reshape(tensor, [1])), [])
+    return fn(tensor)
+
+
+def allreduce(backend: Any, value: Any, name: Optional[str], average: Optional[bool],
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Optional[int] = None,
+              compression: Any = Compression.none) -> tf.Tensor:
+    return _keep_scalar(lambda t: _ops.allreduce(
+        t, average=average, op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, compression=compression), _as_tensor(value, name))
+
+
+def allgather(backend: Any, value: Any, name: Optional[str]) -> tf.Tensor:
+    return _ops.allgather(_as_tensor(value, name))
+
+
+def broadcast(backend: Any, value: Any, root_rank: int, name: Optional[str]) -> tf.Tensor:
+    return _keep_scalar(lambda t: _ops.broadcast(t, root_rank), _as_tensor(value, name))
+
+
+def reducescatter(backend: Any, value: Any, name: Optional[str], op: int = Average) -> tf.Tensor:
+    return _ops.reducescatter(_as_tensor(value, name), op=op)
+
+
+# ----------------------------------------------------------------------------- load_model
+
+def _factory_class(name: str, factory: Callable[..., Any]) -> type:
+    """Keras 3 rebuilds objects with ``cls.from_config(config)``; Horovod-era ``custom_objects``
+    are often plain functions ``**config -> optimizer`` (tf-keras accepted those)."""
+    return type(name, (), {"from_config": classmethod(
+        lambda cls, config, custom_objects=None: factory(**config))})
+
+
+def _copy_optimizer_state(source: Any, target: Any, variables: List[Any], flavor: str) -> None:
+    """Give ``target`` (fresh, same class and config) the loaded ``source``'s variables."""
+    if flavor == TF_KERAS_LEGACY:
+        src = list(source.variables())
+        if not src:
+            return
+        with tf.init_scope():
+            target._create_all_weights(variables)
+        dst = list(target.variables())
+    else:
+        src = list(source.variables)
+        if flavor == KERAS3 and not source.built:
+            return
+        if flavor == TF_KERAS and not getattr(source, "_built", False):
+            return
+        with tf.init_scope():
+            target.build(variables)
+        dst = list(target.variables)
+    if len(src) != len(dst) or any(tuple(a.shape) != tuple(b.shape) for a, b in zip(src, dst)):
+        raise ValueError(f"cannot carry the loaded optimizer's state over to the distributed "
+                         f"optimizer: {len(src)} variables against {len(dst)}")
+    for s, d in zip(src, dst):
+        d.assign(s)
+
+
+def load_model(keras: Any, wrap_optimizer: Callable[[type], Callable[..., Any]], filepath: Any,
+               custom_optimizers: Optional[Sequence[type]] = None,
+               custom_objects: Optional[Dict[str, Any]] = None, legacy_opts: bool = False,
+               compression: Any = Compression.none) -> Any:
+    """``keras.models.load_model`` with the model's optimizer made distributed (its state kept).
+
+    tf-keras: Horovod's way -- the optimizer classes are passed as ``custom_objects`` that build
+    distributed optimizers, so Keras restores the state into them.  Keras 3 (which rebuilds its
+    own optimizers by module path): the loaded optimizer is wrapped afterwards and its variables
+    copied over."""
+    keras3 = keras.optimizers.Optimizer.__module__.startswith("keras.")
+    objects: Dict[str, Any] = {}
+    if not keras3:
+        base = keras.optimizers.legacy.Optimizer if legacy_opts else keras.optimizers.Optimizer
+        for sub in base.__subclasses__():
+            objects[sub.__name__.lower()] = wrap_optimizer(sub)
+    for cls in custom_optimizers or []:
+        objects[cls.__name__] = cls if keras3 else wrap_optimizer(cls)
+    for key, obj in (custom_objects or {}).items():
+        if keras3 and callable(obj) and not hasattr(obj, "from_config") \
+                and not inspect.isclass(obj) and _returns_optimizer_hint(obj):
+            obj = _factory_class(key, obj)
+        objects[key] = obj
+    model = keras.models.load_model(filepath, custom_objects=objects)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or is_distributed_optimizer(optimizer):
+        return model
+    try:
+        flavor = optimizer_flavor(optimizer)
+    except ValueError:
+        return model
+    wrapped = create_distributed_optimizer(optimizer, compression=compression)
+    _copy_optimizer_state(optimizer, wrapped, list(model.trainable_variables), flavor)
+    model.optimizer = wrapped
+    if hasattr(model, "train_function"):
+        model.train_function = None
+    if keras3 and getattr(model, "jit_compile", False):
+        model.jit_compile = False
+    return model
+
+
+def _returns_optimizer_hint(fn: Callable[..., Any]) -> bool:
+    """A custom object that is a function taking ``**kwargs`` (the shape of Horovod's documented
+    ``lambda **kwargs: hvd.DistributedOptimizer(MyOptimizer(**kwargs))``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
