@@ -3,7 +3,8 @@
 
 Dense gradients go in ONE grouped allreduce (one round trip, fused on the wire), whatever their
 number and dtypes; ``tf.IndexedSlices`` are allgathered (values and indices), or densified first
-with ``sparse_as_dense``; ``None`` gradients stay ``None``.  ``gradient_predivide_factor`` splits
+with ``sparse_as_dense``; ``None`` gradients stay ``None``; a rank outside ``process_set`` keeps
+its local gradients.  ``gradient_predivide_factor`` splits
 the averaging into a division before the sum and the rest after it, as Horovod does."""
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def allreduce_gradients(grads: Sequence[Any], op: int = Average,
                                   "use op=hvd.Average")
     op, prescale, postscale = scales(op, gradient_predivide_factor)
     grads = list(grads)
+    if not process_set.included():  # a rank outside the set keeps its own gradients (Horovod's)
+        return grads
     out: List[Any] = list(grads)
     dense_idx: List[int] = []
     for i, g in enumerate(grads):

@@ -153,6 +153,18 @@ def _run(fn: Callable[..., Any], inputs: Sequence[Any], tout: Sequence[tf.DType]
     return outs
 
 
+def _check_set(process_set: ProcessSet) -> None:
+    """Horovod's ``ValueError``, raised where the op is called (also while a graph is built), for
+    a process set the runtime does not know; a rank outside a known set fails when the op runs."""
+    if process_set is global_process_set:
+        return
+    known = _life.get_process_set_ids_and_ranks()
+    if process_set.process_set_id not in known or \
+            known[process_set.process_set_id] != list(process_set.ranks):
+        raise ValueError(f"{process_set} is not registered with Horovod: create it with "
+                         f"hvd.add_process_set(...) or hvd.init(process_sets=[...])")
+
+
 def _np_dtype(d: tf.DType) -> np.dtype:
     return np.dtype(d.as_numpy_dtype)
 
@@ -167,6 +179,7 @@ def _check_supported(t: tf.Tensor) -> None:
 def _reduce_np(tensors: Sequence[tf.Tensor], op: int, prescale: float, postscale: float,
                name: Optional[str], process_set: ProcessSet) -> List[tf.Tensor]:
     """Allreduce ``tensors`` (one grouped op when more than one) without gradients."""
+    _check_set(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     for t in tensors:
         _check_supported(t)
@@ -275,6 +288,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
 
 def _gather_np(tensors: Sequence[tf.Tensor], name: Optional[str],
                process_set: ProcessSet) -> List[tf.Tensor]:
+    _check_set(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     for t in tensors:
         _check_supported(t)
@@ -347,6 +361,7 @@ def grouped_allgather(tensors: Sequence[Any], device_dense: str = "", device_spa
 
 def _broadcast_np(tensor: tf.Tensor, root_rank: int, name: Optional[str],
                   process_set: ProcessSet) -> tf.Tensor:
+    _check_set(process_set)
     _check_supported(tensor)
     dtype = tensor.dtype
 
@@ -398,6 +413,7 @@ def broadcast_(variables: Any, root_rank: int, name: Optional[str] = None,
 
 def _alltoall_np(tensor: tf.Tensor, splits: Optional[tf.Tensor], name: Optional[str],
                  process_set: ProcessSet) -> Tuple[tf.Tensor, tf.Tensor]:
+    _check_set(process_set)
     _check_supported(tensor)
     dtype = tensor.dtype
     inputs = [tensor] + ([tf.cast(splits, tf.int64)] if splits is not None else [])
@@ -449,6 +465,7 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
 
 def _reducescatter_np(tensors: Sequence[tf.Tensor], op: int, prescale: float, postscale: float,
                       name: Optional[str], process_set: ProcessSet) -> List[tf.Tensor]:
+    _check_set(process_set)
     dtypes = [t.dtype for t in tensors]
     kind = "reducescatter" if len(tensors) == 1 else "grouped_reducescatter"
     for t in tensors:
