@@ -2,8 +2,9 @@
 # Creates .venv (once) and installs the project with its test extra into it, every package at the
 # version that constraints.txt (the lock) pins, so that every fresh machine gets the same test
 # environment. Also installs, beside it, the oldest cloudpickle that setup.cfg allows, for the
-# tests that run the ranks with it (tests/test_environment.py). Idempotent: a second run only
-# checks that everything is present. Prints the venv's python path on its last line.
+# tests that run the ranks with it (tests/test_environment.py), and tf-keras without its dependencies
+# (scripts/test_tf_keras.py). Idempotent: a second run only checks that everything is present.
+# Prints the venv's python path on its last line.
 #
 # HOROVOD_COMPAT_VENV picks another venv, HOROVOD_COMPAT_CONSTRAINTS another constraints file, and
 # HOROVOD_COMPAT_UPGRADE=1 installs again, upgrading everything to the newest releases those
@@ -34,4 +35,7 @@ if [ ! -f "$stamp" ] || [ "$root/setup.cfg" -nt "$stamp" ] || [ "$constraints" -
   "${pip[@]}" --no-deps --target "$venv/cloudpickle-oldest" "cloudpickle==$oldest" >&2
   touch "$stamp"
 fi
+# tf-keras, which pip would pair with the full `tensorflow` wheel: without dependencies, at the
+# constraints' pin (a no-op once installed; see the script)
+"$venv/bin/python" "$root/scripts/test_tf_keras.py" "$constraints" >&2
 echo "$venv/bin/python"

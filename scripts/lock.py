@@ -24,7 +24,8 @@ HEADER = """\
 # `pip install -c constraints.txt -e .[test]` gives the same environment on every fresh machine.
 # Rewritten by `bash scripts/test_latest.sh --lock` (the newest releases, once the suite passes on them).
 # torch 2.13.0 is the CPU build that pip finds on local disk here; torchvision is installed without its
-# dependencies by scripts/test_torchvision.py (see there).
+# dependencies by scripts/test_torchvision.py (see there); tf-keras is installed without its dependencies
+# by scripts/test_tf_keras.py (it requires `tensorflow`, the full wheel; tensorflow-cpu stands in for it).
 """
 
 #: Installed with every venv, not by the project: left out of the lock and of the comparison.

@@ -7,6 +7,8 @@
 #
 # torch and torchvision stay at the lock's versions: a newer torch from the registry is a
 # multi-GB CUDA build. HOROVOD_COMPAT_LATEST_TORCH=1 takes their newest releases too (not with --lock).
+# tf-keras, which the constraints here do not pin, is the newest release of the installed TensorFlow's
+# minor version, installed without dependencies (scripts/test_tf_keras.py, run by bootstrap.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 lock=0

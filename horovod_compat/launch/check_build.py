@@ -1,10 +1,13 @@
 """``horovodrun --check-build``: what this installation provides, in Horovod's layout.
 
-Frameworks: PyTorch when torch imports (``horovod.torch``); TensorFlow and MXNet never (see
-`horovod_compat.frameworks`). Controllers: how ranks can be started — MPI when mpirun is found,
-Gloo (direct processes with a torch.distributed rendezvous) when torch has gloo. Tensor
-operations: what moves tensors — torch.distributed's gloo, and NCCL when torch has CUDA and NCCL;
-never MPI, DDL or oneCCL.
+Frameworks: PyTorch when torch is installed (``horovod.torch``); TensorFlow when tensorflow is
+installed and this installation has the ``horovod.tensorflow`` binding (``horovod_compat.tensorflow``;
+Keras, ``horovod.tensorflow.keras`` and ``horovod.keras``, comes with it: Horovod's report has no Keras
+line either); MXNet never (see `horovod_compat.frameworks`). Both are found with
+``importlib.util.find_spec``, without importing the framework (importing tensorflow takes seconds).
+Controllers: how ranks can be started — MPI when mpirun is found, Gloo (direct processes with a
+torch.distributed rendezvous) when torch has gloo. Tensor operations: what moves tensors —
+torch.distributed's gloo, and NCCL when torch has CUDA and NCCL; never MPI, DDL or oneCCL.
 """
 from __future__ import annotations
 
@@ -16,11 +19,26 @@ def _mark(flag: object) -> str:
     return "X" if flag else " "
 
 
+def _installed(module: str) -> bool:
+    """True if `module` can be imported, found without importing it (a dotted name imports only its
+    parent packages)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing or broken
+        return False
+
+
+def tensorflow_available() -> bool:
+    """Horovod's "[X] TensorFlow": tensorflow is installed and so is our binding of it."""
+    return _installed("tensorflow") and _installed("horovod_compat.tensorflow")
+
+
 def report(verbose: bool = False) -> str:
     """The text `horovodrun --check-build` prints."""
     import horovod
 
-    torch_ok = importlib.util.find_spec("torch") is not None
+    torch_ok = _installed("torch")
+    tensorflow_ok = tensorflow_available()
     gloo = nccl = False
     if torch_ok:
         from horovod_compat.torch import gloo_built, nccl_built
@@ -37,7 +55,7 @@ def report(verbose: bool = False) -> str:
         f"Horovod v{horovod.__version__} (horovod-compat):",
         "",
         "Available Frameworks:",
-        "    [ ] TensorFlow",
+        f"    [{_mark(tensorflow_ok)}] TensorFlow",
         f"    [{_mark(torch_ok)}] PyTorch",
         "    [ ] MXNet",
         "",

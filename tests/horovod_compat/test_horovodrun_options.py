@@ -2,6 +2,7 @@
 few real runs that combine several options."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import textwrap
 
 import pytest
 
+from horovod_compat.launch import check_build
 from horovod_compat.run import plan
 
 PYTHON = sys.executable
@@ -42,7 +44,13 @@ def test_check_build_is_truthful_in_horovods_layout():
     assert done.returncode == 0
     lines = done.stdout.splitlines()
     assert lines[0].startswith("Horovod v0.28.1")
-    assert "    [ ] TensorFlow" in lines and "    [X] PyTorch" in lines and "    [ ] MXNet" in lines
+    # TensorFlow: installed, and our horovod.tensorflow binding with it (Horovod's layout has no Keras
+    # line: Keras support comes with the TensorFlow binding)
+    tensorflow = (importlib.util.find_spec("tensorflow") is not None
+                  and importlib.util.find_spec("horovod_compat.tensorflow") is not None)
+    assert lines[lines.index("Available Frameworks:") + 1:][:3] == [
+        f"    [{'X' if tensorflow else ' '}] TensorFlow", "    [X] PyTorch", "    [ ] MXNet"]
+    assert not any("Keras" in line for line in lines)
     frameworks, controllers, ops = (lines.index(h) for h in (
         "Available Frameworks:", "Available Controllers:", "Available Tensor Operations:"))
     assert frameworks < controllers < ops
@@ -50,6 +58,28 @@ def test_check_build_is_truthful_in_horovods_layout():
     assert lines[controllers + 2] == "    [X] Gloo"
     assert lines[ops + 1:ops + 6] == ["    [ ] NCCL", "    [ ] DDL", "    [ ] CCL", "    [ ] MPI",
                                       "    [X] Gloo"]  # CPU torch: no NCCL; MPI moves no tensors
+
+
+@pytest.mark.parametrize("tensorflow, binding, mark", [
+    (True, True, "X"),    # tensorflow installed and horovod_compat.tensorflow present
+    (True, False, " "),   # tensorflow without the binding: Horovod built without TensorFlow
+    (False, True, " "),   # the binding without tensorflow
+])
+def test_check_build_reports_tensorflow_only_with_tensorflow_and_its_binding(tensorflow, binding, mark,
+                                                                            monkeypatch):
+    real = importlib.util.find_spec
+    present = {"tensorflow": tensorflow, "horovod_compat.tensorflow": binding}
+
+    def find_spec(name, *args):
+        if name in present:
+            return real("json") if present[name] else None  # any spec will do: nothing is imported
+        return real(name, *args)
+
+    monkeypatch.setattr(check_build.importlib.util, "find_spec", find_spec)
+    imported = set(sys.modules)
+    lines = check_build.report().splitlines()
+    assert f"    [{mark}] TensorFlow" in lines and "    [X] PyTorch" in lines
+    assert "tensorflow" not in set(sys.modules) - imported  # found, never imported (seconds)
 
 
 @pytest.mark.parametrize("argv, message", [

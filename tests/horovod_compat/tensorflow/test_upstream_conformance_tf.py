@@ -1,0 +1,110 @@
+"""Horovod's own TensorFlow test files, each in ONE horovodrun launch on 2 ranks, as users run them.
+
+For every file of scripts/upstream_conformance.sh's TENSORFLOW_FILES (test_tensorflow.py,
+test_tensorflow2_keras.py, test_tensorflow_keras.py, test_keras.py, test_tensorflow_process_sets.py)
+this runs ``scripts/upstream_conformance.sh --framework tensorflow --runs 1 FILE``: the script picks
+the Keras the file runs under (its LEGACY_KERAS_FILES run with TF_USE_LEGACY_KERAS=1, the others
+under Keras 3). Each file must run to its end on both ranks with no rank dying and no hang, and the
+tests that fail must be exactly those that UNSUPPORTED lists for it, each with its reason — no more
+(a regression, or a file that does not even import) and no fewer (an entry that passes now must
+leave the list).
+
+The upstream files are not in this repository: the tests skip, saying so, when
+../shared/upstream/horovod-0.28.1 (or $HOROVOD_UPSTREAM_DIR) is absent, and when TensorFlow is not
+installed.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "scripts" / "upstream_conformance.sh"
+UPSTREAM = Path(os.environ.get("HOROVOD_UPSTREAM_DIR", ROOT.parent / "shared" / "upstream" / "horovod-0.28.1"))
+PARALLEL = UPSTREAM / "test" / "parallel"
+# The files, from the script (the one place that lists them and says which Keras each runs under).
+FILES = re.search(r"^TENSORFLOW_FILES=\(([^)]*)\)", SCRIPT.read_text(), re.M).group(1).split()
+
+#: The upstream tests horovod-compat does not support, per file: {test name as the script prints it
+#: (the test method's name) -> why}. Only tests that cannot pass on this project's scope belong here:
+#: they need a GPU, XLA, or TensorFlow 1 (tf.compat.v1 sessions, graph-only APIs). Every entry must
+#: fail, and every failure must have an entry.
+UNSUPPORTED: Dict[str, Dict[str, str]] = {
+    "test_tensorflow.py": {},
+    "test_tensorflow2_keras.py": {},
+    "test_tensorflow_keras.py": {},
+    "test_keras.py": {},
+    "test_tensorflow_process_sets.py": {},
+}
+
+LAUNCH_TIMEOUT = 1500
+# Stop a rank's pytest after this many failures beyond the expected ones: once ranks fall out of step
+# every later test waits for a collective timeout, which would hold the suite for an hour. pytest
+# counts each failed subTest (TensorFlow runs most of these tests as subTest("graph_mode") and
+# subTest("eager_mode")), so an expected failure may count twice.
+MAX_EXTRA_FAILURES = 5
+
+
+def test_the_allow_list_names_the_scripts_files_and_gives_reasons():
+    assert sorted(UNSUPPORTED) == sorted(FILES), "UNSUPPORTED must have one entry per TensorFlow file"
+    for name, tests in UNSUPPORTED.items():
+        for test, reason in tests.items():
+            assert re.fullmatch(r"test_\w+", test) and reason.strip(), (name, test, reason)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                    reason="TensorFlow is not installed (pip install horovod-compat[tensorflow], or the "
+                           "test extra)")
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 180)
+@pytest.mark.parametrize("name", FILES)
+def test_whole_upstream_file_in_one_horovodrun_launch(name, tmp_path):
+    test_file = PARALLEL / name
+    if not test_file.is_file():
+        pytest.skip(f"Horovod's upstream test file is not here ({test_file}); it is not part of this "
+                    "repository: set HOROVOD_UPSTREAM_DIR to a Horovod 0.28.1 checkout to run it")
+    unsupported = UNSUPPORTED[name]
+    env = dict(os.environ, LAUNCHER="horovodrun", PYTHON=sys.executable, LAUNCH_TIMEOUT=str(LAUNCH_TIMEOUT),
+               PYTEST_ARGS=f"--maxfail={2 * len(unsupported) + MAX_EXTRA_FAILURES}")
+    env.pop("REPEAT", None)
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT), "--framework", "tensorflow", "--runs", "1", "--out", str(tmp_path), str(test_file)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT + 120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)  # the script kills its launch and the ranks' groups
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{name}: upstream_conformance.sh did not finish\n{stdout[-5000:]}\nlogs: {tmp_path}")
+    print(stdout)
+    report = (f"{name}: upstream_conformance.sh exit {proc.returncode}\n{stdout[-6000:]}\n{stderr[-3000:]}"
+              f"\nlogs: {tmp_path}")
+    launch = re.search(r"^LAUNCH 1 rank0=(\d+)/(\d+)/(\d+) rank1=(\d+)/(\d+)/(\d+) crash=(\S+) exit=(\d+) "
+                       r"seconds=(\d+)$", stdout, re.M)
+    assert launch, report
+    keras = re.search(r"^upstream file: .*\((Keras [23])", stdout, re.M)
+    counts = [tuple(int(launch.group(i + j)) for j in range(3)) for i in (1, 4)]  # (passed, failed, skipped)
+    failed = set(re.findall(r"^  rank\d failed: (\S+)", stdout, re.M))
+    collection = sorted(set(re.findall(r"^  rank\d collection error: (.*)$", stdout, re.M)))
+    summary = (f"{name} ({keras.group(1) if keras else '?'}): passed/failed/skipped rank0 {counts[0]}, "
+               f"rank1 {counts[1]}; crash/hang: {launch.group(7)}; {launch.group(9)} s; failed: "
+               f"{', '.join(sorted(failed)) or 'none'}")
+    print(summary)
+    assert launch.group(7) == "-", summary + "\n" + report
+    assert not collection, (f"{name} could not be collected: " + "; ".join(collection) + "\n" + summary
+                            + "\n" + report)
+    assert min(sum(c) for c in counts) > 0, f"{name}: no test ran\n{summary}\n{report}"
+    assert sum(counts[0]) == sum(counts[1]), f"{name}: the ranks ran different tests\n{summary}\n{report}"
+    unexpected, fixed = sorted(failed - set(unsupported)), sorted(set(unsupported) - failed)
+    stopped = re.search(r"^  rank\d (stopping after \d+ failures)", stdout, re.M)
+    assert not unexpected and not fixed, (
+        f"{name}: failed but not in UNSUPPORTED: {unexpected or 'none'}; in UNSUPPORTED but did not fail: "
+        f"{fixed or 'none'}" + (f" (pytest was {stopped.group(1)}: later tests did not run)" if stopped else "")
+        + f"\n{summary}\n{report}")
