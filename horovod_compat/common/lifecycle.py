@@ -34,7 +34,7 @@ import os
 import socket
 import threading
 from datetime import timedelta
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -76,9 +76,9 @@ _HOROVOD_VARS = {"HOROVOD_RANK": "rank", "HOROVOD_SIZE": "size", "HOROVOD_LOCAL_
                  "HOROVOD_CROSS_SIZE": "cross_size"}
 
 
-def _env_int(*names: str) -> Optional[int]:
+def _env_int(*names: str, environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
     for n in names:
-        v = os.environ.get(n)
+        v = (os.environ if environ is None else environ).get(n)
         if v not in (None, ""):
             try:
                 return int(v)
@@ -93,38 +93,44 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _discover() -> Dict[str, Any]:
-    """Read this process's place in the job from the launcher's environment."""
-    e = os.environ
-    if _env_int("HOROVOD_RANK") is not None and _env_int("HOROVOD_SIZE") is not None:
-        size = _env_int("HOROVOD_SIZE")
-        return dict(source="horovodrun", rank=_env_int("HOROVOD_RANK"), size=size,
-                    local_rank=_env_int("HOROVOD_LOCAL_RANK", "LOCAL_RANK"),
-                    local_size=_env_int("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"),
-                    cross_rank=_env_int("HOROVOD_CROSS_RANK", "GROUP_RANK", "NODE_RANK"),
-                    cross_size=_env_int("HOROVOD_CROSS_SIZE"),
+def discover(environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """This process's place in the job, read from the launcher's variables in ``environ``
+    (default ``os.environ``): horovodrun's, torchrun's (and our engine's), Open MPI's or MPICH's.
+    ``source`` says which; ``"none"`` (rank 0 of 1) when no launcher set any."""
+    e = os.environ if environ is None else environ
+
+    def num(*names: str) -> Optional[int]:
+        return _env_int(*names, environ=e)
+
+    if num("HOROVOD_RANK") is not None and num("HOROVOD_SIZE") is not None:
+        size = num("HOROVOD_SIZE")
+        return dict(source="horovodrun", rank=num("HOROVOD_RANK"), size=size,
+                    local_rank=num("HOROVOD_LOCAL_RANK", "LOCAL_RANK"),
+                    local_size=num("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"),
+                    cross_rank=num("HOROVOD_CROSS_RANK", "GROUP_RANK", "NODE_RANK"),
+                    cross_size=num("HOROVOD_CROSS_SIZE"),
                     addr=e.get("MASTER_ADDR") or e.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"),
-                    port=_env_int("MASTER_PORT", "HOROVOD_GLOO_RENDEZVOUS_PORT"))
-    if _env_int("RANK") is not None and _env_int("WORLD_SIZE") is not None:
-        local_size = _env_int("LOCAL_WORLD_SIZE")
-        size = _env_int("WORLD_SIZE")
-        return dict(source="torchrun", rank=_env_int("RANK"), size=size,
-                    local_rank=_env_int("LOCAL_RANK"), local_size=local_size,
-                    cross_rank=_env_int("GROUP_RANK", "NODE_RANK"),
-                    cross_size=_env_int("GROUP_WORLD_SIZE"),
-                    addr=e.get("MASTER_ADDR"), port=_env_int("MASTER_PORT"))
-    if _env_int("OMPI_COMM_WORLD_SIZE") is not None:
-        return dict(source="mpirun", rank=_env_int("OMPI_COMM_WORLD_RANK"),
-                    size=_env_int("OMPI_COMM_WORLD_SIZE"),
-                    local_rank=_env_int("OMPI_COMM_WORLD_LOCAL_RANK"),
-                    local_size=_env_int("OMPI_COMM_WORLD_LOCAL_SIZE"),
+                    port=num("MASTER_PORT", "HOROVOD_GLOO_RENDEZVOUS_PORT"))
+    if num("RANK") is not None and num("WORLD_SIZE") is not None:
+        local_size = num("LOCAL_WORLD_SIZE")
+        size = num("WORLD_SIZE")
+        return dict(source="torchrun", rank=num("RANK"), size=size,
+                    local_rank=num("LOCAL_RANK"), local_size=local_size,
+                    cross_rank=num("GROUP_RANK", "NODE_RANK"),
+                    cross_size=num("GROUP_WORLD_SIZE"),
+                    addr=e.get("MASTER_ADDR"), port=num("MASTER_PORT"))
+    if num("OMPI_COMM_WORLD_SIZE") is not None:
+        return dict(source="mpirun", rank=num("OMPI_COMM_WORLD_RANK"),
+                    size=num("OMPI_COMM_WORLD_SIZE"),
+                    local_rank=num("OMPI_COMM_WORLD_LOCAL_RANK"),
+                    local_size=num("OMPI_COMM_WORLD_LOCAL_SIZE"),
                     cross_rank=None, cross_size=None,  # OMPI's NODE_RANK is node-local: exchange
-                    addr=e.get("MASTER_ADDR"), port=_env_int("MASTER_PORT"))
-    if _env_int("PMI_SIZE") is not None and _env_int("PMI_RANK") is not None:
-        return dict(source="mpirun", rank=_env_int("PMI_RANK"), size=_env_int("PMI_SIZE"),
-                    local_rank=_env_int("MPI_LOCALRANKID"), local_size=_env_int("MPI_LOCALNRANKS"),
+                    addr=e.get("MASTER_ADDR"), port=num("MASTER_PORT"))
+    if num("PMI_SIZE") is not None and num("PMI_RANK") is not None:
+        return dict(source="mpirun", rank=num("PMI_RANK"), size=num("PMI_SIZE"),
+                    local_rank=num("MPI_LOCALRANKID"), local_size=num("MPI_LOCALNRANKS"),
                     cross_rank=None, cross_size=None,
-                    addr=e.get("MASTER_ADDR"), port=_env_int("MASTER_PORT"))
+                    addr=e.get("MASTER_ADDR"), port=num("MASTER_PORT"))
     return dict(source="none", rank=0, size=1, local_rank=0, local_size=1, cross_rank=0,
                 cross_size=1, addr=None, port=None)
 
@@ -272,7 +278,7 @@ def init(comm: Any = None, process_sets: Union[None, str, Sequence[ProcessSet]] 
             return
         _tune_malloc()
         elastic = not dist.is_initialized() and _worker.is_elastic()
-        info, store = _join_round() if elastic else (_discover(), None)
+        info, store = _join_round() if elastic else (discover(), None)
         owns = False
         prefix = f"horovod_compat/{_generation}/"
         if dist.is_available() and dist.is_initialized():
