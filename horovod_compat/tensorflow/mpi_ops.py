@@ -39,6 +39,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 import torch
+from tensorflow.python.eager import record as _record
+from torch.utils.dlpack import to_dlpack
 
 from horovod_compat.common import collectives as _rt
 from horovod_compat.common import lifecycle as _life
@@ -99,6 +101,18 @@ def _from_buffer(t: torch.Tensor, dtype: np.dtype, reduce: bool = False) -> np.n
     return out.view(dtype)
 
 
+def _to_tf(a: np.ndarray, dtype: tf.DType) -> tf.Tensor:
+    """An eager TensorFlow tensor of the NumPy array ``a``: its memory handed over through DLPack
+    (no copy), or copied where DLPack cannot carry it (e.g. bfloat16 through NumPy)."""
+    if a.ctypes.data % 64:  # TF kernels (Eigen) abort on a buffer not 64-byte aligned: copy it
+        return tf.convert_to_tensor(a, dtype=dtype)
+    try:
+        out = tf.experimental.dlpack.from_dlpack(to_dlpack(torch.from_numpy(a)))
+    except (TypeError, RuntimeError, ValueError, tf.errors.OpError):
+        return tf.convert_to_tensor(a, dtype=dtype)
+    return out if out.dtype == dtype else tf.convert_to_tensor(a, dtype=dtype)
+
+
 def _wait(pending: Any, process_set: ProcessSet) -> Any:
     """The op's result.  A failure that leaves the process set usable (ranks disagreeing on a
     shape or type, a bad argument) is TensorFlow's ``FailedPreconditionError``, as Horovod raises
@@ -133,10 +147,10 @@ def _run(fn: Callable[..., Any], inputs: Sequence[Any], tout: Sequence[tf.DType]
     """
     if tf.executing_eagerly():
         try:
-            outs = fn(name, *[x.numpy() if hasattr(x, "numpy") else np.asarray(x) for x in inputs])
+            outs = fn(name, *[np.asarray(x) for x in inputs])  # views of the tensors, no copies
         except ValueError as exc:  # what a graph's node raises for it (Horovod's error type)
             raise tf.errors.InvalidArgumentError(None, None, str(exc)) from exc
-        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, tout)]
+        return [_to_tf(o, d) for o, d in zip(outs, tout)]
     graph = tf.compat.v1.get_default_graph()
     if not graph.building_function:
         op_name = name or graph.unique_name(f"hvd.{label}")
@@ -203,11 +217,20 @@ def _is_float(t: tf.Tensor) -> bool:
     return t.dtype.is_floating or t.dtype.is_complex
 
 
+def _needs_gradient(tensors: Sequence[tf.Tensor]) -> bool:
+    """Whether to register the op's gradient: some input is floating, and a gradient can be asked
+    for -- always while a graph is built (``tf.gradients`` may come later), eagerly only while a
+    tape records (registering costs more than a small allreduce)."""
+    if not any(_is_float(t) for t in tensors):
+        return False
+    return not tf.executing_eagerly() or _record.could_possibly_record()
+
+
 def _grouped_allreduce_diff(tensors: Sequence[tf.Tensor], op: int, prescale: float,
                             postscale: float, name: Optional[str],
                             process_set: ProcessSet) -> List[tf.Tensor]:
     """The same, differentiable: the gradient is the allreduce of the gradient (same op, scales)."""
-    if not any(_is_float(t) for t in tensors):
+    if not _needs_gradient(tensors):
         return _reduce_np(tensors, op, prescale, postscale, name, process_set)
 
     @tf.custom_gradient
@@ -318,7 +341,7 @@ def _first_dims(tensors: Sequence[tf.Tensor], process_set: ProcessSet) -> List[t
 
 def _grouped_allgather_diff(tensors: Sequence[tf.Tensor], name: Optional[str],
                             process_set: ProcessSet) -> List[tf.Tensor]:
-    if not any(_is_float(t) for t in tensors):
+    if not _needs_gradient(tensors):
         return _gather_np(tensors, name, process_set)
 
     @tf.custom_gradient
@@ -382,7 +405,7 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
     gradient is averaged over the set on the root, zero elsewhere)."""
     tensor = tf.convert_to_tensor(tensor)
     root_rank = int(root_rank)
-    if not _is_float(tensor):
+    if not _needs_gradient([tensor]):
         return _broadcast_np(tensor, root_rank, name, process_set)
 
     @tf.custom_gradient
@@ -445,7 +468,7 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
     sp = None if splits is None else tf.convert_to_tensor(splits)
     if sp is not None and not (sp.dtype.is_integer):
         raise ValueError(f"alltoall: splits must contain integers (tf.int32), not {sp.dtype.name}")
-    if not _is_float(tensor):
+    if not _needs_gradient([tensor]):
         out, recv = _alltoall_np(tensor, sp, name, process_set)
         return out if splits is None else (out, recv)
 
@@ -490,7 +513,7 @@ def _reducescatter_np(tensors: Sequence[tf.Tensor], op: int, prescale: float, po
 def _grouped_reducescatter_diff(tensors: Sequence[tf.Tensor], op: int, prescale: float,
                                 postscale: float, name: Optional[str],
                                 process_set: ProcessSet) -> List[tf.Tensor]:
-    if not any(_is_float(t) for t in tensors):
+    if not _needs_gradient(tensors):
         return _reducescatter_np(tensors, op, prescale, postscale, name, process_set)
 
     @tf.custom_gradient
