@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Sequence
 
 import tensorflow as tf
 
-from horovod_compat.tensorflow import (  # noqa: F401
+from horovod_compat.tensorflow.keras import (  # noqa: F401  (the same objects)
     Adasum, Average, Compression, ProcessSet, Sum, add_process_set, ccl_built, cross_rank,
     cross_size, cuda_built, ddl_built, global_process_set, gloo_built, gloo_enabled, init,
     is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
@@ -27,15 +27,7 @@ K = keras.backend
 
 from . import callbacks, elastic  # noqa: E402,F401
 
-__all__ = [
-    "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline", "size", "local_size",
-    "cross_size", "rank", "local_rank", "cross_rank", "mpi_threads_supported", "mpi_enabled",
-    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
-    "cuda_built", "rocm_built", "ProcessSet", "global_process_set", "add_process_set",
-    "remove_process_set", "Average", "Sum", "Adasum", "Compression", "DistributedOptimizer",
-    "PartialDistributedOptimizer", "broadcast_global_variables", "allreduce", "allgather",
-    "broadcast", "reducescatter", "load_model", "callbacks", "elastic",
-]
+__all__ = list(_tf_keras.__all__)  # the same names, horovod.keras' signatures where they differ
 
 
 def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dense: str = "",
