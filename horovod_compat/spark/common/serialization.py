@@ -26,6 +26,15 @@ from pyspark.ml.util import DefaultParamsReader, MLReadable, MLReader, MLWritabl
 #: Parameters saved as null: rebuilt for each run of a pipeline.
 NOT_SAVED = ("backend", "store")
 
+#: (test, pack) pairs for values that must not be cloudpickled whole (a Keras 3 model): a value
+#: for which `test(value)` is true is saved as `pack(value)`, a picklable object whose
+#: `_horovod_restore()` gives the value back at load. Registered by the framework's package.
+VALUE_CODECS: list = []
+
+
+def register_codec(test: Any, pack: Any) -> None:
+    VALUE_CODECS.append((test, pack))
+
 
 def encode(name: str, value: Any) -> Optional[str]:
     """A parameter's value as base64 text (None for unset values and `NOT_SAVED` params)."""
@@ -37,6 +46,10 @@ def encode(name: str, value: Any) -> Optional[str]:
         scripted = io.BytesIO()
         torch.jit.save(value, scripted)
         value = scripted
+    for test, pack in VALUE_CODECS:
+        if test(value):
+            value = pack(value)
+            break
     return base64.b64encode(cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
 
 
@@ -49,6 +62,8 @@ def decode(name: str, text: Optional[str]) -> Any:
 
         value.seek(0)
         value = torch.jit.load(value)
+    elif callable(getattr(value, "_horovod_restore", None)):
+        value = value._horovod_restore()
     return value
 
 
