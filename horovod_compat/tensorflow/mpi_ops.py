@@ -114,19 +114,18 @@ def _to_tf(a: np.ndarray, dtype: tf.DType) -> tf.Tensor:
 
 
 def _wait(pending: Any, process_set: ProcessSet) -> Any:
-    """The op's result.  A failure that leaves the process set usable (ranks disagreeing on a
-    shape or type, a bad argument) is TensorFlow's ``FailedPreconditionError``, as Horovod raises
-    it; a failure that breaks the set (a peer left) stays ``HorovodInternalError``."""
+    """The op's result.  Ranks that disagreed on the op (Horovod's "Mismatched ..." messages, or
+    an op not supported during a join) get TensorFlow's ``FailedPreconditionError``, as Horovod
+    raises it, and the set stays usable; any other failure (a peer left, a transport broke) stays
+    ``HorovodInternalError`` -- decided by the message, not by the set's state, which a transport
+    may mark broken only after raising."""
     try:
         return pending.wait()
     except HorovodInternalError as exc:
-        try:
-            broken = _rt.set_state(process_set).broken is not None
-        except Exception:
-            broken = True
-        if broken:
-            raise
-        raise tf.errors.FailedPreconditionError(None, None, str(exc)) from exc
+        text = str(exc)
+        if text.startswith("Mismatched") or "while some ranks have called hvd.join()" in text:
+            raise tf.errors.FailedPreconditionError(None, None, text) from exc
+        raise
 
 
 # ----------------------------------------------------------------------------- running an op
