@@ -22,7 +22,7 @@ TRAIN = textwrap.dedent("""\
     import json, os, socket
     import torch
     import horovod.torch as hvd
-    from horovod_compat.torch.collectives import transport_name
+    from horovod_compat.common.collectives import transport_name
 
     hvd.init()
     torch.manual_seed(0)
@@ -201,7 +201,7 @@ SEMANTICS = textwrap.dedent("""\
     import json
     import torch
     import horovod.torch as hvd
-    from horovod_compat.torch.collectives import transport_name
+    from horovod_compat.common.collectives import transport_name
 
     hvd.init()
     r, n = hvd.rank(), hvd.size()
