@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..torch.transform import _INTEGRAL, _arrow_predictions, _from_pandas
+from ..torch.transform import _arrow_predictions, _from_pandas, _output_kinds
 
 #: The model this Python worker last loaded, by the SHA-256 of its bytes (one entry).
 _loaded: Dict[str, Any] = {}
@@ -51,7 +51,6 @@ def _predict(model: Any, batch: Dict[str, np.ndarray], feature_cols: List[str]) 
 def predict_dataframe(keras_model: Any, df: Any) -> Any:
     from pyspark.ml.functions import array_to_vector, vector_to_array
     from pyspark.sql import functions as F
-    from pyspark.sql import types as T
 
     from ..common.estimator import EstimatorError
     from . import remote
@@ -83,20 +82,7 @@ def predict_dataframe(keras_model: Any, df: Any) -> Any:
     sizes = [1] * len(output_cols)
     if len(sample):
         sizes = [o.shape[1] for o in _predict(model, _from_pandas(sample, feature_cols), feature_cols)]
-    if len(sizes) != len(output_cols):
-        raise EstimatorError(f"transform: the model returns {len(sizes)} output(s) for "
-                             f"{len(output_cols)} output column(s) {output_cols}.")
-    kinds = []
-    for i, size in enumerate(sizes):
-        label = metadata.get(label_cols[i]) if i < len(label_cols) else None
-        if size == 1 and (label is None or label.kind == "scalar"):
-            kinds.append("long" if label is not None and label.dtype in _INTEGRAL else "double")
-        else:
-            kinds.append("vector")
-    struct = T.StructType([
-        T.StructField(f"o{i}", T.LongType() if kind == "long" else
-                      T.DoubleType() if kind == "double" else T.ArrayType(T.DoubleType()))
-        for i, kind in enumerate(kinds)])
+    kinds, struct = _output_kinds(sizes, output_cols, label_cols, metadata)
 
     def outputs_of(model: Any, batch: Dict[str, np.ndarray]) -> List[np.ndarray]:
         if len(batch[feature_cols[0]]):

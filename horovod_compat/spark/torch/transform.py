@@ -59,6 +59,31 @@ def _from_pandas(frame: Any, feature_cols: List[str]) -> Dict[str, np.ndarray]:
     return batch
 
 
+def _output_kinds(sizes: List[int], output_cols: List[str], label_cols: List[str],
+                  metadata: Dict[str, Any]) -> Tuple[List[str], Any]:
+    """Each output column's kind ("long", "double" or "vector", from the output's width and its
+    label column's type) and the Spark struct type of the predictions (fields o0, o1, ...)."""
+    from pyspark.sql import types as T
+
+    from ..common.estimator import EstimatorError
+
+    if len(sizes) != len(output_cols):
+        raise EstimatorError(f"transform: the model returns {len(sizes)} output(s) for "
+                             f"{len(output_cols)} output column(s) {output_cols}.")
+    kinds = []
+    for i, size in enumerate(sizes):
+        label = metadata.get(label_cols[i]) if i < len(label_cols) else None
+        if size == 1 and (label is None or label.kind == "scalar"):
+            kinds.append("long" if label is not None and label.dtype in _INTEGRAL else "double")
+        else:
+            kinds.append("vector")
+    struct = T.StructType([
+        T.StructField(f"o{i}", T.LongType() if kind == "long" else
+                      T.DoubleType() if kind == "double" else T.ArrayType(T.DoubleType()))
+        for i, kind in enumerate(kinds)])
+    return kinds, struct
+
+
 def _arrow_predictions(outputs: List[np.ndarray], kinds: List[str]) -> Any:
     """The outputs as one Arrow struct array (fields o0, o1, ...)."""
     import pyarrow as pa
@@ -79,7 +104,6 @@ def _arrow_predictions(outputs: List[np.ndarray], kinds: List[str]) -> Any:
 def predict_dataframe(torch_model: Any, df: Any) -> Any:
     from pyspark.ml.functions import array_to_vector, vector_to_array
     from pyspark.sql import functions as F
-    from pyspark.sql import types as T
 
     from ..common.estimator import EstimatorError
 
@@ -110,20 +134,7 @@ def predict_dataframe(torch_model: Any, df: Any) -> Any:
     sizes = [1] * len(output_cols)
     if len(sample):
         sizes = [o.shape[1] for o in _predict(model, _from_pandas(sample, feature_cols), feature_cols, shapes)]
-    if len(sizes) != len(output_cols):
-        raise EstimatorError(f"transform: the model returns {len(sizes)} output(s) for "
-                             f"{len(output_cols)} output column(s) {output_cols}.")
-    kinds = []
-    for i, size in enumerate(sizes):
-        label = metadata.get(label_cols[i]) if i < len(label_cols) else None
-        if size == 1 and (label is None or label.kind == "scalar"):
-            kinds.append("long" if label is not None and label.dtype in _INTEGRAL else "double")
-        else:
-            kinds.append("vector")
-    struct = T.StructType([
-        T.StructField(f"o{i}", T.LongType() if kind == "long" else
-                      T.DoubleType() if kind == "double" else T.ArrayType(T.DoubleType()))
-        for i, kind in enumerate(kinds)])
+    kinds, struct = _output_kinds(sizes, output_cols, label_cols, metadata)
 
     def outputs_of(model: Any, batch: Dict[str, np.ndarray]) -> List[np.ndarray]:
         if len(batch[feature_cols[0]]):
