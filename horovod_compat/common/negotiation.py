@@ -71,6 +71,13 @@ _GRACE = 0.002
 #: accumulate before it starts negotiating them (ops submitted back to back go out in one message,
 #: and a name submitted twice in a row is still in flight the second time, as in Horovod).
 _CYCLE = float(os.environ.get("HOROVOD_CYCLE_TIME", "1")) / 1000.0
+#: How long the name of an async op that finished while nobody looked (no ``poll``/``wait`` yet)
+#: still counts as in use.  Horovod raises the duplicate-name error while the first op is being
+#: processed; whether it still is when the caller's next line runs is a race that a busy machine
+#: (a preempted thread) loses.  Within this window the name is busy, as if the op had taken that
+#: much longer -- an outcome Horovod allows -- and after it (or once the handle was polled or
+#: synchronized) the name is free.
+_REUSE_GRACE = 0.05
 #: Response cache capacity (Horovod's ``HOROVOD_CACHE_CAPACITY``, default 1024; 0 disables it).
 _CACHE_CAPACITY = int(os.environ.get("HOROVOD_CACHE_CAPACITY", "1024"))
 
@@ -178,20 +185,35 @@ class Pending:
 
     def poll(self) -> bool:
         """True when ``wait()`` will not block."""
+        if self.done:
+            self._observed()
         return self.done
 
     def wait(self) -> Any:
         """Block until done; return the result or raise (``HorovodInternalError`` for failures)."""
         if not self.done:
             self.st._drive_until(self)
+        self._observed()
         if self.err is not None:
             raise self.err
         return self.result
+
+    def _observed(self) -> None:
+        st = self.st
+        if st.unobserved.get(self.plan.name, (None,))[0] is self:
+            st.unobserved.pop(self.plan.name, None)
 
     def _finish(self, result: Any = None, err: Optional[BaseException] = None) -> None:
         self.result, self.err = result, err
         st = self.st
         st.inflight.pop(self.plan.name, None)
+        if self.detached and self.plan.desc.name:
+            now = time.monotonic()
+            if len(st.unobserved) >= 1024:  # handles that are never looked at: forget stale ones
+                for name, (_, t) in list(st.unobserved.items()):
+                    if now - t >= _REUSE_GRACE:
+                        st.unobserved.pop(name, None)
+            st.unobserved[self.plan.name] = (self, now)
         self.done = True
         self.event.set()
         if hooks.active and self.traced:
@@ -215,6 +237,8 @@ class SetState:
         self.me = me                  # this rank's index in ``ranks``
         self.ranks = list(ranks)
         self.inflight: Dict[str, float] = {}       # name -> submission time (stall inspector)
+        # name -> (op, finish time) of async ops that finished before their handle was looked at
+        self.unobserved: Dict[str, Tuple[Pending, float]] = {}
         self.lock = threading.Lock()               # guards the local queue below
         self.drive_lock = threading.Lock()         # held by the one thread running rounds
         self.cv = threading.Condition(self.lock)
@@ -259,7 +283,11 @@ class SetState:
             raise HorovodInternalError(SHUT_DOWN_MESSAGE.format(op=plan.desc.kind))
         name = plan.name
         with self.lock:
-            if name in self.inflight:
+            recent = self.unobserved.pop(name, None)
+            if name in self.inflight or (recent is not None
+                                         and time.monotonic() - recent[1] < _REUSE_GRACE):
+                if recent is not None:
+                    self.unobserved[name] = recent
                 raise ValueError(DUPLICATE_NAME_MESSAGE.format(kind=plan.desc.kind, name=name))
             key = (plan.desc.name,) if plan.desc.name else ("", next(self.unnamed))
             p = Pending(self, plan, key)

@@ -165,6 +165,7 @@ def test_mismatches_fail_on_every_rank_and_job_keeps_working(control):
 
 
 def _submitted_in_different_orders():
+    import time
     import torch
     import horovod.torch as hvd
     torch.set_num_threads(1)
@@ -182,6 +183,32 @@ def _submitted_in_different_orders():
         h = hvd.allreduce_async(t, name="early", op=hvd.Sum)
     hvd.barrier()
     out["early"] = hvd.synchronize(h).tolist()
+    # the other half of that test: rank 1's op pairs with rank 0's at once, and rank 1 submits the
+    # name again on its next line. A preempted caller (here: a sleep while the op finishes) must
+    # still find the name busy, as it would have been had the op run longer; once the handle was
+    # synchronized, or the reuse window has passed, the name is free again.
+    if r == 0:
+        h = hvd.allreduce_async(t, name="again", op=hvd.Sum)
+    hvd.barrier()
+    if r == 1:
+        h = hvd.allreduce_async(t, name="again", op=hvd.Sum)
+        deadline = time.monotonic() + 5
+        st_h = hvd.global_process_set.negotiation.unobserved
+        while "again" not in st_h and time.monotonic() < deadline:
+            time.sleep(0.001)
+        out["finished unobserved"] = "again" in st_h
+        try:
+            hvd.allreduce_async(t, name="again", op=hvd.Sum)
+            out["resubmitted at once"] = "accepted"
+        except ValueError as e:
+            out["resubmitted at once"] = str(e)
+    hvd.barrier()
+    out["again"] = hvd.synchronize(h).tolist()
+    out["after synchronize"] = hvd.allreduce(t, name="again", op=hvd.Sum).tolist()
+    h = hvd.allreduce_async(t, name="later", op=hvd.Sum)
+    time.sleep(0.3)  # finishes and the window passes without anyone looking at the handle
+    out["after the window"] = hvd.allreduce(t, name="later", op=hvd.Sum).tolist()
+    out["first of them"] = hvd.synchronize(h).tolist()
     # two async ops (different kinds and sizes) submitted in opposite orders, waited in any order
     a, b = torch.ones(2) * (r + 1), torch.full((1 + r, 2), 10.0 * (r + 1))
     if r == 0:
@@ -223,7 +250,14 @@ def test_ops_submitted_in_different_orders_are_paired_by_name(data):
     for rep in run_function(_submitted_in_different_orders, num_processes=2, return_all=True,
                             timeout=120, env=env):
         assert rep["control"] == "ShmExchange"
+        if "resubmitted at once" in rep:  # rank 1
+            assert rep["finished unobserved"] is True
+            assert rep["resubmitted at once"].startswith(
+                "Requested to allreduce a tensor with the same name as another tensor that is "
+                "currently being processed."), rep["resubmitted at once"]
         assert rep["early"] == [3.0, 3.0, 3.0]
+        assert rep["again"] == rep["after synchronize"] == [3.0, 3.0, 3.0]
+        assert rep["after the window"] == rep["first of them"] == [3.0, 3.0, 3.0]
         assert rep["a"] == rep["a in place"] == [3.0, 3.0]
         assert rep["b"] == [[10.0, 10.0], [20.0, 20.0], [20.0, 20.0]]
         assert rep["c"].startswith("Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of "
