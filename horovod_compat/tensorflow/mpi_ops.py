@@ -25,6 +25,13 @@ the job would wait for ever.  TensorFlow sizes that pool from ``TF_NUM_INTEROP_T
 session's config leaves it unset, so importing this module sets it (only if unset) to
 ``INTEROP_THREADS``: a graph may then run up to that many collectives at once.
 
+A node runs on one of TensorFlow's inter-op threads, not the thread that called the function.
+torch's element-wise work there (the runtime's copies, scaling, shared-memory reductions) would
+start an OpenMP team per such thread, whose spinning workers contend with TensorFlow's and the
+peer ranks' threads for the cores: a 1 MB allreduce took twice as long as on the caller's thread.
+So a node whose tensors are small (``SERIAL_BELOW`` bytes in all) runs torch on one thread for the
+duration of the call, restored afterwards; large ones keep torch's threads, where they pay.
+
 Not here: GPU-resident collectives (TensorFlow tensors on a GPU are staged through host memory),
 XLA compilation of these ops (``jit_compile=True`` cannot contain a ``numpy_function``).
 """
@@ -153,17 +160,37 @@ def _run(fn: Callable[..., Any], inputs: Sequence[Any], tout: Sequence[tf.DType]
     graph = tf.compat.v1.get_default_graph()
     if not graph.building_function:
         op_name = name or graph.unique_name(f"hvd.{label}")
-        outs = tf.numpy_function(lambda *a: fn(op_name, *a), list(inputs), list(tout),
+        outs = tf.numpy_function(_in_node(fn, op_name), list(inputs), list(tout),
                                  stateful=True, name=label)
         return list(outs) if isinstance(outs, (list, tuple)) else [outs]
     with _order_lock:
         prev = _last_node.get(graph)
         with tf.control_dependencies([prev] if prev is not None else []):
-            outs = tf.numpy_function(lambda *a: fn(name, *a), list(inputs), list(tout),
+            outs = tf.numpy_function(_in_node(fn, name), list(inputs), list(tout),
                                      stateful=True, name=label)
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         _last_node[graph] = outs[0].op if outs else None
     return outs
+
+
+#: Below this many input bytes a graph node's torch work runs on one thread (see above).
+SERIAL_BELOW = 4 << 20
+
+
+def _in_node(fn: Callable[..., Any], name: Optional[str]) -> Callable[..., Any]:
+    """``fn`` as the body of a ``tf.numpy_function`` node (run on a TensorFlow pool thread)."""
+    def body(*arrays: np.ndarray) -> Any:
+        if sum(a.nbytes for a in arrays) >= SERIAL_BELOW:
+            return fn(name, *arrays)
+        threads = torch.get_num_threads()
+        if threads == 1:
+            return fn(name, *arrays)
+        torch.set_num_threads(1)
+        try:
+            return fn(name, *arrays)
+        finally:
+            torch.set_num_threads(threads)
+    return body
 
 
 def _check_set(process_set: ProcessSet) -> None:
@@ -265,10 +292,33 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
             raise NotImplementedError("Pre/postscale_factor are not supported with "
                                       "tf.IndexedSlices")
         return _allreduce_indexed_slices(tensor, op, name, process_set)
+    if compression is Compression.none and type(tensor) is _EAGER \
+            and tensor.dtype in _DIRECT and not _record.could_possibly_record():
+        return _allreduce_eager(tensor, op, prescale_factor, postscale_factor, name, process_set)
     compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
     out = _grouped_allreduce_diff([compressed], op, prescale_factor, postscale_factor, name,
                                   process_set)[0]
     return compression.decompress(out, ctx)
+
+
+#: Eager tensors of these dtypes are reduced by ``_allreduce_eager``.
+_EAGER = type(tf.constant(0))
+_DIRECT = frozenset((tf.float16, tf.float32, tf.float64, tf.int8, tf.uint8, tf.int16, tf.int32,
+                     tf.int64))
+
+
+def _allreduce_eager(tensor: tf.Tensor, op: int, prescale: float, postscale: float,
+                     name: Optional[str], process_set: ProcessSet) -> tf.Tensor:
+    """``_reduce_np`` for the common case -- one eager tensor of a dtype the runtime reduces as it
+    is, no tape recording, no compression -- without its per-call generality (a small allreduce
+    costs about as much as that Python): the same checks, errors and result."""
+    _check_set(process_set)
+    try:
+        pending = _rt.submit_allreduce([torch.from_numpy(tensor.__array__())], None, name, op,
+                                       prescale, postscale, process_set, "allreduce")
+    except ValueError as exc:
+        raise tf.errors.InvalidArgumentError(None, None, str(exc)) from exc
+    return _to_tf(_wait(pending, process_set).numpy(), tensor.dtype)
 
 
 def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: int, name: Optional[str],
