@@ -59,6 +59,7 @@ from horovod_compat.common.process_sets import *  # noqa: F401,F403
 from horovod_compat.common.process_sets import __all__ as _ps_all
 from horovod_compat.common.process_sets import ProcessSet, global_process_set
 
+from . import _native
 from .compression import Compression
 from .util import _executing_eagerly  # noqa: F401  (Horovod's tests import it from here too)
 
@@ -160,16 +161,13 @@ def _run(fn: Callable[..., Any], inputs: Sequence[Any], tout: Sequence[tf.DType]
     graph = tf.compat.v1.get_default_graph()
     if not graph.building_function:
         op_name = name or graph.unique_name(f"hvd.{label}")
-        outs = tf.numpy_function(_in_node(fn, op_name), list(inputs), list(tout),
-                                 stateful=True, name=label)
-        return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        outs, _ = _node(fn, op_name, inputs, tout, label)
+        return outs
     with _order_lock:
         prev = _last_node.get(graph)
         with tf.control_dependencies([prev] if prev is not None else []):
-            outs = tf.numpy_function(_in_node(fn, name), list(inputs), list(tout),
-                                     stateful=True, name=label)
-        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-        _last_node[graph] = outs[0].op if outs else None
+            outs, last = _node(fn, name, inputs, tout, label)
+        _last_node[graph] = last
     return outs
 
 
@@ -177,9 +175,37 @@ def _run(fn: Callable[..., Any], inputs: Sequence[Any], tout: Sequence[tf.DType]
 SERIAL_BELOW = 4 << 20
 
 
-def _in_node(fn: Callable[..., Any], name: Optional[str]) -> Callable[..., Any]:
-    """``fn`` as the body of a ``tf.numpy_function`` node (run on a TensorFlow pool thread)."""
-    def body(*arrays: np.ndarray) -> Any:
+def _node(fn: Callable[..., Any], name: Optional[str], inputs: Sequence[Any],
+          tout: Sequence[tf.DType], label: str) -> Tuple[List[tf.Tensor], Any]:
+    """The graph node of one collective: its outputs, and the op that ends it.
+
+    With the compiled check op (``_native``) the node returns a failure's TensorFlow status as
+    two more outputs, and the check op fails the step with it (``FailedPreconditionError`` for
+    Horovod's mismatches, as Horovod's kernels) or forwards the results; without it, a failure
+    raises inside the node, which TensorFlow reports as ``UnknownError``."""
+    check = _native.check_op()
+    if check is None:
+        outs = tf.numpy_function(_in_node(fn, name), list(inputs), list(tout), stateful=True,
+                                 name=label)
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        return outs, outs[0].op if outs else None
+    outs = tf.numpy_function(_in_node(fn, name, tout), list(inputs),
+                             list(tout) + [tf.int32, tf.string], stateful=True, name=label)
+    checked = check(outs[-2], outs[-1], list(outs[:-2]), name=f"{label}Check")
+    if isinstance(checked, tf.Operation):  # an op without outputs
+        return [], checked
+    checked = list(checked)
+    return checked, checked[0].op if checked else outs[0].op
+
+
+def _in_node(fn: Callable[..., Any], name: Optional[str],
+             report: Optional[Sequence[tf.DType]] = None) -> Callable[..., Any]:
+    """``fn`` as the body of a ``tf.numpy_function`` node (run on a TensorFlow pool thread).
+
+    With ``report`` (the node's output dtypes) the body also returns a status, ``code`` and
+    ``message``: TensorFlow's error code of a failure that Horovod reports with its own TensorFlow
+    error type (``_wait``), with empty results; 0 and "" with the real results otherwise."""
+    def call(*arrays: np.ndarray) -> Any:
         if sum(a.nbytes for a in arrays) >= SERIAL_BELOW:
             return fn(name, *arrays)
         threads = torch.get_num_threads()
@@ -190,7 +216,19 @@ def _in_node(fn: Callable[..., Any], name: Optional[str]) -> Callable[..., Any]:
             return fn(name, *arrays)
         finally:
             torch.set_num_threads(threads)
-    return body
+
+    if report is None:
+        return call
+
+    def reporting(*arrays: np.ndarray) -> List[Any]:
+        try:
+            outs = call(*arrays)
+        except tf.errors.OpError as exc:
+            return [np.zeros(0, dtype=_np_dtype(d)) for d in report] + \
+                [np.int32(exc.error_code), exc.message.encode("utf-8", "replace")]
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        return outs + [np.int32(0), b""]
+    return reporting
 
 
 def _check_set(process_set: ProcessSet) -> None:

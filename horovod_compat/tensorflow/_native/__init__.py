@@ -1,0 +1,94 @@
+"""The binding's one compiled piece: the ``HorovodCompatCheck`` TensorFlow op (``check_op.cc``).
+
+A collective inside a graph is a ``tf.numpy_function`` node, and TensorFlow reports every Python
+exception raised there as ``UnknownError``.  Horovod's kernels fail with the failure's own status
+(``FailedPreconditionError`` for ranks that disagree on an op), which programs catch.  With this op
+a node returns the status as two extra outputs and ``HorovodCompatCheck`` fails the step with it,
+or forwards the node's results unchanged.
+
+The op is compiled on first use, against the TensorFlow that is installed, with the C++ compiler
+(``$CXX``, else ``c++``), into ``$HOROVOD_COMPAT_CACHE_DIR`` (default
+``$XDG_CACHE_HOME/horovod_compat``, else ``~/.cache/horovod_compat``), once per TensorFlow version,
+compiler flags and source: about 4 s, after which every process loads the cached library.  Where it
+cannot be built (no compiler, no TensorFlow headers) or ``HOROVOD_COMPAT_TF_NATIVE=0``, graph nodes
+raise as before (``UnknownError`` carrying Horovod's message) and ``status()`` says why.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+import tensorflow as tf
+
+__all__ = ["check_op", "status", "cache_dir"]
+
+_log = logging.getLogger(__name__)
+_SOURCE = Path(__file__).with_name("check_op.cc")
+_lock = threading.Lock()
+_loaded: Optional[Any] = None
+_why_not: Optional[str] = None
+_tried = False
+
+
+def cache_dir() -> Path:
+    """Where compiled libraries are kept (see the module's docstring)."""
+    explicit = os.environ.get("HOROVOD_COMPAT_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "horovod_compat"
+
+
+def _build() -> Path:
+    compiler = os.environ.get("CXX", "c++")
+    flags = list(tf.sysconfig.get_compile_flags()) + list(tf.sysconfig.get_link_flags())
+    key = hashlib.sha256("\0".join([_SOURCE.read_text(), tf.__version__, compiler, *flags])
+                         .encode()).hexdigest()[:16]
+    target = cache_dir() / f"tf-{tf.__version__}-{key}" / "check_op.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".check_op.{os.getpid()}.{threading.get_ident()}.so")
+    cmd = [compiler, "-shared", "-fPIC", "-O2", "-w", str(_SOURCE), "-o", str(partial), *flags]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(f"could not run the C++ compiler {compiler!r}: {exc}") from exc
+    if done.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    os.replace(partial, target)  # atomic: ranks that build at the same time each publish a whole file
+    return target
+
+
+def check_op() -> Optional[Any]:
+    """``HorovodCompatCheck(code, message, values) -> values``, or None where it is unavailable."""
+    global _loaded, _why_not, _tried
+    if _tried:
+        return _loaded
+    with _lock:
+        if not _tried:
+            if os.environ.get("HOROVOD_COMPAT_TF_NATIVE", "1").strip().lower() in ("0", "false", "no"):
+                _why_not = "disabled by HOROVOD_COMPAT_TF_NATIVE=0"
+            else:
+                try:
+                    _loaded = tf.load_op_library(str(_build())).horovod_compat_check
+                except Exception as exc:  # a missing compiler or headers must not stop training
+                    _why_not = f"could not build or load {_SOURCE.name}: {exc}"
+                    _log.warning("horovod.tensorflow: %s; a collective that fails inside a graph "
+                                 "raises UnknownError (with Horovod's message) instead of its own "
+                                 "error type", _why_not)
+            _tried = True
+    return _loaded
+
+
+def status() -> str:
+    """One line: whether graph nodes report Horovod's error types, and if not, why."""
+    if check_op() is not None:
+        return "compiled error-status op loaded"
+    return f"not available ({_why_not})"

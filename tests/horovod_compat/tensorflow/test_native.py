@@ -1,0 +1,109 @@
+"""horovod_compat.tensorflow._native: the compiled check op that gives a failed graph node Horovod's
+TensorFlow error type, built on first use into a cache, and the fallback where it cannot be."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from distributor import run_function
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                                reason="tensorflow is not installed (pip install "
+                                       "'horovod-compat[tensorflow]')")
+
+
+def _status_in_fresh_process(env):
+    code = ("import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
+            "from horovod_compat.tensorflow import _native\n"
+            "print('STATUS', _native.status())\n")
+    done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return next(l for l in done.stdout.splitlines() if l.startswith("STATUS ")), done.stderr
+
+
+def test_the_op_is_built_once_into_the_cache_and_loaded_from_it(tmp_path):
+    status, _ = _status_in_fresh_process({"HOROVOD_COMPAT_CACHE_DIR": str(tmp_path)})
+    assert status == "STATUS compiled error-status op loaded"
+    built = list(tmp_path.glob("tf-*/check_op.so"))
+    assert len(built) == 1, list(tmp_path.rglob("*"))
+    first = built[0].stat().st_mtime_ns
+    status, _ = _status_in_fresh_process({"HOROVOD_COMPAT_CACHE_DIR": str(tmp_path)})
+    assert status == "STATUS compiled error-status op loaded"
+    assert built[0].stat().st_mtime_ns == first  # loaded, not built again
+    assert [p.name for p in built[0].parent.iterdir()] == ["check_op.so"]  # no partial files left
+
+
+def test_without_a_compiler_the_binding_still_works_and_says_why(tmp_path):
+    status, stderr = _status_in_fresh_process({"HOROVOD_COMPAT_CACHE_DIR": str(tmp_path),
+                                               "CXX": str(tmp_path / "no-such-compiler")})
+    assert status.startswith("STATUS not available (could not build or load check_op.cc: "
+                             "could not run the C++ compiler"), status
+    assert "raises UnknownError (with Horovod's message) instead of its own error type" in stderr
+    status, _ = _status_in_fresh_process({"HOROVOD_COMPAT_TF_NATIVE": "0"})
+    assert status == "STATUS not available (disabled by HOROVOD_COMPAT_TF_NATIVE=0)"
+
+
+def _graph_errors():
+    import os
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+    hvd.init()
+    r = hvd.rank()
+    out = {}
+
+    def caught(fn):
+        try:
+            fn()
+            return None
+        except tf.errors.OpError as exc:
+            return [type(exc).__name__, exc.message]
+
+    with tf.Graph().as_default():
+        bad = hvd.allreduce(tf.ones([17 + r] * 2))
+        bad_gather = hvd.allgather(tf.ones([2, 3 + r]))
+        good = hvd.allreduce(tf.ones([3]) * (r + 1), op=hvd.Sum)
+        with tf.compat.v1.Session() as session:
+            out["session"] = caught(lambda: session.run(bad))
+            out["session allgather"] = caught(lambda: session.run(bad_gather))
+            out["session after"] = session.run(good).tolist()
+
+    @tf.function
+    def reduce(x):
+        return hvd.allreduce(x, op=hvd.Sum)
+
+    @tf.function
+    def no_outputs_after(x):
+        y = hvd.allreduce(x, op=hvd.Sum, name="first")
+        return hvd.allgather(y, name="second")
+
+    out["function"] = caught(lambda: reduce(tf.ones([5 + r])))
+    out["function after"] = reduce(tf.ones([2]) * (r + 1)).numpy().tolist()
+    out["chained"] = no_outputs_after(tf.ones([1]) * (r + 1)).numpy().tolist()
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.parametrize("native", ["on", "off"])
+def test_a_mismatch_in_a_graph_raises_horovods_error_type(native):
+    env = {} if native == "on" else {"HOROVOD_COMPAT_TF_NATIVE": "0"}
+    expected = "FailedPreconditionError" if native == "on" else "UnknownError"
+    for rep in run_function(_graph_errors, num_processes=2, return_all=True, timeout=300, env=env):
+        for key, shapes in (("session", "shape [17, 17], but another rank sent a tensor of shape "
+                                        "[18, 18]"),
+                            ("function", "shape [5], but another rank sent a tensor of shape [6]")):
+            kind, message = rep[key]
+            assert kind == expected, rep[key]
+            assert f"Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of {shapes}." \
+                in message, message
+        assert rep["session allgather"][0] == expected, rep["session allgather"]
+        assert "Mismatched ALLGATHER" in rep["session allgather"][1], rep["session allgather"]
+        # the set stays usable, and good ops give their values
+        assert rep["session after"] == [3.0, 3.0, 3.0]
+        assert rep["function after"] == [3.0, 3.0]
+        assert rep["chained"] == [3.0, 3.0]
