@@ -54,13 +54,16 @@ def linear_df(spark, n=240):
     return spark.createDataFrame(linear_rows(n), ["id", "features", "y"])
 
 
-def estimator(store, **overrides):
+def estimator(store, flavor=None, **overrides):
+    """A KerasEstimator of a linear model; ``flavor``: the Keras module (Keras 3 by default, or
+    tf_keras for a tf-keras model)."""
     import horovod.spark.keras as hvd
 
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input(shape=(3,)), keras.layers.Dense(1)])
+    flavor = flavor or keras
+    flavor.utils.set_random_seed(0)
+    model = flavor.Sequential([flavor.Input(shape=(3,)), flavor.layers.Dense(1)])
     params = dict(backend=SparkBackend(num_proc=2), store=store, model=model,
-                  optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"],
+                  optimizer=flavor.optimizers.SGD(0.1), loss="mse", metrics=["mae"],
                   feature_cols=["features"], label_cols=["y"], batch_size=8, epochs=3,
                   verbose=2, random_seed=1)
     params.update(overrides)
@@ -175,3 +178,32 @@ def test_upstream_keras_spark_mnist_example_runs_unchanged(tmp_path):
     assert len(checkpoints) == 1, sorted(work_dir.rglob("*"))
     # The example's TensorBoard callback wrote to its relative `logs`: copied into the run's folder.
     assert list(checkpoints[0].parent.glob("logs/train/*")), sorted(work_dir.rglob("*"))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("flavor", ["keras3", "tf_keras"])
+def test_fit_again_on_a_run_with_a_checkpoint_resumes_weights_and_optimizer_state(spark, tmp_path,
+                                                                                   flavor):
+    """Horovod's Keras estimator restores the checkpointed model with its optimizer: 2 epochs, then
+    1 more on the same run, must give the weights of 3 epochs in one fit (Adam, whose moments and
+    step count change every update, so a fresh optimizer on resume would not). With a tf-keras
+    model the ranks run tf-keras (TF_USE_LEGACY_KERAS=1)."""
+    module = keras if flavor == "keras3" else pytest.importorskip(
+        "tf_keras", reason="tf-keras is not installed (scripts/bootstrap.sh installs it for the tests)")
+    store = Store.create(str(tmp_path / "store"))
+    df = linear_df(spark)
+    adam = dict(optimizer=module.optimizers.Adam(0.05), shuffle=True, flavor=module)
+    straight = estimator(store, epochs=3, run_id="straight", **adam).fit(df)
+    assert type(straight.getModel()).__module__.startswith(module.__name__)
+    first = estimator(store, epochs=2, run_id="resumed", **adam).fit(df)
+    assert len(first.getHistory()["loss"]) == 2
+    state = pickle.loads((tmp_path / "store" / "runs" / "resumed" / "checkpoint").read_bytes())
+    steps = int(state["optimizer"][0])  # the first optimizer variable: the step count
+    assert steps > 0 and steps % 2 == 0, state["optimizer"][0]
+    resumed = estimator(store, epochs=1, run_id="resumed", **adam).fit(df)
+    assert len(resumed.getHistory()["loss"]) == 1
+    state = pickle.loads((tmp_path / "store" / "runs" / "resumed" / "checkpoint").read_bytes())
+    assert state["epoch"] == 2 and int(state["optimizer"][0]) == steps * 3 // 2
+    for got, want in zip(resumed.getModel().get_weights(), straight.getModel().get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert resumed.getHistory()["loss"][0] == pytest.approx(straight.getHistory()["loss"][2], rel=1e-4)

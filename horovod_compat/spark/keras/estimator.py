@@ -6,7 +6,8 @@ pass and loss on two rows), writes the rows to the store as Parquet (`common/est
 trains on `num_proc` ranks with `horovod.tensorflow.keras` (see `remote.py`) and returns a
 `KerasModel` holding a compiled copy of the model with the trained weights and Keras'
 `History.history` (`{"loss": [...], "val_loss": [...], ...}`), as Horovod's did. A `run_id`
-whose run has a checkpoint resumes from its weights and trains `epochs` more epochs.
+whose run has a checkpoint resumes from its weights and its optimizer's variables and trains
+`epochs` more epochs (docs/estimators.md).
 
 Keras objects never travel pickled: the model goes to the ranks as `.keras` bytes and the
 optimizer as its Keras config. Keras 3 by default; tf-keras for a tf-keras model (a process with

@@ -105,10 +105,34 @@ def scaled_learning_rate(optimizer: Any, factor: float) -> None:
 
 # ---- checkpoints --------------------------------------------------------------------------------
 
-def save_checkpoint(weights: List[np.ndarray], epoch: int, history: Dict[str, List[float]]) -> bytes:
-    """A pickled dict: the model's weights, the run's last epoch and this fit's history."""
+def save_checkpoint(weights: List[np.ndarray], epoch: int, history: Dict[str, List[float]],
+                    optimizer: Optional[List[np.ndarray]] = None) -> bytes:
+    """A pickled dict: the model's weights, the run's last epoch, this fit's history and the
+    optimizer's variables (its step count, slots such as Adam's moments)."""
     return pickle.dumps({"weights": [np.asarray(w) for w in weights], "epoch": epoch,
-                         "history": history}, protocol=pickle.HIGHEST_PROTOCOL)
+                         "history": history, "optimizer": optimizer},
+                        protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def optimizer_variables(optimizer: Any) -> List[Any]:
+    """The optimizer's variables (a property in Keras 3, a method in older tf-keras optimizers)."""
+    found = optimizer.variables
+    return list(found() if callable(found) else found)
+
+
+def restore_optimizer(optimizer: Any, model: Any, values: Optional[List[np.ndarray]]) -> bool:
+    """Build ``optimizer`` for the model's variables and give its variables ``values``; False (and
+    nothing changed) when the saved state does not fit this optimizer (another class or model)."""
+    if not values:
+        return False
+    optimizer.build(model.trainable_variables)
+    variables = optimizer_variables(optimizer)
+    if len(variables) != len(values) or any(tuple(v.shape) != np.shape(x)
+                                            for v, x in zip(variables, values)):
+        return False
+    for v, x in zip(variables, values):
+        v.assign(x)
+    return True
 
 
 def load_checkpoint(data: bytes) -> dict:
@@ -265,9 +289,13 @@ def train(cfg: KerasTrainConfig) -> Optional[Dict[str, Any]]:
             state = load_checkpoint(cfg.checkpoint)
             model.set_weights(state["weights"])
             start = state["epoch"] + 1
+            restored = restore_optimizer(model.optimizer, model, state.get("optimizer"))
             if rank == 0 and cfg.verbose:
                 print(f"Resuming run {cfg.run_id} from its checkpoint after {start} epoch(s): "
-                      f"training {cfg.epochs} more", flush=True)
+                      f"training {cfg.epochs} more"
+                      + ("" if restored else " (the optimizer starts afresh: the checkpoint's "
+                                             "optimizer state does not fit this optimizer)"),
+                      flush=True)
         floatx = keras.backend.floatx()
         input_shapes, output_shapes = model_shapes(model)
         data = cfg.data
@@ -292,7 +320,9 @@ def train(cfg: KerasTrainConfig) -> Optional[Dict[str, Any]]:
                     history.setdefault(key, []).append(float(np.asarray(value)))
                 if rank == 0 and checkpoint_file:
                     cfg.store.write(checkpoint_file,
-                                    save_checkpoint(self.model.get_weights(), start + epoch, history))
+                                    save_checkpoint(self.model.get_weights(), start + epoch, history,
+                                                    [np.asarray(v) for v in
+                                                     optimizer_variables(self.model.optimizer)]))
 
         callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                      hvd.callbacks.MetricAverageCallback(), _Checkpoint()]
@@ -303,7 +333,8 @@ def train(cfg: KerasTrainConfig) -> Optional[Dict[str, Any]]:
                 contextlib.chdir(workdir):  # relative paths of callbacks (e.g. TensorBoard's logs)
             model.fit(train_ds, steps_per_epoch=train_steps, epochs=cfg.epochs,
                       validation_data=val_ds, validation_steps=val_steps, callbacks=callbacks,
-                      verbose=cfg.verbose if rank == 0 else 0)
+                      verbose=cfg.verbose if rank == 0 else 0,
+                      shuffle=False)  # the reader shuffles (Keras would warn it cannot)
             if rank == 0 and cfg.store.saving_runs():  # what callbacks wrote: into the run's folder
                 cfg.store.sync_fn(cfg.run_id)(workdir)
         if rank != 0:
