@@ -28,8 +28,8 @@ under a real Horovod; test_keras_examples_stop_at_tensorflow1_api_on_stock_tenso
 exactly that. They then run in the environment they were written for, emulated on TensorFlow 2
 (examples_support.TF1_KERAS2_SITECUSTOMIZE: those TF1 names from ``tf.compat.v1``, ``keras`` =
 tf-keras), where horovod.keras must train them. keras_mnist_advanced.py's ImageDataGenerator
-transforms need SciPy, which the project's test extra does not install: that test skips, saying
-so, without it.
+transforms need SciPy (in the project's test extra); where it is missing that test skips, saying
+so.
 
 The elastic examples run under elastic horovodrun (``--min-np 1 --max-np 2 -H localhost:2``, as
 test_upstream_elastic.py runs the PyTorch ones, whose worker finder this reuses) with one worker
@@ -349,7 +349,7 @@ def test_keras_mnist_in_its_tensorflow1_keras2_environment(tmp_path, mnist28_env
 def test_keras_mnist_advanced_in_its_tensorflow1_keras2_environment(tmp_path, mnist28_env):
     if importlib.util.find_spec("scipy") is None:
         pytest.skip("keras_mnist_advanced.py's ImageDataGenerator(rotation_range=..., ...) needs "
-                    "SciPy, which horovod-compat's test extra does not install (pip install scipy)")
+                    "SciPy, which is not installed here (pip install scipy; horovod-compat's test extra has it)")
     env = tf1_keras2_env(tmp_path / "data", mnist28_env)
     done = _launch([*HOROVODRUN, sys.executable, str(KERAS / "keras_mnist_advanced.py"),
                     *KERAS_EXAMPLES["keras_mnist_advanced.py"]], tmp_path, env, timeout=240)
