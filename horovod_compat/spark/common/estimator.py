@@ -12,7 +12,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from pyspark.ml import Estimator, Model
+from distributor.extras import require
+
+require("spark", "The Spark estimators (horovod.spark.torch, .keras, .lightning)")
+
+from pyspark.ml import Estimator, Model  # noqa: E402
 
 from .params import EstimatorParams, ModelParams
 from .serialization import Persistable
