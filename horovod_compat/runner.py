@@ -26,7 +26,17 @@ _VERBOSITIES = ("all", "log_callback_only")
 
 
 class HorovodRunner:
-    """Run a Horovod training function on `np` ranks (see the module docstring for `np`)."""
+    """Run a Horovod training function on |np| ranks and return rank 0's value.
+
+    `np < 0`: -np ranks on the driver only (no Spark job), started by `mpirun` (the `mpi` extra).
+    `np > 0`: np ranks as one Spark barrier stage on the active SparkSession (the `spark` extra),
+    one mpirun across the tasks. `np == 0` (Databricks' deprecated "every task slot") is an error
+    that says which value to pass.
+
+    `driver_log_verbosity`: `"log_callback_only"` (the default) shows on the driver only what ranks
+    send with `sparkdl.horovod.log_to_driver`; `"all"` streams every rank's output. A failure
+    always shows the failing rank's whole traceback.
+    """
 
     def __init__(self, np: int, driver_log_verbosity: str = "log_callback_only") -> None:
         if isinstance(np, bool) or not isinstance(np, int):
