@@ -19,23 +19,47 @@ saying they have no effect here. `--min-np` or `--host-discovery-script` make th
 workers up to `--max-np` (see `horovod_compat.launch.elastic`).
 The exit status is 0 when every rank succeeded, else the first failing rank's status (1 for an
 exception, 128+N for a signal N); for an elastic job that gave up, that of the failure that ended it.
+Wrong input ends before any rank starts, with exit status 2 and one line
+``horovodrun: <what is wrong and how to fix it>``: a bad flag or value, a bad ``-H`` list or host
+file, too few slots, and, for ranks on this host, a command they could not start (not on PATH, a
+script without execute permission or ``#!`` line, a directory) or a ``python`` that cannot import
+horovod/torch for a script that imports them (a warning when the command may not need them).
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import logging
 import os
+import shlex
 import shutil
+import subprocess
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Set, Tuple
 
 from distributor import DistributedRunError, RankFailedError
 from distributor.errors import ElasticJobFailedError
+from distributor.placement.local import driver_pythonpath
 
+from .launch import hosts as hostlib
 from .launch import knobs
 from .launch.elastic import elastic_args
-from .launch.job import HorovodJob
+from .launch.job import HorovodJob, is_python
+from .run_rank import Suggest, command_problem
 from .runner import horovod_environment
+
+
+def usage_error(message: str) -> NoReturn:
+    """Bad input: ``horovodrun: <message>`` on one line of stderr, exit status 2 (as argparse)."""
+    print(f"horovodrun: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's own errors (unknown flag, bad value) as one line too, not the 30-line usage."""
+
+    def error(self, message: str) -> NoReturn:
+        usage_error(f"{message} (horovodrun --help lists the options)")
 
 
 class _NicAction(argparse.Action):
@@ -65,7 +89,7 @@ def _add_knob(group: Any, knob: knobs.Knob) -> None:
 def build_parser() -> argparse.ArgumentParser:
     import horovod
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="horovodrun", description="Run a command on N Horovod ranks (horovod-compat).")
     parser.add_argument("-v", "--version", action="version", version=horovod.__version__)
     parser.add_argument("-np", "--num-proc", dest="np", type=int, default=None,
@@ -175,11 +199,127 @@ def _apply_config(args: argparse.Namespace) -> None:
         setattr(args, dest, value)
 
 
+#: Modules a Horovod script needs from the Python that runs it.
+HOROVOD_MODULES = ("horovod", "horovod_compat", "torch")
+#: Prints the interpreter's path, then which of its arguments it cannot find (find_spec: nothing
+#: is imported).
+_FIND_MODULES = ("import importlib.util, sys; print(sys.executable); "
+                 "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))")
+
+
+def _python_source(command: Sequence[str]) -> Optional[str]:
+    """The code ``python [OPTIONS] (script.py | -c CODE) ...`` runs, where it can be read (None
+    for ``-m module``, stdin, or a script that cannot be read)."""
+    rest = list(command[1:])
+    while rest:
+        word = rest.pop(0)
+        if word.startswith("-c"):
+            return word[2:] or (rest[0] if rest else None)
+        if word.startswith("-m") or word == "-":
+            return None
+        if word in ("-W", "-X", "--check-hash-based-pycs"):
+            rest = rest[1:]  # the option's value
+        elif not word.startswith("-"):
+            try:
+                with open(word, encoding="utf-8", errors="replace") as handle:
+                    return handle.read()
+            except OSError:
+                return None
+    return None
+
+
+def _imported(source: str) -> Set[str]:
+    """Top-level names of the modules `source` imports (a scan: a syntax error means none)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    names: Set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _missing_modules(python: str, env: Dict[str, str]) -> Tuple[str, List[str]]:
+    """(the interpreter's own path, which of HOROVOD_MODULES it cannot find) with the ranks'
+    environment: one short subprocess; nothing missing when it cannot tell."""
+    try:
+        done = subprocess.run([python, "-c", _FIND_MODULES, *HOROVOD_MODULES], env=env,
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return python, []
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or len(lines) != 2:
+        return python, []
+    return lines[0] or python, lines[1].split()
+
+
+def _check_interpreter(job: HorovodJob, command: Sequence[str], suggest: Suggest) -> Optional[str]:
+    """A ``python`` command whose interpreter lacks horovod/horovod_compat/torch (typically
+    the system one, when horovodrun is run from a virtual environment that is not activated).
+
+    An error when it cannot work: the script (or -c code) imports one of the missing modules, or
+    the job is elastic (its workers run this project's code in that interpreter).  Otherwise only
+    a warning (returned as a note): ``python -c 'print(1)'`` or a script that imports none of them
+    needs none of them, and one that imports them through its own modules is beyond a scan.
+    """
+    python = shutil.which(command[0]) or command[0]
+    if os.path.abspath(python) == os.path.abspath(sys.executable):
+        return None
+    env = {**os.environ, **job.env, "PYTHONPATH": driver_pythonpath(job.env)}
+    real, missing = _missing_modules(python, env)
+    if not missing:
+        return None
+    problem = (f"{real} cannot import {', '.join(missing)} (the Python of this horovodrun is "
+               f"{sys.executable})")
+    where = ("activate that virtual environment" if sys.prefix != sys.base_prefix
+             else f"put {os.path.dirname(sys.executable)} first on PATH")
+    fix = f"run: {suggest([sys.executable, *command[1:]])}, or {where}"
+    source = _python_source(command)
+    needed = _imported(source) & set(HOROVOD_MODULES) if source is not None else set()
+    if "horovod" in needed:  # the horovod shim runs on horovod_compat and torch
+        needed = set(HOROVOD_MODULES)
+    if job.elastic is not None or needed & set(missing):
+        usage_error(f"{problem}; {fix}")
+    return f"warning: {problem}; if the command needs them, {fix}"
+
+
+def _check_command(job: HorovodJob, command: List[str], suggest: Suggest) -> List[str]:
+    """Errors (exit 2) for a command this host's ranks could not start; notes for doubts."""
+    problem = command_problem(command, suggest)
+    if problem is not None:
+        usage_error(problem)
+    if not is_python(command[0]):
+        return []
+    note = _check_interpreter(job, command, suggest)
+    return [note] if note else []
+
+
+def _suggester(argv: Sequence[str], command: Sequence[str], num_proc: int) -> Suggest:
+    """Renders a corrected command as the whole horovodrun line (this one's options kept)."""
+    options = list(argv[:len(argv) - len(command)])
+    if list(argv[len(options):]) != list(command):
+        options = ["-np", str(num_proc)]
+    return lambda fixed: "horovodrun " + shlex.join([*options, *fixed])
+
+
+def _check_hosts_followed_by_slots(hosts: Optional[str], command: Sequence[str]) -> None:
+    """``-H host1 2 python ...``: a slot count given after a space (it became the command)."""
+    if hosts and ":" not in hosts.split(",")[-1] and command[0].isdecimal():
+        usage_error(f"-H {hosts} is followed by {command[0]!r}, which looks like a slot count; "
+                    f"write -H {hosts}:{command[0]} ({hostlib.HOSTS_SYNTAX}, then the command)")
+
+
 def plan(argv: Optional[Sequence[str]] = None) -> Tuple[HorovodJob, Any, List[str]]:
     """Parse and check the command line; returns (job, its target, notes to print).
 
-    Exits through argparse (status 2) on any wrong flag or value, before anything starts.
+    Exits with status 2 and one line ``horovodrun: <what is wrong and how to fix it>`` on any
+    wrong flag, value, host list or command, before anything starts.
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.check_build:
@@ -191,11 +331,12 @@ def plan(argv: Optional[Sequence[str]] = None) -> Tuple[HorovodJob, Any, List[st
     if command and command[0] == "--":
         command = command[1:]
     if args.np is None:
-        parser.error("-np/--num-proc is required, e.g. horovodrun -np 2 python train.py")
+        usage_error("-np/--num-proc is required, e.g. horovodrun -np 2 python train.py")
     if not command:
-        parser.error("no command given; e.g. horovodrun -np 2 python train.py")
+        usage_error("no command given; e.g. horovodrun -np 2 python train.py")
     if args.use_jsrun:
-        parser.error("--jsrun (IBM LSF) is not supported; use --mpi or --gloo")
+        usage_error("--jsrun (IBM LSF) is not supported; use --mpi or --gloo")
+    _check_hosts_followed_by_slots(args.hosts, command)
     try:
         if args.config_file:
             _apply_config(args)
@@ -223,9 +364,9 @@ def plan(argv: Optional[Sequence[str]] = None) -> Tuple[HorovodJob, Any, List[st
             elastic=elastic,
         )
     except ValueError as exc:
-        parser.error(str(exc))
-    if not job.remote and shutil.which(command[0]) is None and not os.path.isfile(command[0]):
-        parser.error(f"command {command[0]!r} not found on PATH")
+        usage_error(str(exc))
+    if not job.remote:  # other hosts' PATH and Pythons cannot be checked from here
+        notes += _check_command(job, command, _suggester(argv, args.command, args.np))
     if args.log_level:
         logging.basicConfig(level=logging.DEBUG if args.log_level == "TRACE" else args.log_level)
     if args.binding_args and not job.use_mpi:
@@ -233,7 +374,7 @@ def plan(argv: Optional[Sequence[str]] = None) -> Tuple[HorovodJob, Any, List[st
     try:
         target = job.command_target(command)
     except ValueError as exc:
-        parser.error(str(exc))
+        usage_error(str(exc))
     return job, target, notes
 
 

@@ -45,9 +45,14 @@ _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
 _PYTHON_OPTIONS = ("-u", "-B")
 
 
+def is_python(program: str) -> bool:
+    """True if `program` names a Python interpreter (``python``, ``python3.11``, ``/x/bin/python``)."""
+    return bool(_PYTHON.match(os.path.basename(program)))
+
+
 def python_script_command(command: Sequence[str]) -> tuple:
     """(python, script, argv) of ``python [-u] [-B] script.py ARGS...``; ValueError otherwise."""
-    if command and _PYTHON.match(os.path.basename(command[0])):
+    if command and is_python(command[0]):
         rest = list(command[1:])
         while rest and rest[0] in _PYTHON_OPTIONS:
             rest.pop(0)
