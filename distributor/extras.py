@@ -49,7 +49,14 @@ class MissingExtraError(ImportError):
 def missing(extra: str, modules: Sequence[str] = ()) -> Tuple[str, ...]:
     """The modules of ``extra`` (or just ``modules`` of it) that cannot be imported here."""
     wanted = tuple(modules) or EXTRAS[extra]
-    return tuple(m for m in wanted if importlib.util.find_spec(m) is None)
+    return tuple(m for m in wanted if not _importable(m))
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a finder that refuses it, a broken package's __spec__
+        return False
 
 
 def require(extra: str, feature: str, modules: Sequence[str] = ()) -> None:

@@ -15,6 +15,9 @@ of the set submitted the op) and ``ranks`` (their global ranks): the timeline th
 readiness tick per rank, as Horovod does.
 ``ACTIVITY_START``   a phase of the op began (``info``: ``activity``, e.g. ``"MEMCPY_OUT_FUSION_BUFFER"``);
 ``ACTIVITY_END``     the innermost open phase of that tensor's op ended.
+``STEP``             a training step ended: ``DistributedOptimizer.synchronize()`` reduced every
+                     gradient of it (name: the optimizer's, ``info``: ``step``, ``optimizer``);
+                     the timeline marks it, other listeners may ignore it.
 
 The hot path pays a single attribute read when nobody listens: collectives test ``hooks.active``
 before building any event.  Listeners are called synchronously on the rank's calling thread and must
@@ -27,7 +30,7 @@ import threading
 import warnings
 from typing import Any, Callable, List
 
-__all__ = ["NEGOTIATE_START", "ALL_READY", "OP_START", "OP_END", "ACTIVITY_START", "ACTIVITY_END",
+__all__ = ["NEGOTIATE_START", "ALL_READY", "OP_START", "OP_END", "ACTIVITY_START", "ACTIVITY_END", "STEP",
            "subscribe", "unsubscribe", "emit", "active"]
 
 NEGOTIATE_START = "NEGOTIATE_START"
@@ -36,6 +39,7 @@ OP_START = "OP_START"
 OP_END = "OP_END"
 ACTIVITY_START = "ACTIVITY_START"
 ACTIVITY_END = "ACTIVITY_END"
+STEP = "STEP"
 
 Listener = Callable[[str, str, dict], Any]
 

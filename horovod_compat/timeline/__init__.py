@@ -13,9 +13,14 @@ Recording (attached to the hvd shim by ``horovod_compat.common.timeline``)::
 
 Reading::
 
-    python -m horovod_compat.timeline summarize tl.json [--plot tl.png]
-    python -m horovod_compat.timeline plot tl.json -o tl.png
+    python -m horovod_compat.timeline summarize tl.json [--internal] [--plot tl.png]
+    python -m horovod_compat.timeline plot tl.json [-o tl.png] [--all | --from MS --to MS | --steps A:B]
     python -m horovod_compat.timeline merge tl.0.json tl.1.json -o merged.json
+
+The plot shows the steady state by default (from the end of training step 1; ``plot`` says how it
+is chosen), one row per tensor as Horovod names it, step boundaries from the ``STEP`` marks that
+``DistributedOptimizer`` writes; horovod-compat's internal bookkeeping ops are marked in the file
+and hidden unless ``--internal`` (``writer``).
 
 This package does not import torch, so the reading tools run anywhere (the plot needs matplotlib).
 """

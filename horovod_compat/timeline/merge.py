@@ -49,12 +49,15 @@ def merge_files(paths: Sequence[str], out_path: str) -> Dict[str, Any]:
         shift = (start - origin) if start is not None else 0
         offsets[rank] = shift
         local_names: Dict[int, str] = {}
+        local_labels: Dict[int, Any] = {}
         for e in events:
             if e.get("ph") == "M" and e.get("name") == "process_name":
                 pid = int(e.get("pid", 0))
                 name = (e.get("args") or {}).get("name")
                 if pid != 0 and name is not None:
                     local_names[pid] = str(name)
+            elif e.get("ph") == "M" and e.get("name") == "process_labels":
+                local_labels[int(e.get("pid", 0))] = (e.get("args") or {}).get("labels")
         seen_threads = set()
         for e in events:
             ph = e.get("ph")
@@ -71,6 +74,9 @@ def merge_files(paths: Sequence[str], out_path: str) -> Dict[str, Any]:
                                            "args": {"name": name}}))
                     out.append(json.dumps({"name": "process_sort_index", "ph": "M", "pid": new,
                                            "args": {"sort_index": new}}))
+                    if local_labels.get(pid):   # e.g. an internal op's row (writer.INTERNAL_LABEL)
+                        out.append(json.dumps({"name": "process_labels", "ph": "M", "pid": new,
+                                               "args": {"labels": local_labels[pid]}}))
                 e["pid"] = new
                 if (new, rank) not in seen_threads:
                     seen_threads.add((new, rank))

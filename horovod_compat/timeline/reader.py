@@ -14,15 +14,23 @@ event, Horovod's ``[``-only file): it keeps every complete event.
   became ready; the last rank to tick made the others wait (``last - tick`` each).  With ticks from
   one rank only (a rank-0 file whose negotiation did not report the others), the per-rank line
   still shows how long that rank waited (span length).
+
+Rows of horovod-compat's internal bookkeeping ops (a ``process_labels`` metadata event carrying
+``writer.INTERNAL_LABEL``, see ``writer``) are in ``Timeline.internal``; ``summarize`` leaves them
+out unless ``internal=True``.  ``STEP`` instants (training-step ends written for
+``DistributedOptimizer``) are in ``Timeline.steps``, Horovod's ``CYCLE_START`` in ``Timeline.cycles``.
 """
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
-__all__ = ["load_events", "Span", "Timeline", "parse", "summarize", "format_summary"]
+from .writer import INTERNAL_LABEL, STEP_MARK
+
+__all__ = ["load_events", "Span", "Timeline", "parse", "without_internal", "summarize",
+           "format_summary"]
 
 
 def load_events(path: str) -> List[Dict[str, Any]]:
@@ -90,6 +98,8 @@ class Timeline:
     meta: Dict[str, Any]
     first_ts: float
     last_ts: float
+    internal: Set[int] = field(default_factory=set)  # pids of internal ops' rows
+    steps: List[Tuple[float, int, Dict[str, Any]]] = field(default_factory=list)  # (ts, tid, args)
 
 
 def parse(events: Iterable[Dict[str, Any]]) -> Timeline:
@@ -98,9 +108,16 @@ def parse(events: Iterable[Dict[str, Any]]) -> Timeline:
     meta: Dict[str, Any] = {}
     timed: List[Tuple[float, int, Dict[str, Any]]] = []
     cycles: List[float] = []
+    internal: Set[int] = set()
+    steps: List[Tuple[float, int, Dict[str, Any]]] = []
     for k, e in enumerate(events):
         ph = e.get("ph")
         if ph == "M":
+            if e.get("name") == "process_labels":
+                labels = str((e.get("args") or {}).get("labels", ""))
+                if INTERNAL_LABEL in (x.strip() for x in labels.split(",")):
+                    internal.add(int(e.get("pid", 0)))
+                continue
             if e.get("name") == "process_name":
                 args = e.get("args") or {}
                 if "name" in args:
@@ -115,6 +132,8 @@ def parse(events: Iterable[Dict[str, Any]]) -> Timeline:
         if ph == "i" or ph == "I":
             if e.get("name") == "CYCLE_START":
                 cycles.append(float(e["ts"]))
+            elif e.get("name") == STEP_MARK:
+                steps.append((float(e["ts"]), int(e.get("tid", 0) or 0), dict(e.get("args") or {})))
             continue
         timed.append((float(e["ts"]), k, e))
     # E before B at equal timestamps would break nesting: keep file order for ties
@@ -146,7 +165,19 @@ def parse(events: Iterable[Dict[str, Any]]) -> Timeline:
                 spans.append(Span(pid, tid, name, ts, ts + dur, depth, dict(e.get("args") or {})))
     unclosed = sum(len(s) for s in stacks.values())
     spans.sort(key=lambda s: (s.start, s.depth))
-    return Timeline(processes, spans, ticks, cycles, unclosed, meta, first, last)
+    steps.sort(key=lambda x: x[0])
+    return Timeline(processes, spans, ticks, cycles, unclosed, meta, first, last, internal, steps)
+
+
+def without_internal(tl: Timeline) -> Timeline:
+    """``tl`` without the rows of internal ops (spans, ticks and process names)."""
+    if not tl.internal:
+        return tl
+    hide = tl.internal
+    return Timeline({p: n for p, n in tl.processes.items() if p not in hide},
+                    [s for s in tl.spans if s.pid not in hide],
+                    [t for t in tl.ticks if t[0] not in hide],
+                    tl.cycles, tl.unclosed, tl.meta, tl.first_ts, tl.last_ts, set(), tl.steps)
 
 
 def _is_op(span: Span) -> bool:
@@ -182,9 +213,13 @@ def _negotiations(tl: Timeline) -> List[Dict[int, float]]:
     return [v for _, v in sorted(instances.items())]
 
 
-def summarize(events: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
-    """Per-op, per-activity and per-tensor times (µs) and the negotiation wait per rank."""
-    tl = parse(events)
+def summarize(events: Iterable[Dict[str, Any]], internal: bool = False) -> Dict[str, Any]:
+    """Per-op, per-activity and per-tensor times (µs) and the negotiation wait per rank.
+
+    ``internal``: also count horovod-compat's internal bookkeeping ops (left out by default;
+    ``internal_hidden`` says how many rows were)."""
+    full = parse(events)
+    tl = full if internal else without_internal(full)
     ops: Dict[str, List[float]] = defaultdict(list)
     op_intervals: Dict[str, List[Tuple[float, float]]] = defaultdict(list)
     acts: Dict[str, List[float]] = defaultdict(list)
@@ -236,6 +271,8 @@ def summarize(events: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
         "cycles": len(tl.cycles),
         "unclosed_spans": tl.unclosed,
         "tensors_count": len(tl.processes),
+        "internal_hidden": len(full.internal) - len(tl.internal),
+        "steps": max(Counter(tid for _ts, tid, _a in tl.steps).values(), default=0),
         "ops": op_stats,
         "activities": stats(acts),
         "tensors": stats(tensors),
@@ -274,7 +311,11 @@ def format_summary(summary: Dict[str, Any], top: int = 10, title: str = "") -> s
                  f"{summary['duration_us'] / 1e6:.3f} s, {summary['cycles']} cycles marked"
                  + (f", {summary['unclosed_spans']} spans never closed (crash?)"
                     if summary["unclosed_spans"] else "")
+                 + (f", {summary['steps']} training steps" if summary.get("steps") else "")
                  + (f"; TRUNCATED ({summary['truncated'].get('reason')})" if summary.get("truncated") else ""))
+    if summary.get("internal_hidden"):
+        lines.append(f"({summary['internal_hidden']} rows of horovod-compat's internal bookkeeping ops "
+                     f"left out; --internal counts them)")
 
     def table(head: str, rows: Dict[str, Dict[str, float]], limit: Optional[int] = None) -> None:
         lines.append("")

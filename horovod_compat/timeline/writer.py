@@ -26,6 +26,23 @@ are still closed, so the file stays balanced) and ``cycles=(start, stop)`` recor
 of collective activity numbered ``start <= n < stop`` (a *cycle* here is a burst: it begins when a
 collective is submitted while none is in flight; with ``DistributedOptimizer`` that is one training
 step).  Both write a ``timeline_truncated`` metadata event when they drop something.
+
+Two additions to Horovod's format, both valid Chrome-trace events that chrome://tracing shows and
+Horovod's readers ignore:
+
+* **internal ops**: collectives horovod-compat issues for its own bookkeeping (the
+  ``DistributedOptimizer``'s one-off agreement check and bucket-order exchange, the layout checks and
+  fused buffers of ``broadcast_parameters`` / ``broadcast_optimizer_state``) are declared with
+  ``mark_internal(name)`` by the code that issues them.  Their row (pid) gets a ``process_labels``
+  metadata event with the label ``INTERNAL_LABEL`` (``"horovod-compat internal"``) and sorts after
+  every tensor row; the reader recognises them by that label (``Timeline.internal``) and the plot
+  and summary hide them unless asked (``--internal``).
+* **training steps**: the hook event ``STEP`` (``DistributedOptimizer.synchronize()`` emits it
+  when every gradient of the step has been reduced, i.e. just before the wrapped optimizer's
+  update) becomes a global instant event ``{"ph": "i", "name": "STEP", "s": "g",
+  "args": {"step": n, "optimizer": id}}`` -- a vertical line in chrome://tracing and the step
+  boundaries of ``python -m horovod_compat.timeline plot``.  Written whether or not cycles are
+  marked (``HOROVOD_TIMELINE_MARK_CYCLES``), within the same bounds as the spans.
 """
 from __future__ import annotations
 
@@ -40,7 +57,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["TraceFile", "TimelineRecorder", "op_label", "backend_activity", "format_shape",
            "format_dtype", "NEGOTIATE_START", "ALL_READY", "OP_START", "OP_END", "ACTIVITY_START",
-           "ACTIVITY_END"]
+           "ACTIVITY_END", "STEP", "STEP_MARK", "INTERNAL_LABEL", "mark_internal", "is_internal"]
 
 # Event names of ``horovod_compat.common.hooks`` (kept as plain strings so this package does not
 # import torch).
@@ -50,6 +67,30 @@ OP_START = "OP_START"
 OP_END = "OP_END"
 ACTIVITY_START = "ACTIVITY_START"
 ACTIVITY_END = "ACTIVITY_END"
+# the end of a training step (``info``: ``step``, ``optimizer``), emitted by
+# ``DistributedOptimizer.synchronize()``
+STEP = "STEP"
+#: name of the instant event a ``STEP`` becomes in the trace
+STEP_MARK = "STEP"
+#: ``process_labels`` label of an internal op's row (see the module docstring)
+INTERNAL_LABEL = "horovod-compat internal"
+# sort_index offset of internal rows: after every tensor row in chrome://tracing
+_INTERNAL_SORT = 1_000_000
+
+_internal_names: set = set()
+
+
+def mark_internal(name: str) -> str:
+    """Declare the collective named ``name`` (the name given to the op, as the hooks see it) one of
+    horovod-compat's own bookkeeping ops: its timeline row is labelled ``INTERNAL_LABEL``.  Returns
+    ``name``.  Process-wide; the op's code calls it before issuing the op."""
+    _internal_names.add(name)
+    return name
+
+
+def is_internal(name: str) -> bool:
+    """True for a name declared with ``mark_internal``."""
+    return name in _internal_names
 
 _TAIL = b"\n]"
 
@@ -305,8 +346,12 @@ class TimelineRecorder:
         label = display_name(name, tr.kind)
         out.append('{"name": "process_name", "ph": "M", "pid": %d, "args": {"name": %s}}'
                    % (tr.pid, json.dumps(label)))
+        internal = name in _internal_names
         out.append('{"name": "process_sort_index", "ph": "M", "pid": %d, "args": {"sort_index": %d}}'
-                   % (tr.pid, tr.pid))
+                   % (tr.pid, tr.pid + (_INTERNAL_SORT if internal else 0)))
+        if internal:
+            out.append('{"name": "process_labels", "ph": "M", "pid": %d, "args": {"labels": %s}}'
+                       % (tr.pid, json.dumps(INTERNAL_LABEL)))
 
     def _begin_op(self, out: List[str], tr: _Track, name: str, ts: int) -> None:
         """``tr`` becomes busy: count cycles, mark them, decide (bounds) whether the op is recorded."""
@@ -326,6 +371,12 @@ class TimelineRecorder:
             self._ensure_pid(out, tr, name)
 
     def _translate(self, out: List[str], ts: int, event: str, name: str, info: Dict[str, Any]) -> None:
+        if event == STEP:
+            if not self._over_budget():
+                args = {k: info[k] for k in ("step", "optimizer") if k in info}
+                out.append('{"ph": "i", "name": "%s", "ts": %d, "s": "g", "args": %s}'
+                           % (STEP_MARK, ts, json.dumps(args)))
+            return
         if event == NEGOTIATE_START:
             tr = self._get(name)
             if tr.busy:

@@ -9,53 +9,115 @@ small Python values (``broadcast_object``, ``allgather_object``, which every bin
 Implementation notes (our own design, not Horovod's):
 - tensors are broadcast fused: one flat buffer per dtype, so a model with hundreds of small tensors
   costs a handful of collectives, not hundreds;
+- the timeline still shows one row per tensor, named as Horovod names them: ``broadcast_parameters``
+  uses each tensor's name (``broadcast.fc1.weight``: the ``state_dict`` key or the
+  ``named_parameters`` name; ``broadcast.noname.<i>`` for an unnamed tensor), and
+  ``broadcast_optimizer_state`` Horovod's ``<state key>.<occurrence>`` (``broadcast.momentum_buffer.1``).
+  The fused buffer's timeline events are relayed to those rows (``_trace_as_members``); the fused
+  broadcasts themselves and the layout checks are named ``broadcast_parameters.*`` /
+  ``broadcast_optimizer_state.*`` and marked internal (hidden by the timeline tools by default).
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 import zlib
-from collections import OrderedDict
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from collections import OrderedDict, defaultdict
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
-from horovod_compat.common import runtime
+from horovod_compat.common import hooks, runtime
 from horovod_compat.common.exceptions import HorovodInternalError
 from horovod_compat.common.objects import set_size, allgather_object, broadcast_object
 from horovod_compat.common.process_sets import ProcessSet, global_process_set
+from horovod_compat.timeline.writer import mark_internal
 
 from . import collectives
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object"]
 
 
-def _broadcast_tensors_(tensors: Sequence[torch.Tensor], root_rank: int, process_set: ProcessSet) -> None:
+@contextlib.contextmanager
+def _trace_as_members(fused: str, members: Sequence[Tuple[str, torch.Tensor]]) -> Iterator[None]:
+    """While the fused op named ``fused`` runs, relay its timeline events (negotiation with every
+    rank's readiness, op, backend activity, end) to one row per member tensor ``(name, tensor)``,
+    so the timeline reads as Horovod's one-op-per-tensor broadcast.  Only while a timeline records
+    (``hooks.active``); the relay never touches the data path.  The fused op's own end may be
+    reported by the coordinator's thread just after ``wait()`` returned: the members' end is then
+    emitted on the way out."""
+    if not hooks.active or not members:
+        yield
+        return
+    lock = threading.Lock()
+    ended = [False]
+
+    def relay(event: str, name: str, info: Dict[str, Any]) -> None:
+        if name != fused:
+            return
+        with lock:
+            if ended[0]:
+                return
+            if event == hooks.OP_END:
+                ended[0] = True
+        for member, t in members:
+            if event == hooks.OP_START:
+                hooks.emit(event, member, **dict(info, dtype=str(t.dtype).replace("torch.", ""),
+                                                 shape=tuple(t.shape)))
+            else:
+                hooks.emit(event, member, **info)
+
+    hooks.subscribe(relay)
+    try:
+        yield
+    finally:
+        hooks.unsubscribe(relay)
+        with lock:
+            late, ended[0] = not ended[0], True
+        if late and hooks.active:
+            for member, _t in members:
+                hooks.emit(hooks.OP_END, member)
+
+
+def _broadcast_tensors_(tensors: Sequence[torch.Tensor], root_rank: int, process_set: ProcessSet,
+                        tag: str = "broadcast_parameters",
+                        names: Optional[Sequence[str]] = None) -> None:
     """Broadcast ``tensors`` in place from global rank ``root_rank``, fused into one buffer per dtype.
 
     All ranks must pass tensors of the same shapes and dtypes in the same order (as Horovod requires);
     otherwise every rank raises ``HorovodInternalError`` naming the first differing tensor, and
     nothing is broadcast.  The check costs one small allreduce of a layout digest.
+
+    The collectives are named ``<tag>.layout`` and ``<tag>.fused<k>`` (identical on every rank) and
+    marked internal for the timeline, where ``names`` (one per tensor, e.g. ``broadcast.fc1.weight``)
+    are the rows shown instead (``_trace_as_members``).
     """
     if set_size(process_set) == 1:
         return
-    by_dtype: "OrderedDict[Tuple[torch.dtype, torch.device], List[torch.Tensor]]" = OrderedDict()
-    for t in tensors:
-        by_dtype.setdefault((t.dtype, t.device), []).append(t)
+    by_dtype: "OrderedDict[Tuple[torch.dtype, torch.device], List[int]]" = OrderedDict()
+    for j, t in enumerate(tensors):
+        by_dtype.setdefault((t.dtype, t.device), []).append(j)
     # one small allreduce checks that every rank has the same layout (otherwise the fused
     # buffers would differ, or their number)
     layout = repr([(tuple(t.shape), str(t.dtype)) for t in tensors]).encode()
     digest = zlib.crc32(layout)
     both = collectives.allreduce(torch.tensor([digest, -digest], dtype=torch.int64),
-                                 op=collectives.Max, process_set=process_set)
+                                 op=collectives.Max, name=mark_internal(f"{tag}.layout"),
+                                 process_set=process_set)
     if int(both[0]) != -int(both[1]):
         _check_same_layout(tensors, root_rank, process_set)
     with torch.no_grad():
-        for (dtype, device), ts in by_dtype.items():
+        for k, ((dtype, device), idx) in enumerate(by_dtype.items()):
+            ts = [tensors[j] for j in idx]
             if dtype == torch.bool:
                 flat = torch.cat([t.detach().reshape(-1).to(torch.uint8) for t in ts])
             else:
                 flat = torch.cat([t.detach().reshape(-1) for t in ts])
-            collectives.broadcast_(flat, root_rank, process_set=process_set)
+            fused = mark_internal(f"{tag}.fused{k}")
+            members = [(names[j], tensors[j]) for j in idx] if names is not None else []
+            with _trace_as_members(fused, members):
+                collectives.broadcast_(flat, root_rank, name=fused, process_set=process_set)
             offset = 0
             for t in ts:
                 n = t.numel()
@@ -107,11 +169,14 @@ def broadcast_parameters(params: Union[Mapping[str, torch.Tensor], List[Any]], r
     else:
         raise ValueError("invalid params of type: %s" % type(params))
     tensors = []
-    for name, p in items:
+    names = []
+    for j, (name, p) in enumerate(items):
         if not isinstance(p, torch.Tensor):
             raise ValueError(f"invalid parameter {name!r} of type: {type(p)}")
         tensors.append(p.data if isinstance(p, torch.nn.Parameter) else p)
-    _broadcast_tensors_(tensors, root_rank, process_set)
+        # Horovod's row: the op, then the name it passed (the state_dict key / parameter name)
+        names.append(f"broadcast.{name}" if name is not None else f"broadcast.noname.{j}")
+    _broadcast_tensors_(tensors, root_rank, process_set, "broadcast_parameters", names)
 
 
 def _is_distributed_optimizer(optimizer: torch.optim.Optimizer) -> bool:
@@ -177,7 +242,9 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                         entry[k] = ("value", v)
                 state[i] = entry
         skeleton = {"groups": groups, "state": state}
-    skeleton = broadcast_object(skeleton, root_rank=root_rank, process_set=process_set)
+    skeleton = broadcast_object(skeleton, root_rank=root_rank,
+                                name=_internal_object_name("broadcast_optimizer_state.skeleton"),
+                                process_set=process_set)
 
     if len(skeleton["groups"]) != len(optimizer.param_groups):
         raise ValueError("optimizer has %d parameter groups on this rank but %d on rank %d"
@@ -186,17 +253,28 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
         for k, v in options.items():
             group[k] = v
     tensors = []
+    names = []
+    occurrences: Dict[str, int] = defaultdict(int)
     for i, entry in sorted(skeleton["state"].items()):
         p = params[i]
         st = optimizer.state[p]
         for k, spec in entry.items():
+            # Horovod's name for a state tensor: its key and how many times the key was seen
+            occurrences[k] += 1
             if spec[0] == "value":
                 st[k] = spec[1]
             else:
+                names.append(f"broadcast.{k}.{occurrences[k]}")
                 _, shape, dtype = spec
                 t = st.get(k)
                 if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dtype:
                     t = torch.zeros(shape, dtype=dtype, device=p.device)
                     st[k] = t
                 tensors.append(t)
-    _broadcast_tensors_(tensors, root_rank, process_set)
+    _broadcast_tensors_(tensors, root_rank, process_set, "broadcast_optimizer_state", names)
+
+
+def _internal_object_name(name: str) -> str:
+    """``name`` for ``broadcast_object``, its two broadcasts (``<name>.sz``, ``<name>``) marked internal."""
+    mark_internal(f"{name}.sz")
+    return mark_internal(name)

@@ -47,6 +47,7 @@ from horovod_compat.common.exceptions import (HorovodInternalError, STEP_AFTER_S
                                               TOO_MANY_BACKWARDS as _TOO_MANY_BACKWARDS,
                                               ZERO_GRAD_PENDING as _ZERO_GRAD_PENDING)
 from horovod_compat.common.process_sets import global_process_set as _GLOBAL, require_member
+from horovod_compat.timeline.writer import mark_internal as _mark_internal
 
 from . import collectives as _collectives
 from ._adasum import make_adasum_optimizer
@@ -143,6 +144,10 @@ class _GradReducer:
         # collective, some scripts build one on a single rank).
         self.checked = False
         self.uid = next(_reducer_ids)  # names this reducer's collectives (same order on every rank)
+        # the one-off agreement check and bucket-order exchange are bookkeeping, not gradients: the
+        # timeline marks their rows internal (hidden by its tools unless asked)
+        self.check_name = _mark_internal(f"DistributedOptimizer.{self.uid}.check")
+        self.order_name = _mark_internal(f"DistributedOptimizer.{self.uid}.order")
         self.handles = []
         self._register_hooks()
 
@@ -276,7 +281,7 @@ class _GradReducer:
         d = zlib.crc32(repr(sorted(mine.items())).encode()) & 0xFFFFF
         count, total, squares = _collectives.allreduce(
             torch.tensor([1, d, d * d], dtype=torch.int64), op=ops.Sum,
-            name=f"DistributedOptimizer.{self.uid}.check", process_set=self.process_set).tolist()
+            name=self.check_name, process_set=self.process_set).tolist()
         if count * squares == total * total:
             return
         try:
@@ -578,8 +583,7 @@ class _GradReducer:
         # first rank itself has joined, the leading 0 says so and the layout stays.
         mine = dist.get_rank() == self.root
         t = torch.tensor([1] + order if mine else [0] * (len(order) + 1), dtype=torch.int64)
-        t = _collectives.allreduce(t, op=ops.Sum, name=f"DistributedOptimizer.{self.uid}.order",
-                                   process_set=self.process_set)
+        t = _collectives.allreduce(t, op=ops.Sum, name=self.order_name, process_set=self.process_set)
         got, order = int(t[0]), t[1:].tolist()
         if got == 1 and order != self.order:
             for b in self.buckets:
@@ -683,11 +687,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Finish reducing every gradient and write the results into ``p.grad``.
 
         Parameters whose gradient never arrived on this rank are reduced as zeros (their ``grad``
-        becomes a tensor), so ranks that used different parameters do not hang.
+        becomes a tensor), so ranks that used different parameters do not hang.  While a timeline
+        records, the end of each synchronize is written as a ``STEP`` mark (the plot's step
+        boundaries, ``horovod_compat.timeline.writer``).
         """
         if self._hvd_reducer is not None:
             self._hvd_reducer.synchronize()
         self._synchronized = True
+        self._hvd_steps = self.__dict__.get("_hvd_steps", 0) + 1
+        if _hooks.active:
+            # the timeline's step boundary: every gradient of this step is reduced
+            reducer = self._hvd_reducer
+            uid = reducer.uid if reducer is not None else -1
+            _hooks.emit(_hooks.STEP, f"DistributedOptimizer.{uid}", step=self._hvd_steps, optimizer=uid)
 
     def skip_synchronize(self) -> "contextlib.AbstractContextManager[None]":
         """Inside this context ``step()`` does not synchronize (use after an explicit synchronize())."""
