@@ -16,6 +16,7 @@ import collections
 import logging
 import pickle
 import queue
+import re
 import sys
 import threading
 import time
@@ -24,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from . import payload, protocol
-from .errors import JobTimeoutError, LaunchTimeoutError, RankFailedError, describe_exit
+from .errors import (JobTimeoutError, LaunchTimeoutError, RankFailedError, describe_exit,
+                     last_traceback, parse_exception_line)
 from .hub import DriverHub, SpawnRouter, TaskRendezvous
 from .launchers import Launcher, PythonLauncher
 from .placement import JobContext, LocalPlacement, Placement
@@ -45,8 +47,9 @@ PLACEMENT_END_GRACE_SECONDS = 2.0
 #: How long after a rank's exit the engine keeps reading what it sent before the exit.
 DISCONNECT_GRACE_SECONDS = 10.0
 
-# Messages of errors that are the consequence of another rank's death, not a cause.
-_COLLATERAL_MARKERS = (
+#: Words of errors that are the knock-on of another rank's failure, not a cause: the transports'
+#: (gloo, sockets) and the Horovod runtime's for a peer that died, stopped responding or left.
+KNOCK_ON_MARKERS = (
     "Connection closed by peer",
     "Connection reset by peer",
     "Broken pipe",
@@ -55,11 +58,33 @@ _COLLATERAL_MARKERS = (
     "recvBytes",
     "ECONNRESET",
     "peer closed",
+    "left the job",
+    "stopped responding",
+    "exited while rank",
+    "closed its connection",
+    "left a shared-memory allreduce",
+    "Horovod has been shut down. This was caused by an exception on one of the ranks",
 )
+#: What ``torch.distributed.init_process_group`` puts before every line of a rank's uncaught
+#: exception (its ``sys.excepthook``): the driver names the rank already.
+_TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
+
+
+def is_knock_on(message: Optional[str]) -> bool:
+    """Whether an error with this message is the knock-on of another rank's failure rather than
+    a cause. The one place that decides it: the engine's choice of the root cause, its one-line
+    report of the others and the Horovod front ends' output use it."""
+    return bool(message) and any(marker in message for marker in KNOCK_ON_MARKERS)
+
+
+def strip_torch_rank_prefix(line: str) -> str:
+    """`line` without the ``[rankN]: `` that torch's exception hook adds in a rank process."""
+    return _TORCH_RANK_PREFIX.sub("", line, count=1)
 
 
 def print_output(rank: Optional[int], stream: str, line: str) -> None:
-    """Default output handler: each line on the driver's stdout/stderr with a rank prefix."""
+    """Default output handler: each line on the driver's stdout/stderr with a rank prefix
+    (``[rank N] `` or ``[launcher] ``)."""
     target = sys.stdout if stream == "stdout" else sys.stderr
     prefix = "[launcher]" if rank is None else f"[rank {rank}]"
     target.write(f"{prefix} {line}\n")
@@ -91,6 +116,8 @@ class WorkerRecord:
     started_at: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
     tail: Deque[str] = field(default_factory=lambda: collections.deque(maxlen=OUTPUT_TAIL_LINES))
+    #: its last stderr lines, where the traceback of an uncaught exception in a command is found
+    stderr_tail: Deque[str] = field(default_factory=lambda: collections.deque(maxlen=OUTPUT_TAIL_LINES))
 
     @property
     def rank(self) -> int:  # the name fixed-size jobs use
@@ -178,6 +205,9 @@ class Job:
         """A line from a rank, or (rank None) from the launcher itself, e.g. mpirun."""
         state = self._states.get(rank) if rank is not None else None
         if state is not None:
+            if stream == "stderr":
+                line = strip_torch_rank_prefix(line)
+                state.stderr_tail.append(line)
             state.tail.append(line)
         else:
             self._launcher_tail.append(line)
@@ -399,36 +429,62 @@ class Job:
             (s.rank, self._summary(s)) for s in sorted(self._states.values(), key=lambda s: s.rank)
             if s is not root and (self._failed(s) or s.stopped_by_driver)
         ]
-        error = root.error or {}
+        exc_type, exc_message, traceback = self._reported(root)
         tail = list(root.tail) + [f"[launcher] {line}" for line in self._launcher_tail]
         return RankFailedError(
             rank=root.rank,
-            exit_code=root.returncode,
-            exc_type=error.get("exc_type"),
-            exc_message=error.get("exc_message"),
-            traceback=error.get("traceback"),
+            exit_code=self._exit_code(root),
+            exc_type=exc_type,
+            exc_message=exc_message,
+            traceback=traceback,
             output_tail=tail,
             other_failures=others,
         )
 
     @staticmethod
-    def _root_cause_key(state: WorkerRecord) -> Tuple[int, float]:
+    def _exit_code(state: WorkerRecord) -> Optional[int]:
+        """The worker's exit status as `subprocess` gives it (negative: killed by that signal);
+        a rank that ran a command reports the signal that killed the command."""
+        signum = (state.error or {}).get("signal")
+        return -signum if signum else state.returncode
+
+    @classmethod
+    def _reported(cls, state: WorkerRecord) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+        """(exception type, message, traceback) of the worker's failure: what it reported, else,
+        for a command that exited non-zero (not by a signal), the traceback it printed last."""
+        error = state.error or {}
+        if error.get("exc_type"):
+            return error["exc_type"], error.get("exc_message"), error.get("traceback")
+        code = cls._exit_code(state)
+        if code is None or code <= 0:
+            return None, None, None
+        block = last_traceback(list(state.stderr_tail))
+        if block is None:
+            return None, None, None
+        exc_type, exc_message = parse_exception_line(block[-1])
+        return exc_type, exc_message, "\n".join(block) + "\n"
+
+    @classmethod
+    def _root_cause_key(cls, state: WorkerRecord) -> Tuple[int, float]:
         """Prefer a rank that failed on its own over one whose peers' death broke its collective."""
-        message = (state.error or {}).get("exc_message", "") or ""
-        collateral = any(marker in message for marker in _COLLATERAL_MARKERS)
+        knock_on = is_knock_on(cls._reported(state)[1])
         # A rank that died without a word is seen first by its hub connection dropping (several
         # ranks under one mpirun share one exit report).
         died_at = state.disconnect_time if state.result is None and state.finished_at is None else None
         when = (state.error or {}).get("time") or died_at or state.exit_time or float("inf")
-        return (1 if collateral else 0, when)
+        return (1 if knock_on else 0, when)
 
-    @staticmethod
-    def _summary(state: WorkerRecord) -> str:
+    @classmethod
+    def _summary(cls, state: WorkerRecord) -> str:
+        """One line: how a worker other than the root cause ended."""
+        how = describe_exit(cls._exit_code(state))
         if state.stopped_by_driver and state.error is None:
-            return f"stopped by the driver ({describe_exit(state.returncode)})"
-        if state.error and state.error.get("exc_type"):
-            return f"{state.error['exc_type']}: {state.error['exc_message']}"
-        return describe_exit(state.returncode)
+            return f"stopped by the driver ({how})"
+        exc_type, exc_message, _ = cls._reported(state)
+        if not exc_type:
+            return how
+        lines = (exc_message or "").strip().splitlines() or [""]
+        return f"{exc_type}: {lines[0]}{' [...]' if len(lines) > 1 else ''} ({how})"
 
     def _collect(self) -> Any:
         ranks = range(self.request.num_processes) if self.request.return_all else [0]

@@ -5,10 +5,113 @@ that caught PySpark's generic errors keeps working), raised only after every ran
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
 
 
 _TAIL_SHOWN = 40
+
+#: The first line of every Python traceback.
+TRACEBACK_HEADER = "Traceback (most recent call last):"
+_FRAME = re.compile(r'^  File "(?P<path>[^"]*)", line \d+')
+_EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?:: (?P<message>.*))?$")
+#: Packages whose frames `fold_frames` folds, by directory name -> label (see `fold_package`).
+_FOLDED_PACKAGES: Dict[str, str] = {}
+
+
+def fold_package(name: str, label: Optional[str] = None) -> None:
+    """Fold the frames of the package `name` (files under a directory of that name, wherever it
+    is installed, on this host or a rank's) in the tracebacks of `RankFailedError` and of
+    `fold_frames`: a front end registers its own package so that its users see their code, not its
+    internals. The engine registers none."""
+    _FOLDED_PACKAGES[name] = label or name
+
+
+def fold_frames(lines: Sequence[str], packages: Optional[Dict[str, str]] = None) -> List[str]:
+    """A traceback's `lines` with each run of consecutive frames in one of the folded packages
+    (default: those registered with `fold_package`) replaced by one line
+    ``  ... (N frames in <package>)``. Frames of other code, and every other line, are kept."""
+    packages = _FOLDED_PACKAGES if packages is None else packages
+    if not packages:
+        return list(lines)
+    frames: List[Tuple[Optional[str], List[str]]] = []  # (package or None, the frame's lines)
+    for line in lines:
+        match = _FRAME.match(line)
+        if match:
+            frames.append((_package_of(match.group("path"), packages), [line]))
+        elif frames and line.startswith("    ") and frames[-1][1][0].startswith("  File "):
+            frames[-1][1].append(line)  # the frame's source line and its ^^^^ markers
+        else:
+            frames.append((None, [line]))
+    out: List[str] = []
+    i = 0
+    while i < len(frames):
+        package, chunk = frames[i]
+        j = i
+        while package is not None and j + 1 < len(frames) and frames[j + 1][0] == package:
+            j += 1
+        if package is not None:
+            count = j - i + 1
+            out.append(f"  ... ({count} frame{'s' if count > 1 else ''} in {package})")
+        else:
+            out.extend(chunk)
+        i = j + 1
+    return out
+
+
+def _package_of(path: str, packages: Dict[str, str]) -> Optional[str]:
+    parts = path.replace("\\", "/").split("/")[:-1]
+    for name, label in packages.items():
+        if name in parts:
+            return label
+    return None
+
+
+def last_traceback(lines: Sequence[str]) -> Optional[List[str]]:
+    """The last complete Python traceback printed in `lines` (a rank's stderr, one string per
+    line): from its ``Traceback (most recent call last):`` line to the exception's line, with the
+    tracebacks it was chained to (``During handling of the above exception...``); None if none."""
+    for start in range(len(lines) - 1, -1, -1):
+        if lines[start] != TRACEBACK_HEADER:
+            continue
+        end = start + 1
+        while end < len(lines) and lines[end].startswith(" "):
+            end += 1
+        if end == len(lines):
+            return None  # cut short
+        while start >= 4 and lines[start - 1] == "" and lines[start - 2] in _CHAIN_LINES \
+                and lines[start - 3] == "":
+            earlier = _block_start(lines, start - 4)
+            if earlier is None:
+                break
+            start = earlier
+        return list(lines[start:end + 1])
+    return None
+
+
+_CHAIN_LINES = (
+    "The above exception was the direct cause of the following exception:",
+    "During handling of the above exception, another exception occurred:",
+)
+
+
+def _block_start(lines: Sequence[str], last: int) -> Optional[int]:
+    """Where the traceback whose exception line is `lines[last]` starts, or None."""
+    if lines[last].startswith(" "):
+        return None
+    k = last - 1
+    while k >= 0 and lines[k].startswith(" "):
+        k -= 1
+    return k if k >= 0 and lines[k] == TRACEBACK_HEADER else None
+
+
+def parse_exception_line(line: str) -> Tuple[Optional[str], Optional[str]]:
+    """(type, message) of a traceback's last line ``pkg.mod.Type: message``; the type without
+    its module, as the ranks report it; (None, None) if the line is no exception line."""
+    match = _EXCEPTION_LINE.match(line)
+    if not match:
+        return None, None
+    return match.group("type").rsplit(".", 1)[-1], match.group("message") or ""
 
 
 class DistributedRunError(RuntimeError):
@@ -17,6 +120,11 @@ class DistributedRunError(RuntimeError):
 
 class LaunchValidationError(DistributedRunError, ValueError):
     """The launch request is wrong; raised before any process is started."""
+
+
+class LaunchTypeError(LaunchValidationError, TypeError):
+    """An argument of the launch request has the wrong type (e.g. `num_processes="2"`); also a
+    `TypeError`, as Python (and PySpark's TorchDistributor) raise for such arguments."""
 
 
 class PayloadPicklingError(LaunchValidationError):
@@ -28,8 +136,10 @@ class RankFailedError(DistributedRunError):
 
     Attributes name the first failing rank and carry what it reported: `rank`, `exit_code`
     (negative for a signal, as in `subprocess`), `exc_type`, `exc_message`, `traceback` (the
-    rank's formatted traceback, or None when the process died without one) and `output_tail`
-    (its last output lines; every line was already printed live). `other_failures` lists later failures as (rank, summary) pairs.
+    rank's formatted traceback, or None when the process died without one; shown with the frames
+    of the packages registered with `fold_package` folded) and `output_tail` (its last output
+    lines; every line was already printed live). `other_failures` lists the other ranks that
+    failed or were stopped afterwards as (rank, one-line summary) pairs.
     """
 
     def __init__(
@@ -56,7 +166,8 @@ class RankFailedError(DistributedRunError):
         if self.exc_type:
             lines[0] += f": {self.exc_type}: {self.exc_message}"
         if self.traceback:
-            lines += ["", f"Traceback from rank {self.rank}:", self.traceback.rstrip()]
+            lines += ["", f"Traceback from rank {self.rank}:"]
+            lines += fold_frames(self.traceback.rstrip().split("\n"))
         elif self.output_tail:
             shown = self.output_tail[-_TAIL_SHOWN:]
             lines += ["", f"Last {len(shown)} output lines of rank {self.rank}:"]

@@ -96,8 +96,19 @@ def _run_command(argv: list) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
     code = child.wait()
+    if code < 0:
+        raise CommandSignalled(-code)
     if code:
-        raise SystemExit(128 - code if code < 0 else code)
+        raise SystemExit(code)
+
+
+class CommandSignalled(SystemExit):
+    """The rank's command was killed by signal `signum`: the rank exits with 128 + `signum`, as a
+    shell does, and tells the driver the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
 
 
 def _child_dies_with_us() -> None:
@@ -188,6 +199,8 @@ def main() -> int:
                 report.update(exc_type=None, exc_message=None)
             else:
                 print(code, file=sys.stderr)
+            if isinstance(exc, CommandSignalled):  # the driver says "killed by SIGKILL"
+                report["signal"] = exc.signum
             channel.send(Kind.ERROR, report)
         data = pickle.dumps(None) if send_result else None
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver

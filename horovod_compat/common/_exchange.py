@@ -156,8 +156,9 @@ class ShmExchange:
                     if w[j * step] >= s:
                         continue
                     raise HorovodInternalError(
-                        f"rank {j} of this process set called hvd.shutdown() (or left the job) "
-                        "while this rank waited for it in a collective")
+                        f"rank {j} of this process set left the job (its process is exiting, "
+                        "e.g. after an error, or it called hvd.shutdown()) while this rank "
+                        "waited for it in a collective")
                 if self.leaving:
                     raise HorovodInternalError("Horovod has been shut down on this rank")
                 return False

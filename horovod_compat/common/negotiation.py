@@ -365,8 +365,8 @@ class SetState:
             self._break(str(exc))
             raise
         except Exception as exc:  # the exchange failed: a peer died or left
-            self._break(f"a rank of process set {self.ranks} failed or left the job while this "
-                        f"rank negotiated with it: {exc}")
+            self._break(f"a rank of process set {self.ranks} stopped responding (its process "
+                        f"ended, or it left the job) while this rank negotiated with it: {exc}")
             raise HorovodInternalError(self.broken) from exc
         if not progressed:
             time.sleep(0.0002)  # nothing agreed: the others are still computing

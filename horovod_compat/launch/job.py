@@ -240,5 +240,6 @@ class HorovodJob:
         if self.verbose:
             print(f"horovod-compat: launching {self.describe()}", file=sys.stderr, flush=True)
         with RankOutput(stdout, stderr, timestamps=self.prefix_output_with_timestamp,
-                        directory=self.output_filename, size=self.num_proc) as output:
+                        directory=self.output_filename, size=self.num_proc,
+                        verbose=self.verbose) as output:
             return launch(request, placement=placement, launcher=self._launcher(), output=output)

@@ -67,9 +67,9 @@ def test_horovodrun_discovery_adds_a_third_worker_while_the_job_runs(tmp_path):
     output = "\n".join(lines)
     assert code == 0, output
     assert any("size 2" in line for line in lines) and any("size 3" in line for line in lines), output
-    done = sorted(line.split("] ", 1)[1] for line in lines if "done rank" in line)
+    done = sorted(line.split(">:", 1)[1] for line in lines if "done rank" in line)
     assert done == ["done rank 0 of 3", "done rank 1 of 3", "done rank 2 of 3"], output
-    assert any(line.startswith("[rank 2] ") for line in lines), "worker id 2 was never started"
+    assert any(line.startswith("[2]<stdout>:") for line in lines), "worker id 2 was never started"
 
 
 def _train_and_kill_one(marker):

@@ -173,8 +173,8 @@ def test_hostfile_output_folders_timestamps_verbose_and_env_in_a_real_run(tmp_pa
     assert "launching 2 process(es) on localhost:2 via direct processes" in done.stderr
     for rank in (0, 1):
         expected = f"HOROVOD_RANK={rank} HOROVOD_COMPAT_OP_TIMEOUT=55 TORCH_CPP_LOG_LEVEL=ERROR GLOO_SOCKET_IFNAME=lo"
-        line = next(l for l in done.stdout.splitlines() if f"[rank {rank}] HOROVOD_RANK" in l)
-        assert line.endswith(f"[rank {rank}] {expected}")
+        line = next(l for l in done.stdout.splitlines() if f"[{rank}]<stdout>:HOROVOD_RANK" in l)
+        assert line.endswith(f"[{rank}]<stdout>:{expected}")
         assert line[:3] in ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"), line  # time.asctime()
         stdout = (out / f"rank.{rank}" / "stdout").read_text().splitlines()
         stderr = (out / f"rank.{rank}" / "stderr").read_text().splitlines()

@@ -35,7 +35,7 @@ def test_results_in_rank_order_with_args_kwargs_and_the_callers_env(monkeypatch,
     assert [r["slot_rank"] for r in results] == ["0", "1", "2"]  # gloo mode: Horovod's variables
     assert {r["marker"] for r in results} == {"from-the-driver"}
     out = capsys.readouterr().out
-    assert all(f"[rank {r}] hello from {r}" in out for r in range(3))
+    assert all(f"[{r}]<stdout>:hello from {r}" in out for r in range(3))
 
 
 def test_use_mpi_and_the_deprecated_np_alias():

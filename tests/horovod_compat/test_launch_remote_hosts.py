@@ -89,7 +89,7 @@ def test_horovodrun_with_a_remote_host(fake_ssh, tmp_path):
                            str(hostfile), "-p", "2200", "-i", str(key), sys.executable, str(script)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "[rank 0] local 0 2" in done.stdout and "[rank 1] local 1 2" in done.stdout
+    assert "[0]<stdout>:local 0 2" in done.stdout and "[1]<stdout>:local 1 2" in done.stdout
     assert any(f"-p 2200 -i {key} otherhost" in c and "prted" in c
                for c in log.read_text().splitlines())
 

@@ -114,7 +114,7 @@ def test_horovodrun_runs_a_command_on_n_ranks(tmp_path):
         capture_output=True, text=True, timeout=120,
     )
     assert ok.returncode == 0, ok.stderr
-    assert f"[rank 1] rank 1 of 2 {tmp_path / 't.json'}" in ok.stdout
+    assert f"[1]<stdout>:rank 1 of 2 {tmp_path / 't.json'}" in ok.stdout
     failed = subprocess.run(
         horovodrun + ["-np", "2", "--mpi", sys.executable, str(script), "9"],
         capture_output=True, text=True, timeout=120,

@@ -56,9 +56,9 @@ def test_results_in_rank_order_local_ranks_per_host_output_and_env(spark, use_mp
     assert [r["slot_rank"] for r in results] == ([None, None] if use_mpi else ["0", "1"])
     for rank in (0, 1):
         line = next(l for l in out.getvalue().splitlines() if l.endswith(f"out of rank {rank}"))
-        assert line.endswith(f"[rank {rank}] out of rank {rank}")
+        assert line.endswith(f"[{rank}]<stdout>:out of rank {rank}")
         assert line[:3] in ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"), line
-        assert f"[rank {rank}] err of rank {rank}" in err.getvalue()
+        assert f"[{rank}]<stderr>:err of rank {rank}" in err.getvalue()
         assert f"out of rank {rank}" not in err.getvalue()
 
 
@@ -215,7 +215,7 @@ def test_run_elastic_replaces_a_killed_worker_inside_its_task_and_the_result_is_
         assert abs(r["weight"] - (1 - 0.8 ** r["step"])) < 1e-5, r
     assert any(r["resets"] for r in results), "the survivor must have been reset"
     # the replacement (worker 2, in the killed worker's task) joined the survivor as rank 1
-    assert "[rank 2] joined as rank 1 of 2" in out.getvalue(), out.getvalue()
+    assert "[2]<stdout>:joined as rank 1 of 2" in out.getvalue(), out.getvalue()
     assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
     deadline = time.monotonic() + 15
     while _ranks_with_marker(marker_env) and time.monotonic() < deadline:
@@ -238,4 +238,4 @@ def test_run_elastic_survives_a_lost_executor(spark, tmp_path):
         assert abs(r["weight"] - (1 - 0.8 ** r["step"])) < 1e-5, r
     text = out.getvalue()
     assert "Spark task 1 (attempt 0) on executor host 127.0.0.1 was lost, and worker 1 with it" in text
-    assert "[rank 2] joined as rank 1 of 2" in text, text  # in partition 1's next attempt
+    assert "[2]<stdout>:joined as rank 1 of 2" in text, text  # in partition 1's next attempt

@@ -37,4 +37,4 @@ def test_both_modes_on_a_standalone_cluster(cluster):
         results = horovod.spark.run(where, num_proc=2, use_mpi=use_mpi, stdout=out)
         assert [r[:4] for r in results] == [(0, 2, 0, 2), (1, 2, 1, 2)], use_mpi
         assert all(Path(r[4]).is_relative_to(standalone.work_dir) for r in results), results
-        assert "[rank 1] rank 1 works in" in out.getvalue()
+        assert "[1]<stdout>:rank 1 works in" in out.getvalue()

@@ -79,10 +79,10 @@ def _check(done):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     # rank 0 and rank 1 each train on half of the 256 images: 4 batches of 32 each.
-    assert re.search(r"\[rank 0\] Train Epoch: 1 \[64/128 \(50%\)\]", out), out
-    assert re.search(r"\[rank 1\] Train Epoch: 1 \[64/128 \(50%\)\]", out), out
-    assert re.search(r"\[rank 0\] Test set: Average loss: \d+\.\d+, Accuracy: \d+\.\d+%", out), out
-    assert "[rank 1] Test set" not in out  # only rank 0 reports
+    assert re.search(r"\[0\]<stdout>:Train Epoch: 1 \[64/128 \(50%\)\]", out), out
+    assert re.search(r"\[1\]<stdout>:Train Epoch: 1 \[64/128 \(50%\)\]", out), out
+    assert re.search(r"\[0\]<stdout>:Test set: Average loss: \d+\.\d+, Accuracy: \d+\.\d+%", out), out
+    assert "[1]<stdout>:Test set" not in out  # only rank 0 reports
 
 
 def test_pytorch_mnist_under_horovodrun(mnist_dir, tmp_path):

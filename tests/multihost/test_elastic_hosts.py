@@ -76,5 +76,5 @@ def test_a_host_joins_then_is_lost_and_the_job_finishes(cluster, tmp_path):
     assert phase == "lost" and lost_at is not None, output[-4000:]
     after = lines[lost_at:]
     assert any(f"size 2 hosts {first}" in line for line in after), output[-4000:]
-    done = sorted(line.split("] ", 1)[-1] for line in lines if "done rank" in line)
+    done = sorted(line.split(">:", 1)[-1] for line in lines if "done rank" in line)
     assert done == [f"done rank 0 of 2 on {first}", f"done rank 1 of 2 on {first}"], output[-4000:]

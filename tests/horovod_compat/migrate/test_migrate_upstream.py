@@ -99,7 +99,8 @@ def test_pytorch_mnist_rewritten_trains_like_the_unchanged_script_on_the_shim(tm
                           env={**os.environ, **env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rank0 = [line[len("[rank 0] "):] for line in proc.stdout.splitlines() if line.startswith("[rank 0] ")]
+    rank0 = [line[len("[0]<stdout>:"):] for line in proc.stdout.splitlines()
+             if line.startswith("[0]<stdout>:")]
     assert_same_metrics(metrics(rank0, prefixes), want)
 
 

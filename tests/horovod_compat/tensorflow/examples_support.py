@@ -152,8 +152,8 @@ def _killpg(pgid: int, sig: int) -> None:
 def rank_lines(output: str, rank: int) -> List[str]:
     """Rank `rank`'s lines of horovodrun's output, prefix removed. Lines end at "\\n" only: a
     Keras progress bar's "\\r" and "\\b" updates stay in their line."""
-    prefix = f"[rank {rank}] "
-    return [line[len(prefix):] for line in output.split("\n") if line.startswith(prefix)]
+    prefixes = (f"[{rank}]<stdout>:", f"[{rank}]<stderr>:")  # Horovod's, as horovodrun prints them
+    return [line[len(prefixes[0]):] for line in output.split("\n") if line.startswith(prefixes)]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

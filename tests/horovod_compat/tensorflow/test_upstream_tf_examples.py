@@ -201,7 +201,7 @@ def _check_tensorflow2_mnist(out: str, tmp_path: Path, steps: int = 5000) -> Non
 
 @pytest.mark.timeout(600)
 def test_tensorflow2_mnist_under_horovodrun(tmp_path, small_env):
-    stop = r"^\[rank 0\] Step #300\s" if SHORT else None
+    stop = r"^\[0\]<std(?:out|err)>:Step #300\s" if SHORT else None
     done = _launch([*HOROVODRUN, sys.executable, str(TF2 / "tensorflow2_mnist.py")], tmp_path,
                    {**small_env, **LEGACY}, timeout=540, stop_when=stop)
     _check_tensorflow2_mnist(done.before_stop, tmp_path, steps=310 if SHORT else 5000)
@@ -233,7 +233,7 @@ def _check_tensorflow2_keras_mnist(out: str, tmp_path: Path, epochs: int = 24) -
 
 @pytest.mark.timeout(600)
 def test_tensorflow2_keras_mnist_under_horovodrun(tmp_path, small_env):
-    stop = r"^\[rank 0\] Epoch 5/24\s*$" if SHORT else None
+    stop = r"^\[0\]<std(?:out|err)>:Epoch 5/24\s*$" if SHORT else None
     done = _launch([*HOROVODRUN, sys.executable, str(TF2 / "tensorflow2_keras_mnist.py")], tmp_path,
                    {**small_env, **KERAS3}, timeout=540, stop_when=stop)
     _check_tensorflow2_keras_mnist(done.before_stop, tmp_path, epochs=4 if SHORT else 24)
@@ -389,7 +389,7 @@ def test_tensorflow2_mnist_elastic_survives_a_killed_worker(tmp_path, mnist28_en
     # 28x28 digits: the script runs 100 // size steps, and the kill must land mid-training
     done = _launch([*ELASTIC_HOROVODRUN, sys.executable, str(ELASTIC / "tensorflow2_mnist_elastic.py")],
                    tmp_path, {**mnist28_env, **LEGACY}, timeout=420,
-                   kill_worker_when=r"\[rank 0\] Step #10\b", worker_pids=_worker_pids())
+                   kill_worker_when=r"\[0\]<std(?:out|err)>:Step #10\b", worker_pids=_worker_pids())
     _check_recovered(done)
     losses = step_losses(rank_lines(done.output, 0))
     assert losses and losses[-1][0] > 10, done.tail()  # it trained on after the kill
@@ -413,11 +413,11 @@ def test_tensorflow2_mnist_elastic_through_horovod_run(tmp_path, mnist28_env):
 @pytest.mark.timeout(600)
 def test_tensorflow2_keras_mnist_elastic_survives_a_killed_worker(tmp_path, small_env):
     # short: stopped once the restarted fit has done 2 epochs
-    stop = r"^\[rank 0\] Epoch 3/2[0-2]\s*$" if SHORT else None
+    stop = r"^\[0\]<std(?:out|err)>:Epoch 3/2[0-2]\s*$" if SHORT else None
     done = _launch([*ELASTIC_HOROVODRUN, sys.executable,
                     str(ELASTIC / "tensorflow2_keras_mnist_elastic.py")],
                    tmp_path, {**small_env, **KERAS3}, timeout=540, stop_when=stop,
-                   kill_worker_when=r"\[rank 0\] Epoch 3/24", worker_pids=_worker_pids())
+                   kill_worker_when=r"\[0\]<std(?:out|err)>:Epoch 3/24", worker_pids=_worker_pids())
     _check_recovered(done)
     lines = rank_lines(done.before_stop, 0)
     # epochs 1-2 before the kill, then fit(epochs=24 - state.epoch) again from the last commit:

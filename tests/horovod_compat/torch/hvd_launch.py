@@ -26,12 +26,13 @@ GLOO_ONLY = {**SHM_OFF, "HOROVOD_COMPAT_TCP_CONTROL": "0", "HOROVOD_COMPAT_TCP_D
 @dataclass
 class Launch:
     returncode: Optional[int]  # None when the launch was killed at the timeout
-    output: str                # horovodrun's stdout and stderr; rank lines are "[rank N] ..."
+    output: str                # horovodrun's stdout and stderr; rank lines are "[N]<stdout>:..."
     timed_out: bool
 
     def rank_lines(self, rank: int) -> List[str]:
-        prefix = f"[rank {rank}] "
-        return [line[len(prefix):] for line in self.output.splitlines() if line.startswith(prefix)]
+        """Rank `rank`'s lines (stdout and stderr), without Horovod's ``[N]<stdout>:`` prefix."""
+        prefixes = (f"[{rank}]<stdout>:", f"[{rank}]<stderr>:")
+        return [line[len(prefixes[0]):] for line in self.output.splitlines() if line.startswith(prefixes)]
 
     def tail(self, lines: int = 60) -> str:
         return "\n".join(self.output.splitlines()[-lines:])
