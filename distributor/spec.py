@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from .elastic.policy import ElasticPolicy
-from .errors import LaunchValidationError
+from .errors import LaunchTypeError, LaunchValidationError
 
 #: Called for every output line: (rank, stream name "stdout"/"stderr", line without newline).
 OutputHandler = Callable[[Optional[int], str, str], None]
@@ -147,12 +147,14 @@ class RankSpec:
 def validate_num_processes(value: Any, name: str) -> int:
     """Accept only a real positive int (not bool, float or str)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise LaunchValidationError(
+        raise LaunchTypeError(
             f"{name} must be a positive int, got {value!r} ({type(value).__name__}). "
             f"Pass e.g. {name}=2."
         )
     if value < 1:
-        raise LaunchValidationError(f"{name} must be at least 1, got {value}.")
+        # "has to be a positive integer": PySpark's TorchDistributor's words, which callers match
+        raise LaunchValidationError(
+            f"{name} has to be a positive integer (at least 1), got {value}. Pass e.g. {name}=2.")
     return value
 
 

@@ -22,9 +22,9 @@ SCRIPTS = Path(__file__).parent / "scripts"
         ({"num_processes": True}, "num_processes must be a positive int"),
         ({"num_processes": 2.0}, "num_processes must be a positive int"),
         ({"num_processes": "2"}, "num_processes must be a positive int"),
-        ({"num_processes": 0}, "at least 1"),
+        ({"num_processes": 0}, "has to be a positive integer \\(at least 1\\)"),
         ({"local_mode": "yes"}, "local_mode must be True or False"),
-        ({"use_gpu": 1}, "use_gpu must be True or False"),
+        ({"use_gpu": None}, "use_gpu must be True or False"),  # 0 and 1 pass, as in PySpark
     ],
 )
 def test_constructor_rejects_bad_arguments(kwargs, match):
