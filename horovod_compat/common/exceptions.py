@@ -7,7 +7,7 @@ when the host set changes; elastic ``State`` classes of every binding raise it.
 """
 from __future__ import annotations
 
-__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "get_version_mismatch_message",
+__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "get_version_mismatch_message", "peer_failure",
            "TOO_MANY_BACKWARDS", "ZERO_GRAD_PENDING", "STEP_AFTER_SYNC", "NOT_INITIALIZED"]
 
 # Horovod's messages, word for word (scripts and tests match on them).
@@ -24,7 +24,25 @@ STEP_AFTER_SYNC = ("optimizer.step() called without optimizer.skip_synchronize()
 
 
 class HorovodInternalError(RuntimeError):
-    """A collective failed inside the Horovod layer (mismatch across ranks, stall shutdown, ...)."""
+    """A collective failed inside the Horovod layer (mismatch across ranks, stall shutdown, ...).
+
+    ``knock_on`` is True when it failed because another rank did -- that rank (``peer``, its
+    global rank, when known) died, left, or stopped making progress (``frozen``) -- rather than
+    for a reason of this rank's own; the launchers use it to name the rank whose failure came
+    first. Build such errors with :func:`peer_failure`.
+    """
+
+    knock_on: bool = False
+    peer = None  # Optional[int]: the global rank that failed first, when known
+    frozen: bool = False
+
+
+def peer_failure(message: str, peer=None, frozen: bool = False) -> HorovodInternalError:
+    """The ``HorovodInternalError`` of a collective that failed because global rank ``peer``
+    died, left the job or (``frozen``) stopped making progress while this rank waited for it."""
+    error = HorovodInternalError(message)
+    error.knock_on, error.peer, error.frozen = True, peer, frozen
+    return error
 
 
 class HostsUpdatedInterrupt(RuntimeError):
