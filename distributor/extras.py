@@ -1,6 +1,6 @@
 """The optional parts of the installation, and the error that names the one to install.
 
-``pip install horovod-compat`` brings the core: torch, cloudpickle and libcst -- enough for
+``pip install horovod-compat`` brings the core: torch, numpy, cloudpickle and libcst -- enough for
 ``horovodrun``, ``horovod.torch``, ``horovod.run``, the timeline and the rewriter. Everything else
 is an extra, as Horovod kept Spark behind ``horovod[spark]``:
 

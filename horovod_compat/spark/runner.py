@@ -45,8 +45,8 @@ def _spark_context() -> Any:
         from pyspark import SparkContext
     except ImportError as exc:
         raise LaunchValidationError(
-            f"horovod.spark.run needs pyspark, which cannot be imported ({exc}). Install pyspark, "
-            "or use horovod.run to run the processes on this host.") from None
+            f"horovod.spark.run needs pyspark, which cannot be imported ({exc}): pip install "
+            "'horovod-compat[spark]', or use horovod.run to run the processes on this host.") from None
     context = SparkContext._active_spark_context
     if context is None or getattr(context, "_jsc", None) is None:
         raise LaunchValidationError(

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +21,7 @@ from horovod_compat.timeline.reader import parse, summarize
 from horovod_compat.timeline.writer import (INTERNAL_LABEL, STEP, TimelineRecorder, is_internal,
                                             mark_internal)
 
-REF = "/work/shared/reference/horovod_timeline"
+REF = str(Path(__file__).resolve().parents[3] / "shared" / "reference" / "horovod_timeline")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 6
 

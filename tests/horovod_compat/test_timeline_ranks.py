@@ -7,6 +7,7 @@ import json
 import os
 from collections import defaultdict
 from typing import Any
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,7 @@ from distributor import RankFailedError, run_function
 from horovod_compat.timeline.merge import merge_files
 from horovod_compat.timeline.reader import format_summary, load_events, summarize
 
-REF = "/work/shared/reference/horovod_timeline"
+REF = str(Path(__file__).resolve().parents[3] / "shared" / "reference" / "horovod_timeline")
 
 
 def _balance(events):

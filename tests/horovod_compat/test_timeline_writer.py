@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ from horovod_compat.timeline.merge import merge_files
 from horovod_compat.timeline.reader import format_summary, load_events, parse, summarize
 from horovod_compat.timeline.writer import TimelineRecorder, TraceFile, display_name
 
-REF = "/work/shared/reference/horovod_timeline"
+REF = str(Path(__file__).resolve().parents[3] / "shared" / "reference" / "horovod_timeline")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
