@@ -47,6 +47,7 @@ import numpy as np
 import tensorflow as tf
 import torch
 from tensorflow.python.eager import record as _record
+from tensorflow.python.framework.ops import EagerTensor
 from torch.utils.dlpack import to_dlpack
 
 from horovod_compat.common import collectives as _rt
@@ -340,7 +341,8 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
 
 
 #: Eager tensors of these dtypes are reduced by ``_allreduce_eager``.
-_EAGER = type(tf.constant(0))
+_EAGER = EagerTensor  # (not type(tf.constant(0)): that would start TensorFlow's context at import,
+#                       after which a program can no longer set its thread pools)
 _DIRECT = frozenset((tf.float16, tf.float32, tf.float64, tf.int8, tf.uint8, tf.int16, tf.int32,
                      tf.int64))
 
