@@ -99,8 +99,9 @@ def test_pytorch_mnist_rewritten_trains_like_the_unchanged_script_on_the_shim(tm
                           env={**os.environ, **env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rank0 = [line[len("[0]<stdout>:"):] for line in proc.stdout.splitlines()
-             if line.startswith("[0]<stdout>:")]
+    # the rewritten launch is distributor.run_function: the engine's own "[rank N] " prefix
+    rank0 = [line[len("[rank 0] "):] for line in proc.stdout.splitlines()
+             if line.startswith("[rank 0] ")]
     assert_same_metrics(metrics(rank0, prefixes), want)
 
 
