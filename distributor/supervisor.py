@@ -134,12 +134,15 @@ class Supervisor:
             return {rank: proc.popen.pid for rank, proc in self._procs.items()}
 
     def stop(self, ranks: Optional[Sequence[int]] = None, grace: float = 3.0) -> None:
-        """SIGTERM the ranks' process groups, then SIGKILL whatever is left after `grace`."""
+        """SIGTERM the ranks' process groups, then SIGKILL whatever is left after `grace`. SIGCONT
+        follows the SIGTERM: a stopped (SIGSTOPped, frozen) process would otherwise keep it pending
+        for the whole grace."""
         with self._lock:
             procs = [p for r, p in self._procs.items() if ranks is None or r in ranks]
         running = [p for p in procs if p.popen.poll() is None]
         for proc in running:
             _signal_group(proc.popen.pid, signal.SIGTERM)
+            _signal_group(proc.popen.pid, signal.SIGCONT)
         deadline = time.monotonic() + grace
         for proc in running:
             try:
