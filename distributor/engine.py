@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Collection, Deque, Dict, List, Optional, Tuple
 
 from . import payload, protocol
 from .errors import (JobTimeoutError, LaunchTimeoutError, RankFailedError, describe_exit,
@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 #: How long after the first failure the engine waits for other failures before choosing the root
 #: cause (a rank that dies takes its peers' collectives down with it a moment later).
 FAILURE_SETTLE_SECONDS = 0.5
+#: The most it waits after the first failure: while every failure so far is a knock-on (a rank
+#: whose collective failed because a peer died or left), for the cause to report; once a cause
+#: has reported (a command reports before it exits), for the failed ranks to exit on their own,
+#: so that they are shown with their own exit status rather than stopped.
+KNOCK_ON_SETTLE_SECONDS = 3.0
 #: How long a rank that already sent its result may take to exit before it is stopped.
 EXIT_GRACE_SECONDS = 30.0
 OUTPUT_TAIL_LINES = 200
@@ -71,10 +76,40 @@ _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
 
 
 def is_knock_on(message: Optional[str]) -> bool:
-    """Whether an error with this message is the knock-on of another rank's failure rather than
-    a cause. The one place that decides it: the engine's choice of the root cause, its one-line
-    report of the others and the Horovod front ends' output use it."""
+    """Whether an error with this message reads as the knock-on of another rank's failure rather
+    than a cause: the text fallback of `classify_failure` for ranks that send no typed report
+    (plain torch/gloo scripts), and what the Horovod front ends' live output folds."""
     return bool(message) and any(marker in message for marker in KNOCK_ON_MARKERS)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a failed worker's failure was (`classify_failure`): a `cause` (it failed on its own)
+    or a knock-on of rank `peer`'s failure (None: unknown rank) -- `frozen` when that peer stopped
+    making progress rather than died; `typed` when the worker said so itself
+    (`distributor.failure_report`), not read from the text of its error."""
+
+    cause: bool
+    peer: Optional[int] = None
+    frozen: bool = False
+    typed: bool = False
+
+
+def classify_failure(error: Optional[dict], message: Optional[str],
+                     exit_code: Optional[int]) -> Verdict:
+    """The one place that decides whether a failure is a cause or a knock-on: the typed fields of
+    the worker's report (``knock_on``, ``peer``, ``frozen``) when it has them; else a death by a
+    signal is a cause, and an error is a knock-on when its `message` reads as one (`is_knock_on`)."""
+    error = error or {}
+    if "knock_on" in error:
+        if not error["knock_on"]:
+            return Verdict(cause=True, typed=True)
+        peer = error.get("peer")
+        return Verdict(cause=False, peer=peer if isinstance(peer, int) and not isinstance(peer, bool) else None,
+                       frozen=bool(error.get("frozen")), typed=True)
+    if error.get("signal") or (exit_code is not None and exit_code < 0):
+        return Verdict(cause=True)
+    return Verdict(cause=not is_knock_on(message))
 
 
 def strip_torch_rank_prefix(line: str) -> str:
@@ -187,6 +222,7 @@ class Job:
         self._channels: Dict[Channel, int] = {}
         self.hub: Optional[DriverHub] = None
         self._stopping = False
+        self._stopped_running: set = set()  # ranks still running when the driver stopped them
         self._launcher_tail: Deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self._spawns = SpawnRouter()
         self._slots = TaskRendezvous()
@@ -339,9 +375,10 @@ class Job:
             if self.placement.failure() is not None:
                 self._stop_all()
                 continue
-            if first_failure_at is None and any(self._failed(s) for s in states):
+            failed = [s for s in states if self._failed(s)]
+            if first_failure_at is None and failed:
                 first_failure_at = now
-            if first_failure_at is not None and now - first_failure_at >= FAILURE_SETTLE_SECONDS:
+            if first_failure_at is not None and self._settled(states, failed, now - first_failure_at):
                 self._stop_all()
                 continue
             timeout_error = self._check_timeouts(states, now - started, now)
@@ -404,6 +441,22 @@ class Job:
             state.returncode not in (None, 0) and state.finished_at is None
         )
 
+    @classmethod
+    def _settled(cls, states: List[WorkerRecord], failed: List[WorkerRecord], elapsed: float) -> bool:
+        """Whether, `elapsed` seconds after the first failure, the root cause is known and the
+        others may be stopped: `FAILURE_SETTLE_SECONDS` after it once a cause has failed (or
+        every rank has, each a knock-on) and the failed ranks have exited; at the latest
+        `KNOCK_ON_SETTLE_SECONDS` after it."""
+        if elapsed >= KNOCK_ON_SETTLE_SECONDS:
+            return True
+        if elapsed < FAILURE_SETTLE_SECONDS:
+            return False
+        # with no cause yet, one can still report unless every rank has failed already
+        if len(failed) < len(states) and not any(cls._classify(s).cause for s in failed):
+            return False
+        # the failed ranks are exiting: let them, so that each is shown with its own exit status
+        return all(s.returncode is not None or s.disconnected for s in failed)
+
     def _stop_all(self) -> None:
         """Stop every rank that is still running; only the first call acts."""
         if self._stopping:
@@ -413,74 +466,128 @@ class Job:
             for s in self._states.values():
                 if s.returncode is None:
                     s.move(WorkerState.STOPPED)
+                    if not s.disconnected:  # (under mpirun an exited rank's status comes later)
+                        self._stopped_running.add(s.rank)
         if self.hub is not None:
             self.hub.broadcast(Kind.STOP)
         self.placement.stop()
 
     def _failure_error(self) -> Optional[RankFailedError]:
-        failed = [
-            s for s in self._states.values()
-            if self._failed(s) and (s.error is not None or not s.stopped_by_driver)
-        ]
+        """The root cause: the failed rank that came first in causal order. A rank that failed
+        on its own (the earliest of them) over the knock-ons of its death; if every failure is a
+        knock-on, a rank they name that did not fail itself (it froze, or finished while they
+        waited for it), else the rank named by the others, else the earliest."""
+        failed = [s for s in self._states.values() if self._failed(s) and self._own_failure(s)]
         if not failed:
             return None
-        root = min(failed, key=self._root_cause_key)
+        verdicts = {s.rank: self._classify(s) for s in failed}
+        causes = [s for s in failed if verdicts[s.rank].cause]
+        reason = None
+        if causes:
+            root = min(causes, key=self._when)
+        else:
+            blamed = [(self._when(s), verdicts[s.rank].peer, s.rank) for s in failed
+                      if verdicts[s.rank].peer in self._states]
+            failed_ranks = {s.rank for s in failed}
+            silent = [peer for _, peer, _ in sorted(blamed) if peer not in failed_ranks]
+            if silent:
+                root = self._states[silent[0]]
+                waiting = sorted(rank for _, peer, rank in blamed if peer == root.rank)
+                reason = self._unresponsive(root, waiting,
+                                            any(verdicts[r].frozen for r in waiting))
+            else:
+                named = {peer for _, peer, _ in blamed}
+                root = min(failed, key=lambda s: (s.rank not in named, self._when(s)))
         others = [
             (s.rank, self._summary(s)) for s in sorted(self._states.values(), key=lambda s: s.rank)
             if s is not root and (self._failed(s) or s.stopped_by_driver)
         ]
-        exc_type, exc_message, traceback = self._reported(root)
+        exc_type, exc_message, traceback = self._reported(root) if reason is None else (None, None, None)
         tail = list(root.tail) + [f"[launcher] {line}" for line in self._launcher_tail]
         return RankFailedError(
             rank=root.rank,
-            exit_code=self._exit_code(root),
+            exit_code=self._exit_code(root, self._stopped_running),
             exc_type=exc_type,
             exc_message=exc_message,
             traceback=traceback,
             output_tail=tail,
             other_failures=others,
+            reason=reason,
         )
 
     @staticmethod
-    def _exit_code(state: WorkerRecord) -> Optional[int]:
-        """The worker's exit status as `subprocess` gives it (negative: killed by that signal);
-        a rank that ran a command reports the signal that killed the command."""
-        signum = (state.error or {}).get("signal")
-        return -signum if signum else state.returncode
+    def _own_failure(state: WorkerRecord) -> bool:
+        """Whether a failed worker's failure is its own doing, not the driver's stopping it (a
+        rank the driver stopped counts only with an error report that is not a death by a signal)."""
+        if not state.stopped_by_driver:
+            return True
+        return state.error is not None and not state.error.get("signal")
+
+    @staticmethod
+    def _unresponsive(state: WorkerRecord, waiting: List[int], frozen: bool) -> str:
+        """Why a rank that did not fail is the root cause: ranks `waiting` failed waiting for it."""
+        who = (f"rank {waiting[0]}" if len(waiting) == 1
+               else "ranks " + ", ".join(map(str, waiting[:-1])) + f" and {waiting[-1]}")
+        if state.finished_at is not None or state.returncode == 0:
+            return f"finished while {who} waited for it in a collective"
+        if frozen:
+            return f"stopped responding (no progress while {who} waited for it in a collective)"
+        return f"stopped responding: {who} failed waiting for it in a collective"
 
     @classmethod
-    def _reported(cls, state: WorkerRecord) -> Tuple[Optional[str], Optional[str], Optional[str]]:
-        """(exception type, message, traceback) of the worker's failure: what it reported, else,
-        for a command that exited non-zero (not by a signal), the traceback it printed last."""
-        error = state.error or {}
-        if error.get("exc_type"):
-            return error["exc_type"], error.get("exc_message"), error.get("traceback")
+    def _classify(cls, state: WorkerRecord) -> Verdict:
+        """Cause or knock-on of which rank (`classify_failure`), for a failed worker."""
         code = cls._exit_code(state)
-        if code is None or code <= 0:
-            return None, None, None
-        block = last_traceback(list(state.stderr_tail))
-        if block is None:
-            return None, None, None
-        exc_type, exc_message = parse_exception_line(block[-1])
-        return exc_type, exc_message, "\n".join(block) + "\n"
+        message = cls._reported(state)[1] if "knock_on" not in (state.error or {}) else None
+        return classify_failure(state.error, message, code)
 
-    @classmethod
-    def _root_cause_key(cls, state: WorkerRecord) -> Tuple[int, float]:
-        """Prefer a rank that failed on its own over one whose peers' death broke its collective."""
-        knock_on = is_knock_on(cls._reported(state)[1])
+    @staticmethod
+    def _when(state: WorkerRecord) -> float:
+        """When the worker failed: the time in its report, else when it was seen to die."""
         # A rank that died without a word is seen first by its hub connection dropping (several
         # ranks under one mpirun share one exit report).
         died_at = state.disconnect_time if state.result is None and state.finished_at is None else None
-        when = (state.error or {}).get("time") or died_at or state.exit_time or float("inf")
-        return (1 if knock_on else 0, when)
+        return (state.error or {}).get("time") or died_at or state.exit_time or float("inf")
+
+    @staticmethod
+    def _exit_code(state: WorkerRecord, stopped: Collection[int] = ()) -> Optional[int]:
+        """The worker's exit status as `subprocess` gives it (negative: killed by that signal);
+        a rank that ran a command reports the signal that killed the command. None for a rank in
+        `stopped` (still running when the driver stopped it: its status is the driver's doing) or
+        whose command was stopped from outside after it reported its failure."""
+        error = state.error or {}
+        if error.get("signal"):
+            return -error["signal"]
+        return None if state.rank in stopped or error.get("stopped_by") else state.returncode
 
     @classmethod
-    def _summary(cls, state: WorkerRecord) -> str:
+    def _reported(cls, state: WorkerRecord) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+        """(exception type, message, traceback) of the worker's failure: what it reported; a
+        command (which reports no traceback, and its type and message only when it wrote a
+        failure report) that exited non-zero, not by a signal: the traceback it printed last."""
+        error = state.error or {}
+        exc_type, exc_message, traceback = error.get("exc_type"), error.get("exc_message"), error.get("traceback")
+        if traceback:
+            return exc_type, exc_message, traceback
+        code = cls._exit_code(state)
+        # a command that raised (it said so, or it exited with a status, not by a signal)
+        raised = not error.get("signal") and (bool(exc_type) or (code is not None and code > 0))
+        block = last_traceback(list(state.stderr_tail)) if raised else None
+        printed_type, printed_message = parse_exception_line(block[-1]) if block else (None, None)
+        if block is None or (exc_type and printed_type != exc_type.rsplit(".", 1)[-1]):  # not ours
+            return (exc_type, exc_message, None) if exc_type else (None, None, None)
+        if not exc_type:
+            exc_type, exc_message = printed_type, printed_message
+        return exc_type, exc_message, "\n".join(block) + "\n"
+
+    def _summary(self, state: WorkerRecord) -> str:
         """One line: how a worker other than the root cause ended."""
-        how = describe_exit(cls._exit_code(state))
         if state.stopped_by_driver and state.error is None:
-            return f"stopped by the driver ({how})"
-        exc_type, exc_message, _ = cls._reported(state)
+            return f"stopped by the driver ({describe_exit(self._exit_code(state))})"
+        how = describe_exit(self._exit_code(state, self._stopped_running))
+        if how == describe_exit(None):
+            how = "stopped by the driver"
+        exc_type, exc_message, _ = self._reported(state)
         if not exc_type:
             return how
         lines = (exc_message or "").strip().splitlines() or [""]

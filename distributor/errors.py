@@ -5,6 +5,9 @@ that caught PySpark's generic errors keeps working), raised only after every ran
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
+import os
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -60,11 +63,27 @@ def fold_frames(lines: Sequence[str], packages: Optional[Dict[str, str]] = None)
 
 
 def _package_of(path: str, packages: Dict[str, str]) -> Optional[str]:
-    parts = path.replace("\\", "/").split("/")[:-1]
+    """The label of the folded package `path` is a file of: under the package's directory on this
+    host, or under an installed copy of it (`site-packages/<name>/`) on another. A directory that
+    only has the package's name (a project's `tests/<name>/`) is not the package."""
+    path = path.replace("\\", "/")
     for name, label in packages.items():
-        if name in parts:
+        if any(path.startswith(root + "/") for root in _package_roots(name)) \
+                or f"/site-packages/{name}/" in path or f"/dist-packages/{name}/" in path:
             return label
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _package_roots(name: str) -> Tuple[str, ...]:
+    """The directories the package `name` is imported from on this host (none if it is not)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return ()
+    locations = (spec.submodule_search_locations or []) if spec is not None else []
+    return tuple(os.path.realpath(p).replace("\\", "/") for p in locations) + \
+        tuple(p.replace("\\", "/") for p in locations)
 
 
 def last_traceback(lines: Sequence[str]) -> Optional[List[str]]:
@@ -139,7 +158,9 @@ class RankFailedError(DistributedRunError):
     rank's formatted traceback, or None when the process died without one; shown with the frames
     of the packages registered with `fold_package` folded) and `output_tail` (its last output
     lines; every line was already printed live). `other_failures` lists the other ranks that
-    failed or were stopped afterwards as (rank, one-line summary) pairs.
+    failed or were stopped afterwards as (rank, one-line summary) pairs. `reason`, when set,
+    says why a rank that did not fail itself is the root cause (it stopped responding while the
+    others failed waiting for it) and replaces "failed" in the first line.
     """
 
     def __init__(
@@ -151,8 +172,10 @@ class RankFailedError(DistributedRunError):
         traceback: Optional[str] = None,
         output_tail: Sequence[str] = (),
         other_failures: Sequence[tuple[int, str]] = (),
+        reason: Optional[str] = None,
     ) -> None:
         self.rank = rank
+        self.reason = reason
         self.exit_code = exit_code
         self.exc_type = exc_type
         self.exc_message = exc_message
@@ -162,7 +185,9 @@ class RankFailedError(DistributedRunError):
         super().__init__(self._render())
 
     def _render(self) -> str:
-        lines = [f"Rank {self.rank} failed ({describe_exit(self.exit_code)})"]
+        how = describe_exit(self.exit_code)
+        lines = [f"Rank {self.rank} {self.reason} ({how})" if self.reason
+                 else f"Rank {self.rank} failed ({how})"]
         if self.exc_type:
             lines[0] += f": {self.exc_type}: {self.exc_message}"
         if self.traceback:
@@ -181,7 +206,7 @@ class RankFailedError(DistributedRunError):
         return (
             type(self),
             (self.rank, self.exit_code, self.exc_type, self.exc_message, self.traceback,
-             self.output_tail, self.other_failures),
+             self.output_tail, self.other_failures, self.reason),
         )
 
 

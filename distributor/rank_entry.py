@@ -10,18 +10,21 @@ from __future__ import annotations
 import atexit
 import ctypes
 import faulthandler
+import glob
 import os
 import pickle
 import runpy
+import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from . import netif, protocol, worker
+from . import failure_report, netif, protocol, worker
 from .payload import dumps_value, loads_target
 from .protocol import SEND_RESULT, Channel, Kind
 from .rank_env import (
@@ -90,25 +93,75 @@ class _DriverLink:
                 return
 
 
-def _run_command(argv: list) -> None:
-    """Run a command as this rank, sharing its stdout/stderr; its exit status becomes ours."""
-    child = subprocess.Popen(argv, preexec_fn=_child_dies_with_us)
+def _run_command(argv: list, on_report: Optional[Callable[[dict], None]] = None) -> None:
+    """Run a command as this rank, sharing its stdout/stderr; its exit status becomes ours.
+
+    The command gets ``DISTRIBUTOR_FAILURE_FILE`` (`failure_report`): a report it writes there is
+    passed to `on_report` as soon as it appears (the driver learns at once whether the failure is
+    a cause or a knock-on, before the command's teardown) and travels with the exit status."""
+    path = os.path.join(tempfile.gettempdir(),
+                        f"distributor-failure-{os.getpid()}-{secrets.token_hex(6)}.json")
+    env = {**os.environ, failure_report.FAILURE_FILE_VAR: path}
+    child = subprocess.Popen(argv, env=env, preexec_fn=_child_dies_with_us)
+    forwarded = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        forwarded.append(signum)
+        child.send_signal(signum)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
-    code = child.wait()
+        signal.signal(sig, forward)
+    report: Optional[dict] = None
+    try:
+        while True:
+            try:
+                code = child.wait(timeout=_REPORT_POLL_SECONDS)
+            except subprocess.TimeoutExpired:
+                code = None
+            if report is None and os.path.exists(path):
+                report = failure_report.read(path)
+                try:  # now, not at the end: a rank the driver stops never gets there
+                    os.unlink(path)
+                except OSError:
+                    pass
+                if report is not None and on_report is not None and code is None:
+                    on_report(report)
+            if code is not None:
+                break
+    finally:
+        for leftover in (path, *glob.glob(f"{glob.escape(path)}.*.part")):
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
     if code < 0:
-        raise CommandSignalled(-code)
+        # stopped from outside (the launcher ending the job) after it reported its own failure:
+        # the failure is what it reported, the signal only its end
+        raise CommandSignalled(-code, report, stopped=report is not None and -code in forwarded)
     if code:
-        raise SystemExit(code)
+        raise CommandFailed(code, report)
 
 
-class CommandSignalled(SystemExit):
+#: How often a rank running a command looks for the command's failure report.
+_REPORT_POLL_SECONDS = 0.05
+
+
+class CommandFailed(SystemExit):
+    """The rank's command exited with status `code`; `report` is the failure report it wrote
+    (`failure_report`), if any."""
+
+    def __init__(self, code: int, report: Optional[dict] = None) -> None:
+        super().__init__(code)
+        self.report = report
+
+
+class CommandSignalled(CommandFailed):
     """The rank's command was killed by signal `signum`: the rank exits with 128 + `signum`, as a
     shell does, and tells the driver the signal."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(128 + signum)
-        self.signum = signum
+    def __init__(self, signum: int, report: Optional[dict] = None, stopped: bool = False) -> None:
+        super().__init__(128 + signum, report)
+        self.signum, self.stopped = signum, stopped
 
 
 def _child_dies_with_us() -> None:
@@ -118,13 +171,13 @@ def _child_dies_with_us() -> None:
         pass
 
 
-def _run_target(payload: bytes) -> Any:
+def _run_target(payload: bytes, on_report: Optional[Callable[[dict], None]] = None) -> Any:
     target = loads_target(payload)
     if target[0] == "function":
         _, fn, args, kwargs = target
         return fn(*args, **kwargs)
     if target[0] == "command":
-        return _run_command(target[1])
+        return _run_command(target[1], on_report)
     _, path, argv = target
     sys.argv = [path, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
@@ -154,12 +207,15 @@ def _innermost(exc: BaseException) -> Optional[str]:
 
 
 def _error_report(exc: BaseException) -> dict:
+    """The driver's report of an exception raised in this process: with the typed fields
+    (`failure_report.fields`: cause or knock-on of which rank)."""
     return {
         "exc_type": type(exc).__qualname__,
         "exc_message": str(exc),
         "traceback": _user_traceback(exc),
         "time": time.time(),
         "where": _innermost(exc),  # an elastic job retries one exception at one place only once
+        **failure_report.fields(exc),
     }
 
 
@@ -186,21 +242,31 @@ def main() -> int:
     worker.attach(channel, rank)
     send_result, payload = body[:1] == SEND_RESULT, body[1:]
 
+    def early(report: dict) -> None:  # a command's failure report, before the command exits
+        try:
+            channel.send(Kind.ERROR, {"traceback": None, "where": None, **report})
+        except OSError:
+            pass  # the driver is gone: the watchdog ends this rank
+
     exit_code = 0
     try:
-        value = _run_target(payload)
+        value = _run_target(payload, early)
         data: Optional[bytes] = dumps_value(value, f"The return value of rank {rank}") if send_result else None
     except SystemExit as exc:
         code = exc.code
         exit_code = code if isinstance(code, int) else (0 if code is None else 1)
         if exit_code:
             report = {**_error_report(exc), "traceback": None}
+            for key in ("knock_on", "peer", "frozen"):  # an exit status alone says neither
+                report.pop(key, None)
             if isinstance(code, int):  # a plain exit status says it all
                 report.update(exc_type=None, exc_message=None)
             else:
                 print(code, file=sys.stderr)
             if isinstance(exc, CommandSignalled):  # the driver says "killed by SIGKILL"
-                report["signal"] = exc.signum
+                report["stopped_by" if exc.stopped else "signal"] = exc.signum
+            if isinstance(exc, CommandFailed) and exc.report:  # what the command said of it
+                report.update(exc.report)
             channel.send(Kind.ERROR, report)
         data = pickle.dumps(None) if send_result else None
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver

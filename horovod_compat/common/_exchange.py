@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from . import _mesh, _shm
-from .exceptions import HorovodInternalError
+from .exceptions import HorovodInternalError, peer_failure
 
 __all__ = ["WORDS", "Message", "GlooExchange", "ShmExchange", "TcpExchange", "create"]
 
@@ -131,8 +131,10 @@ class ShmExchange:
     blob_capacity = BLOB_BYTES
     HEAD = 8  # words per row header: sequence, bye, padding to one cache line
 
-    def __init__(self, mm: Any, n: int, me: int, pids: List[int]) -> None:
+    def __init__(self, mm: Any, n: int, me: int, pids: List[int],
+                 ranks: Optional[Sequence[int]] = None) -> None:
         self.mm, self.n, self.me = mm, n, me
+        self.ranks = list(ranks) if ranks is not None else list(range(n))  # global, by set index
         self.words = memoryview(mm).cast("q")
         self.bytes = memoryview(mm)
         self.bank = WORDS * 8 + BLOB_BYTES
@@ -155,10 +157,10 @@ class ShmExchange:
                 if w[j * step + 1]:
                     if w[j * step] >= s:
                         continue
-                    raise HorovodInternalError(
+                    raise peer_failure(
                         f"rank {j} of this process set left the job (its process is exiting, "
                         "e.g. after an error, or it called hvd.shutdown()) while this rank "
-                        "waited for it in a collective")
+                        "waited for it in a collective", peer=self.ranks[j])
                 if self.leaving:
                     raise HorovodInternalError("Horovod has been shut down on this rank")
                 return False
@@ -185,6 +187,11 @@ class ShmExchange:
             nb = row[2]
             out.append((row, bytes(b[base + WORDS * 8:base + WORDS * 8 + nb]) if nb else b""))
         return out
+
+    def departed(self) -> Optional[int]:
+        """The set index of a peer that announced it left (its ``bye`` word), if any."""
+        step = self.row // 8
+        return next((j for j in range(self.n) if j != self.me and self.words[j * step + 1]), None)
 
     def leave(self) -> None:
         """Tell the peers this rank is gone (they raise instead of waiting for it)."""
@@ -228,7 +235,7 @@ def create(st: Any) -> Tuple[Any, Optional[List[int]], Optional[_mesh.Mesh]]:
         except OSError:
             pass  # every rank's mapping failed alike (collective): fall through to the network
         else:
-            return ShmExchange(mm, st.n, st.me, pids), pids, None
+            return ShmExchange(mm, st.n, st.me, pids, st.ranks), pids, None
     if all(i[3] for i in info):
         mesh = _mesh.Mesh.build(st.me, st.n, same_host, st.ctl)
         return TcpExchange(mesh), pids, mesh if all(i[4] for i in info) else None

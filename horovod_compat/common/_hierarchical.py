@@ -116,4 +116,5 @@ def create(st: Any, mesh: Optional[_mesh.Mesh]) -> Optional[HostAwareAllreduce]:
         warnings.warn(f"horovod_compat: {exc}; allreduce data takes the flat ring over the hosts")
         return None
     local = _shm.SharedMemoryAllreduce(mm, k, local_index, [info[i][1] for i in mine], slot)
+    local.watch.attach(getattr(st, "watch", None), index=mine)  # the set's beats, by set index
     return HostAwareAllreduce(local, mesh, [group[local_index] for group in members])

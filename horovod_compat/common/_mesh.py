@@ -11,15 +11,23 @@ Set-up (``Mesh.build``, collective over the set's gloo control group): every ran
 ephemeral port (loopback when the set is on one host, else on all interfaces, advertising its
 address on the route to the rendezvous host); the set's first rank draws a random secret, handed to
 the others over the job's control group with the addresses; then every rank connects to each lower
-rank and accepts each higher one.  Each connection passes ``distributor.protocol``'s mutual HMAC
-challenge before a byte of it is read, and nothing is ever unpickled from it: control frames are
-int64 words and JSON, data are raw tensor bytes.
+rank and accepts each higher one, twice (see Liveness below).  Each connection passes
+``distributor.protocol``'s mutual HMAC challenge before a byte of it is read, and nothing is ever
+unpickled from it: control frames are int64 words and JSON, data are raw tensor bytes.
 
 Use: only the thread that drives the set's rounds touches the sockets, and every rank moves the
 same byte counts in the agreed order, so the streams stay aligned without headers on the data.  A
 failed transfer (a peer that exited, was killed or called ``shutdown()`` closes its sockets, so its
 peers read end of file; keep-alive probes notice a vanished host) breaks the mesh: that op and every
 later one raise ``HorovodInternalError``, as misaligned streams cannot be trusted again.
+
+Liveness: each pair of ranks has a second connection, set up and authenticated the same way, that
+carries only *beats* (one byte every ``liveness.INTERVAL`` from the process's beat thread) and the
+stall inspector's *posts* (``2, <u32 length>, JSON``); the beat thread also drains it.  A transfer
+that makes no progress for a moment checks the beats of the peers it waits for
+(``liveness.Watch``): a peer whose process is stopped, hung in native code or on a host that became
+unreachable shows none, and the transfer raises ``peer_failure(..., frozen=True)`` after
+``HOROVOD_COMPAT_FROZEN_SECONDS`` instead of waiting for ``HOROVOD_COMPAT_OP_TIMEOUT``.
 
 Ring allreduce (``allreduce``): the tensor is cut into one chunk per rank; n - 1 reduce-scatter
 steps (send a chunk to the right neighbour while receiving one from the left and combining it), then
@@ -34,6 +42,7 @@ import os
 import select
 import socket
 import struct
+import threading
 import time
 import warnings
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -45,8 +54,8 @@ from distributor import protocol
 from distributor.hub import routable_address
 from distributor.netif import address_toward, interface_address
 
-from . import ops
-from .exceptions import HorovodInternalError
+from . import liveness, ops
+from .exceptions import HorovodInternalError, peer_failure
 
 __all__ = ["Mesh", "MAX_RANKS", "allowed", "data_allowed"]
 
@@ -57,6 +66,12 @@ _BUF = 4 << 20  # socket buffer size asked for (the kernel caps it)
 #: An allreduce whose bytes times (n - 1) peers fit here goes by `Mesh.gather_allreduce`
 #: (``HOROVOD_COMPAT_GATHER_BYTES`` overrides it, the same on every rank; 0: always the ring).
 GATHER_BYTES = 64 << 10
+#: The rank index a connection announces carries this bit when it is the pair's beat connection.
+_BEAT = 1 << 31
+#: How often a transfer that makes no progress checks its peers' beats (seconds).
+_CHECK = 0.25
+#: Bytes queued on a beat connection whose peer reads nothing before beats are dropped.
+_OUTBOX_LIMIT = 1 << 16
 
 
 def allowed(n: int) -> bool:
@@ -73,12 +88,27 @@ def data_allowed() -> bool:
 class Mesh:
     """One connection to every other rank of a set; see the module docstring."""
 
-    def __init__(self, me: int, socks: List[Optional[socket.socket]]) -> None:
+    def __init__(self, me: int, socks: List[Optional[socket.socket]],
+                 beat_socks: Optional[List[Optional[socket.socket]]] = None) -> None:
         self.me, self.n = me, len(socks)
         self.socks = socks
         self.peers = [(j, s) for j, s in enumerate(socks) if s is not None]
+        self.index = {s: j for j, s in self.peers}
         self.leaving = False
         self.broken: Optional[str] = None
+        self.broken_error: Optional[BaseException] = None
+        # liveness: one more connection per peer carrying only beats (``liveness``), sent and
+        # drained by the process's beat thread; ``beats[j]`` counts the bytes peer j sent
+        self.beat_socks = [(j, s) for j, s in enumerate(beat_socks or []) if s is not None]
+        self.beats = [0] * self.n
+        self.posts: List[Optional[Tuple[float, bytes]]] = [None] * self.n  # (received, payload)
+        self._outbox = {j: bytearray() for j, _s in self.beat_socks}
+        self._inbox = {j: bytearray() for j, _s in self.beat_socks}
+        self._send_lock = threading.Lock()  # the beat thread and the stall inspector send
+        self.watch: Optional[liveness.Watch] = None
+        self.ranks: Optional[List[int]] = None  # the set's global ranks (``attach``)
+        if self.beat_socks:
+            liveness.register(self)
         self.timeout = float(os.environ.get("HOROVOD_COMPAT_OP_TIMEOUT", "1800"))
         self.gather_bytes = int(os.environ.get("HOROVOD_COMPAT_GATHER_BYTES", GATHER_BYTES))
         self._scratch = torch.empty(0, dtype=torch.uint8)
@@ -86,7 +116,8 @@ class Mesh:
     # -- set-up -------------------------------------------------------------------------------
     @classmethod
     def build(cls, me: int, n: int, same_host: bool, ctl: Any) -> "Mesh":
-        """Collective over control group ``ctl``: listen, swap addresses and the secret, connect."""
+        """Collective over control group ``ctl``: listen, swap addresses and the secret, connect
+        (two connections per pair: data and control frames, and beats)."""
         ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             ls.bind(("127.0.0.1" if same_host else "0.0.0.0", 0))
@@ -108,22 +139,25 @@ class Mesh:
                  secret: bytes) -> "Mesh":
         n = len(addrs)
         socks: List[Optional[socket.socket]] = [None] * n
+        beats: List[Optional[socket.socket]] = [None] * n
         try:
             for j in range(me):
-                try:
-                    s = socket.create_connection(addrs[j], timeout=_CONNECT_TIMEOUT)
-                except OSError as exc:
-                    raise ConnectionError(
-                        f"rank {me} of a process set cannot reach rank {j} at {addrs[j][0]}:"
-                        f"{addrs[j][1]} ({exc}) to build the set's TCP mesh. Name the network "
-                        "interface the hosts share with GLOO_SOCKET_IFNAME (horovodrun "
-                        "--network-interface), or negotiate over gloo with "
-                        "HOROVOD_COMPAT_TCP_CONTROL=0 HOROVOD_COMPAT_TCP_DATA=0") from exc
-                protocol.client_handshake(s, secret)
-                s.sendall(struct.pack("<I", me))
-                socks[j] = s
+                # two connections: the pair's data and control frames, then its beats
+                for table, tag in ((socks, me), (beats, me | _BEAT)):
+                    try:
+                        s = socket.create_connection(addrs[j], timeout=_CONNECT_TIMEOUT)
+                    except OSError as exc:
+                        raise ConnectionError(
+                            f"rank {me} of a process set cannot reach rank {j} at {addrs[j][0]}:"
+                            f"{addrs[j][1]} ({exc}) to build the set's TCP mesh. Name the network "
+                            "interface the hosts share with GLOO_SOCKET_IFNAME (horovodrun "
+                            "--network-interface), or negotiate over gloo with "
+                            "HOROVOD_COMPAT_TCP_CONTROL=0 HOROVOD_COMPAT_TCP_DATA=0") from exc
+                    table[j] = s
+                    protocol.client_handshake(s, secret)
+                    s.sendall(struct.pack("<I", tag))
             ls.settimeout(_CONNECT_TIMEOUT)
-            waiting = n - me - 1
+            waiting = 2 * (n - me - 1)
             while waiting:
                 s, _addr = ls.accept()
                 try:
@@ -133,19 +167,27 @@ class Mesh:
                     continue
                 s.settimeout(_CONNECT_TIMEOUT)
                 j = struct.unpack("<I", protocol.recv_exact(s, 4))[0]
-                if not me < j < n or socks[j] is not None:
+                table = beats if j & _BEAT else socks
+                j &= ~_BEAT
+                if not me < j < n or table[j] is not None:
+                    s.close()
                     raise protocol.AuthenticationError(f"unexpected rank index {j} in the mesh")
-                socks[j] = s
+                table[j] = s
                 waiting -= 1
         except BaseException:
-            for s in socks:
+            for s in socks + beats:
                 if s is not None:
                     s.close()
             raise
         for s in socks:
             if s is not None:
                 _tune(s)
-        return cls(me, socks)
+        for s in beats:
+            if s is not None:
+                s.settimeout(None)
+                s.setblocking(False)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(me, socks, beats)
 
     # -- transfers ----------------------------------------------------------------------------
     def exchange(self, frame: bytes, head_size: int,
@@ -167,7 +209,7 @@ class Mesh:
                     self._move(None, None, s, memoryview(body))
                 out[j] = bytes(head + body)
         except HorovodInternalError as exc:
-            self._fail(str(exc))
+            self._fail(exc)
         return out
 
     def allreduce(self, pairs: Sequence[Tuple[torch.Tensor, torch.Tensor]], op: int) -> List[Any]:
@@ -185,7 +227,7 @@ class Mesh:
                     dst.copy_(src)
                 self._ring(dst.detach().reshape(-1), combine)
         except HorovodInternalError as exc:
-            self._fail(str(exc))
+            self._fail(exc)
         return []
 
     def gathers(self, tensor: torch.Tensor) -> bool:
@@ -202,7 +244,7 @@ class Mesh:
         try:
             self._gather_reduce(src, dst, ops.COMBINE[op])
         except HorovodInternalError as exc:
-            self._fail(str(exc))
+            self._fail(exc)
 
     def _gather_reduce(self, src: torch.Tensor, dst: torch.Tensor, combine: Any) -> None:
         flat = src.detach().reshape(-1)
@@ -229,7 +271,7 @@ class Mesh:
         try:
             self._ring(flat, ops.COMBINE[op], members)
         except HorovodInternalError as exc:
-            self._fail(str(exc))
+            self._fail(exc)
 
     def _ring(self, flat: torch.Tensor, combine: Any, members: Optional[Sequence[int]] = None) -> None:
         """Ring allreduce of ``flat`` over ``members`` (default: every rank of the set)."""
@@ -269,7 +311,7 @@ class Mesh:
               in_s: Optional[socket.socket], in_mv: Optional[memoryview]) -> None:
         """Send all of ``out_mv`` on ``out_s`` while reading exactly ``len(in_mv)`` bytes from
         ``in_s`` (either side may be None)."""
-        sent, got, deadline = 0, 0, 0.0
+        sent, got, deadline, check_at = 0, 0, 0.0, 0.0
         ns = len(out_mv) if out_mv is not None else 0
         nr = len(in_mv) if in_mv is not None else 0
         while sent < ns or got < nr:
@@ -298,44 +340,129 @@ class Mesh:
                 deadline = 0.0  # the timeout counts time without any progress
             else:
                 now = time.monotonic()
-                deadline = deadline or now + self.timeout
+                if not deadline:
+                    deadline, check_at = now + self.timeout, now + _CHECK
                 if now >= deadline:
-                    raise HorovodInternalError(
+                    raise peer_failure(
                         f"no progress from a peer within HOROVOD_COMPAT_OP_TIMEOUT={self.timeout:g} s "
-                        "(it is stuck, or much slower than this rank)")
+                        "(it is stuck, or much slower than this rank)", frozen=True)
+                if self.watch is not None and now >= check_at:
+                    # stuck for a while: are the peers this transfer waits for still alive?
+                    check_at = now + _CHECK
+                    self.watch.check([self.index[x] for x, busy in ((in_s, got < nr),
+                                                                    (out_s, sent < ns)) if busy],
+                                     "a transfer over the TCP mesh")
                 select.select([in_s] if got < nr else [], [out_s] if sent < ns else [], [],
-                              deadline - now)
+                              min(deadline - now, _CHECK))
 
     def _lost(self, s: socket.socket, exc: Optional[BaseException]) -> HorovodInternalError:
         if self.leaving:
             return HorovodInternalError("Horovod has been shut down on this rank")
         j = self.socks.index(s)
         why = f": {exc}" if exc is not None else ""
-        return HorovodInternalError(
+        return peer_failure(
             f"rank {j} of this process set closed its connection (it called hvd.shutdown(), exited "
-            f"or was killed) while this rank exchanged data with it{why}")
+            f"or was killed) while this rank exchanged data with it{why}",
+            peer=self.ranks[j] if self.ranks is not None else None)
 
     def _check(self) -> None:
         if self.broken is not None:
-            raise HorovodInternalError(self.broken)
+            raise liveness.same_kind(self.broken_error, self.broken)
 
-    def _fail(self, msg: str) -> None:
-        self.broken = msg
-        raise HorovodInternalError(msg)
+    def _fail(self, exc: HorovodInternalError) -> None:
+        self.broken, self.broken_error = str(exc), exc
+        raise exc
+
+    # -- liveness -----------------------------------------------------------------------------
+    def attach(self, watch: Optional[liveness.Watch], ranks: Sequence[int]) -> None:
+        """Check ``watch`` (built on this mesh's beats) in transfers that stall; ``ranks``: the
+        set's global ranks, for the errors."""
+        self.watch, self.ranks = watch, list(ranks)
+
+    def beat(self) -> None:
+        """One beat to every peer, and read the peers' beats and posts; the beat thread calls
+        it.  Frames on a beat connection: ``1`` (a beat) or ``2, <u32 length>, payload`` (a
+        post)."""
+        self._send(b"\x01")
+        for j, s in self.beat_socks:
+            self._read_beats(j, s)
+
+    def _send(self, frame: bytes) -> None:
+        """Queue ``frame`` to every peer's beat connection and send what the sockets take."""
+        with self._send_lock:
+            for j, s in self.beat_socks:
+                out = self._outbox[j]
+                if len(out) < _OUTBOX_LIMIT:  # else the peer reads nothing: frozen or gone
+                    out += frame
+                try:
+                    del out[:s.send(out)]
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError:
+                    out.clear()  # gone: its data connection says so
+
+    def _read_beats(self, j: int, s: socket.socket) -> None:
+        inbox = self._inbox[j]
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            if not chunk:
+                break  # gone: its data connection says so
+            inbox += chunk
+        i, end = 0, len(inbox)
+        while i < end:
+            kind = inbox[i]
+            if kind == 1:
+                self.beats[j] += 1
+                i += 1
+            elif kind == 2 and end - i >= 5:
+                size = struct.unpack_from("<I", inbox, i + 1)[0]
+                if size > liveness.POST_BYTES:
+                    inbox.clear()  # not our framing (cannot happen between authenticated ranks)
+                    return
+                if end - i - 5 < size:
+                    break
+                self.posts[j] = (time.monotonic(), bytes(inbox[i + 5:i + 5 + size]))
+                self.beats[j] += 1
+                i += 5 + size
+            elif kind == 2:
+                break
+            else:
+                inbox.clear()
+                return
+        del inbox[:i]
+
+    def count(self, j: int) -> int:
+        """How many beats peer ``j`` sent so far (``liveness.Watch``)."""
+        return self.beats[j]
+
+    def post(self, payload: bytes) -> None:
+        """Send ``payload`` (this rank's stall-inspector post) to every peer."""
+        self._send(b"\x02" + struct.pack("<I", len(payload)) + payload)
+
+    def posted(self, j: int) -> Optional[Tuple[float, bytes]]:
+        """``(time received, payload)`` of peer ``j``'s latest post, or None."""
+        return self.posts[j]
 
     # -- shutdown -----------------------------------------------------------------------------
     def leave(self) -> None:
         """Shut the connections down: peers read end of file and raise; a thread of ours blocked
         on them wakes up and raises too."""
         self.leaving = True
-        for _j, s in self.peers:
+        liveness.unregister(self)
+        for _j, s in self.peers + self.beat_socks:
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
 
     def close(self) -> None:
-        for _j, s in self.peers:
+        liveness.unregister(self)
+        for _j, s in self.peers + self.beat_socks:
             s.close()
 
 

@@ -26,8 +26,10 @@ Ordering: the set's coordinator (``negotiation``) runs each agreed reduction in 
 in the one thread that drives its rounds; the segment is released only after that thread stopped.
 
 Failure: a rank waiting at a barrier checks every half second that its peers' processes are alive
-and gives up after ``HOROVOD_COMPAT_OP_TIMEOUT`` seconds; either raises ``HorovodInternalError`` and
-leaves the transport broken (later ops raise at once rather than exchanging misaligned data).
+and that the peers it waits for still beat (``liveness``: a frozen or stopped peer raises after
+``HOROVOD_COMPAT_FROZEN_SECONDS``), and gives up after ``HOROVOD_COMPAT_OP_TIMEOUT`` seconds; each
+raises ``HorovodInternalError`` and leaves the transport broken (later ops raise at once rather
+than exchanging misaligned data).
 ``HOROVOD_COMPAT_SHM_DATA=0`` moves data through gloo instead; ``HOROVOD_COMPAT_SHM_SLOT_KB`` sets
 the slot size (default 1024).  The memory ordering argument (data stores before the counter store)
 is x86-64's total store order, the same as the shared-memory control words of ``negotiation``.
@@ -38,13 +40,13 @@ import mmap
 import os
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
 
-from . import ops
-from .exceptions import HorovodInternalError
+from . import liveness, ops
+from .exceptions import HorovodInternalError, peer_failure
 
 __all__ = ["map_segment", "PeerWatch", "SharedMemoryAllreduce", "Transport", "create", "eligible",
            "data_enabled", "header_bytes", "slot_bytes"]
@@ -108,15 +110,36 @@ def _unlink(path: str) -> None:
 class PeerWatch:
     """Waits for peers through shared memory: spins briefly, then yields the CPU (2 ranks may
     share 2 cores), then sleeps; meanwhile checks every ~25 ms that the peers' processes still
-    exist and gives up after ``HOROVOD_COMPAT_OP_TIMEOUT`` seconds -- a peer that died or never
-    comes raises ``HorovodInternalError`` instead of hanging this rank."""
+    exist, and (``attach``) that the peers it waits for still show signs of life
+    (``liveness.Watch``: a frozen or stopped peer raises), and gives up after
+    ``HOROVOD_COMPAT_OP_TIMEOUT`` seconds -- a peer that died, froze or never comes raises
+    ``HorovodInternalError`` instead of hanging this rank."""
 
     def __init__(self, pids: List[int], me: int) -> None:
         self.pids, self.me = pids, me
         self.timeout = float(os.environ.get("HOROVOD_COMPAT_OP_TIMEOUT", "1800"))
+        self.liveness: Optional[liveness.Watch] = None
+        self.index: Optional[List[int]] = None  # this watch's peer j is index[j] of the set
+        self.pending: Optional[Callable[[], Iterable[int]]] = None
 
-    def wait(self, ready: Callable[[], bool], what: str) -> None:
-        """Return once ``ready()`` is true; ``what`` names the awaited thing in errors."""
+    def attach(self, watch: Optional[liveness.Watch], index: Optional[List[int]] = None,
+               pending: Optional[Callable[[], Iterable[int]]] = None) -> None:
+        """Check ``watch`` (the process set's beats) while waiting.  ``index`` maps this watch's
+        peers to the set's indices (a host's part of a set); ``pending()``, when given, says
+        which peers a wait that names none is waiting for (default: all)."""
+        self.liveness, self.index, self.pending = watch, index, pending
+
+    def _peer(self, j: int) -> Optional[int]:
+        """Peer ``j``'s global rank, when known."""
+        w = self.liveness
+        if w is None:
+            return None
+        return w.ranks[self.index[j] if self.index is not None else j]
+
+    def wait(self, ready: Callable[[], bool], what: str,
+             pending: Optional[Callable[[], Iterable[int]]] = None) -> None:
+        """Return once ``ready()`` is true; ``what`` names the awaited thing in errors;
+        ``pending()`` lists the peers not arrived yet (for the liveness check)."""
         spins = 0
         deadline = None
         while not ready():
@@ -131,15 +154,24 @@ class PeerWatch:
                 for j, pid in enumerate(self.pids):
                     # a peer may post what we wait for and then exit: look once more after its exit
                     if j != self.me and not _alive(pid) and not ready():
-                        raise HorovodInternalError(
+                        raise peer_failure(
                             f"rank {j} of this process set (pid {pid}) exited while rank "
-                            f"{self.me} waited for {what}")
+                            f"{self.me} waited for {what}", peer=self._peer(j))
                 now = time.monotonic()
                 deadline = deadline or now + self.timeout
                 if now > deadline:
-                    raise HorovodInternalError(
+                    raise peer_failure(
                         f"{what}: a peer did not arrive within HOROVOD_COMPAT_OP_TIMEOUT="
-                        f"{self.timeout:g} s")
+                        f"{self.timeout:g} s", frozen=True)
+                if self.liveness is not None:
+                    self._check(pending or self.pending, what)
+
+    def _check(self, pending: Optional[Callable[[], Iterable[int]]], what: str) -> None:
+        peers = pending() if pending is not None else range(len(self.pids))
+        if self.index is not None:
+            peers = [self.index[j] for j in peers]
+        assert self.liveness is not None
+        self.liveness.check(peers, what)
 
 
 class SharedMemoryAllreduce:
@@ -158,6 +190,7 @@ class SharedMemoryAllreduce:
         self.epoch = 0
         self.rounds = 0
         self.broken: Optional[str] = None
+        self.broken_error: Optional[BaseException] = None  # what broke it (its type travels on)
 
     def allreduce(self, src: torch.Tensor, dst: torch.Tensor, op: int,
                   across: Optional[Callable[[torch.Tensor], None]] = None) -> None:
@@ -166,7 +199,7 @@ class SharedMemoryAllreduce:
         when given, is called on each part this rank reduced, in place, before the part is
         published: the host-aware allreduce reduces it across hosts there."""
         if self.broken is not None:
-            raise HorovodInternalError(self.broken)
+            raise liveness.same_kind(self.broken_error, self.broken)
         combine = _COMBINE[op]
         n, me = self.n, self.me
         sf, df = src.reshape(-1), dst.reshape(-1)
@@ -241,18 +274,22 @@ class SharedMemoryAllreduce:
                 if c[j * step] >= e:
                     continue
                 if c[j * step + 1]:  # left before it reached this barrier
-                    raise HorovodInternalError(f"rank {j} of this host's part of the process set "
-                                               "left a shared-memory allreduce (it failed or "
-                                               "shut down)")
+                    raise peer_failure(f"rank {j} of this host's part of the process set left a "
+                                       "shared-memory allreduce (it failed or shut down)",
+                                       peer=self.watch._peer(j))
                 arrived = False
             return arrived
 
+        def pending() -> List[int]:
+            return [j for j in range(n) if c[j * step] < e]
+
         try:
-            self.watch.wait(ready, "the peers of a shared-memory allreduce")
+            self.watch.wait(ready, "the peers of a shared-memory allreduce", pending)
         except HorovodInternalError as exc:
             # the ranks' barrier counts no longer match: later transfers would mix up data
             self.broken = f"{exc} (the shared-memory transport of this process set is now unusable)"
-            raise HorovodInternalError(self.broken) from None
+            self.broken_error = exc
+            raise liveness.same_kind(exc, self.broken) from None
 
     def close(self) -> None:
         self.slots = []
@@ -349,4 +386,6 @@ def create(st: Any) -> Optional[Transport]:
 
         warnings.warn(f"horovod_compat: {exc}; allreduce data goes through gloo instead")
         return None
-    return Transport(SharedMemoryAllreduce(mm, st.n, st.me, st.pids, slot))
+    reducer = SharedMemoryAllreduce(mm, st.n, st.me, st.pids, slot)
+    reducer.watch.attach(getattr(st, "watch", None))
+    return Transport(reducer)

@@ -15,6 +15,10 @@ order.  What follows from it, on every launcher and transport:
   moves, so later collectives still work;
 * a rank that dies or leaves breaks the exchange: every rank's pending and later ops raise
   ``HorovodInternalError`` (until ``shutdown()`` and ``init()``);
+* a rank that stops making progress (its process stopped, hung in native code, its host gone)
+  while others wait for it is named by them: their wait raises ``peer_failure(..., frozen=True)``
+  after ``HOROVOD_COMPAT_FROZEN_SECONDS`` without a beat from it (``liveness``; a slow rank that
+  is alive keeps beating and is only waited for);
 * the stall inspector and the timeline see every op (``inflight``; ``hooks`` events).
 
 A round (``SetState._round``): each rank sends one message (``_exchange``: shared memory on one host,
@@ -40,6 +44,7 @@ if no thread can still touch it.
 from __future__ import annotations
 
 import collections
+import datetime
 import itertools
 import json
 import os
@@ -48,9 +53,10 @@ import time
 from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
+import torch.distributed as dist
 
-from . import _exchange, _hierarchical, _mesh, _shm, hooks
-from .exceptions import HorovodInternalError
+from . import _exchange, _hierarchical, _mesh, _shm, hooks, liveness
+from .exceptions import HorovodInternalError, peer_failure
 
 __all__ = ["Desc", "Agreement", "SetState", "Plan", "Pending", "register_kind", "submit", "join",
            "DUPLICATE_NAME_MESSAGE", "SHUT_DOWN_MESSAGE"]
@@ -80,6 +86,9 @@ _CYCLE = float(os.environ.get("HOROVOD_CYCLE_TIME", "1")) / 1000.0
 _REUSE_GRACE = 0.05
 #: Response cache capacity (Horovod's ``HOROVOD_CACHE_CAPACITY``, default 1024; 0 disables it).
 _CACHE_CAPACITY = int(os.environ.get("HOROVOD_CACHE_CAPACITY", "1024"))
+#: A gloo transfer is waited for in slices this long, its peers' liveness checked between them.
+_SLICE = datetime.timedelta(seconds=0.25)
+_Work = getattr(dist, "Work", ())
 
 
 class Desc(NamedTuple):
@@ -259,6 +268,9 @@ class SetState:
         self.joining = False
         self.join_result: Optional[int] = None
         self.broken: Optional[str] = None
+        # the peer's failure that broke the set (typed: ``knock_on``/``peer``), copied onto every
+        # error raised afterwards so that the launcher sees this rank's failure as a knock-on
+        self.broken_by: Optional[HorovodInternalError] = None
         self.closed = False
         self.thread: Optional[threading.Thread] = None
         self.exchange: Any = None
@@ -266,8 +278,10 @@ class SetState:
         self.mesh: Optional[_mesh.Mesh] = None      # allreduce data over the TCP mesh
         self.hosts: Optional[_hierarchical.HostAwareAllreduce] = None  # across hosts, host-aware
         self.pids: Optional[List[int]] = None
+        self.watch: Optional[liveness.Watch] = None  # the peers' beats (frozen-rank detection)
         if self.n > 1:
             self.exchange, self.pids, self.mesh = _exchange.create(self)
+            self.watch = _watch(self)
             # data through shared memory only with the shared-memory exchange (so
             # HOROVOD_COMPAT_SHM_CONTROL=0 turns both off, as documented)
             if isinstance(self.exchange, _exchange.ShmExchange):
@@ -278,7 +292,7 @@ class SetState:
     # -- submission ---------------------------------------------------------------------------
     def submit(self, plan: Plan, traced: bool = True) -> Pending:
         if self.broken is not None:
-            raise HorovodInternalError(self.broken)
+            raise self._error(self.broken)
         if self.closed:
             raise HorovodInternalError(SHUT_DOWN_MESSAGE.format(op=plan.desc.kind))
         name = plan.name
@@ -355,26 +369,61 @@ class SetState:
     def _round_or_fail(self) -> None:
         if self.broken is not None:
             self._fail_all(self.broken)
-            raise HorovodInternalError(self.broken)
+            raise self._error(self.broken)
         if self.closed:
             self._fail_all(SHUT_DOWN_MESSAGE.format(op="process"))
             raise HorovodInternalError(SHUT_DOWN_MESSAGE.format(op="process"))
         try:
             progressed = self._round()
-        except HorovodInternalError as exc:
-            self._break(str(exc))
+        except HorovodInternalError as exc:  # the exchange broke: a peer died, left or froze
+            self._break(str(exc), self._peer_loss(exc))
             raise
         except Exception as exc:  # the exchange failed: a peer died or left
-            self._break(f"a rank of process set {self.ranks} stopped responding (its process "
-                        f"ended, or it left the job) while this rank negotiated with it: {exc}")
-            raise HorovodInternalError(self.broken) from exc
+            lost = peer_failure(f"a rank of process set {self.ranks} stopped responding (its "
+                                f"process ended, or it left the job) while this rank negotiated "
+                                f"with it: {exc}", self._departed())
+            self._break(str(lost), lost)
+            raise self._error(self.broken) from exc
         if not progressed:
             time.sleep(0.0002)  # nothing agreed: the others are still computing
 
-    def _break(self, msg: str) -> None:
+    def _break(self, msg: str, cause: Optional[BaseException] = None) -> None:
+        """The set is unusable from now on (``msg``); ``cause``, a ``peer_failure``, when a
+        peer's failure broke it: every later error of the set is typed as its knock-on."""
         if self.broken is None:
             self.broken = msg
+            if getattr(cause, "knock_on", False):
+                self.broken_by = cause  # type: ignore[assignment]
         self._fail_all(self.broken)
+
+    def _error(self, msg: str) -> HorovodInternalError:
+        """``HorovodInternalError(msg)``, a knock-on of the peer failure that broke the set if one
+        did."""
+        cause = self.broken_by
+        if cause is None:
+            return HorovodInternalError(msg)
+        return peer_failure(msg, cause.peer, cause.frozen)
+
+    def _departed(self) -> Optional[int]:
+        """The global rank of a peer of this set known to have left the job (its ``bye`` in the
+        shared-memory exchange) or whose process ended (this host's peers), if any."""
+        gone = getattr(self.exchange, "departed", None)
+        j = gone() if callable(gone) else None
+        if j is None and self.pids:
+            j = next((i for i, pid in enumerate(self.pids)
+                      if i != self.me and not _shm._alive(pid)), None)
+        return None if j is None else self.ranks[j]
+
+    def _peer_loss(self, exc: HorovodInternalError) -> HorovodInternalError:
+        """``exc``, raised by the set's exchange or a transfer, marked (in place) as the knock-on
+        of a peer's failure -- naming the peer when this rank can tell which one left or died --
+        unless it already says what it is, or this rank is the one shutting down."""
+        ex = self.exchange
+        leaving = self.closed or getattr(ex, "leaving", False) or getattr(getattr(ex, "mesh", None),
+                                                                          "leaving", False)
+        if not exc.knock_on and not leaving:
+            exc.knock_on, exc.peer = True, self._departed()
+        return exc
 
     def _fail_all(self, msg: str) -> None:
         with self.lock:
@@ -383,7 +432,7 @@ class SetState:
             self.mine.clear()
         for p in ops:
             if not p.done:
-                p._finish(err=HorovodInternalError(msg))
+                p._finish(err=self._error(msg))
 
     # -- one round ----------------------------------------------------------------------------
     def _round(self) -> bool:
@@ -494,7 +543,7 @@ class SetState:
             else:  # joined: contribute the kind's zeros
                 with torch.no_grad():
                     for w in _KINDS[agr.template(self.me).kind][1](agr, self):
-                        w.wait()
+                        self._await(w, agr.template(self.me).device)
         return bool(ready)
 
     def _execute(self, p: Pending, agr: Agreement, ticks: List[Optional[int]]) -> None:
@@ -509,20 +558,47 @@ class SetState:
             with torch.no_grad():
                 works = plan.launch(agr)
                 for w in works:
-                    w.wait()
+                    self._await(w, plan.desc.device)
                 result = plan.finish(agr)
         except HorovodInternalError as exc:
+            if not exc.knock_on and self._departed() is not None:
+                self._peer_loss(exc)  # the transfer failed as a peer left or died
             p._finish(err=exc)
             return
         except Exception as exc:
-            err = HorovodInternalError(f"{plan.desc.kind} {plan.name!r} failed: {exc}")
+            message = f"{plan.desc.kind} {plan.name!r} failed: {exc}"
+            # a transport error (a peer died mid-transfer): nothing later can be trusted
+            transport = isinstance(exc, RuntimeError) and self.n > 1
+            err = peer_failure(message, self._departed()) if transport else HorovodInternalError(message)
             err.__cause__ = exc
             p._finish(err=err)
-            if isinstance(exc, RuntimeError) and self.n > 1:
-                # a transport error (a peer died mid-transfer): nothing later can be trusted
-                self._break(str(err))
+            if transport:
+                self._break(str(err), err)
             return
         p._finish(result=result)
+
+    def _await(self, w: Any, device: str) -> None:
+        """Wait for transfer ``w``.  A gloo transfer (CPU tensors) is waited for in slices, checking
+        between them that the set's peers still show signs of life (``liveness``): a frozen peer
+        raises instead of leaving this rank in gloo's wait until its timeout.  NCCL's own watchdog
+        covers GPU transfers."""
+        watch = self.watch
+        if watch is None or not watch.enabled or device != "cpu" or not isinstance(w, _Work):
+            w.wait()
+            return
+        while True:
+            try:
+                w.wait(_SLICE)
+                return
+            except RuntimeError:
+                if w.is_completed():
+                    raise  # the transfer itself failed
+            try:
+                watch.check(range(self.n), f"a transfer of process set {self.ranks}")
+            except HorovodInternalError as exc:
+                # the group's pending transfer can never complete: nothing later can be trusted
+                self._break(str(exc), exc)
+                raise
 
     def barrier(self) -> None:
         """Block until every rank of the set reached this point (an op with no data)."""
@@ -577,6 +653,8 @@ class SetState:
                 self.shm.close()
             if self.hosts is not None:
                 self.hosts.close()
+            if self.watch is not None:
+                self.watch.close()
         # else: a thread is still blocked in the exchange (its peers are gone too, so it fails
         # soon); the mappings stay until the process exits rather than vanish under it
         if idle:
@@ -594,6 +672,37 @@ class _Barrier(Plan):
 
 
 register_kind("barrier", lambda descs, st: None, lambda agr, st: [])
+
+
+def _watch(st: SetState) -> Optional[liveness.Watch]:
+    """The liveness view of set ``st`` (collective over its control group, after its exchange
+    exists): its peers' beats travel where its negotiation does -- a small shared segment when
+    its ranks share this host, the mesh's beat connections across hosts -- never through a
+    service one rank hosts (the c10d store)."""
+    ex, beats = st.exchange, None
+    if isinstance(ex, _exchange.ShmExchange):
+        try:
+            beats = liveness.ShmBeats(_shm.map_segment(st, liveness.ShmBeats.size(st.n)), st.n,
+                                      st.me)
+        except OSError:
+            beats = None  # every rank failed alike: the stopped-process check only
+    elif isinstance(ex, _exchange.TcpExchange) and ex.mesh.beat_socks:
+        beats = ex.mesh
+    watch = liveness.Watch(st.ranks, st.me, beats, st.pids, lambda: _waiting_in(st))
+    if isinstance(ex, _exchange.ShmExchange):
+        step = ex.row // 8
+        # the peers whose message of the round this rank waits in has not arrived yet
+        ex.watch.attach(watch, pending=lambda: [j for j in range(ex.n)
+                                                if ex.words[j * step] < ex.seq])
+    elif isinstance(ex, _exchange.TcpExchange):
+        ex.mesh.attach(watch, st.ranks)
+    return watch
+
+
+def _waiting_in(st: SetState) -> str:
+    """The ops this rank waits for in set ``st``, for the messages."""
+    names = [name for name, _t in sorted(list(st.inflight.items()), key=lambda item: item[1])]
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _emit_start(plan: Plan) -> None:

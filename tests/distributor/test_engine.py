@@ -345,3 +345,84 @@ def test_worker_records_end_in_their_final_states():
     assert re.fullmatch(r"stopped by the driver \(killed by SIG(TERM|KILL)\)",
                         info.value.other_failures[0][1]), info.value.other_failures
     assert job._states[1].state is WorkerState.FAILED and job._states[0].state is WorkerState.STOPPED
+
+
+# ---- the root cause in causal order (typed failure reports, distributor.failure_report) --------
+def test_classify_failure_prefers_the_typed_report_over_the_text():
+    from distributor.engine import Verdict, classify_failure
+
+    left = "rank 2 left the job"
+    assert classify_failure({"knock_on": True, "peer": 2}, None, 1) == Verdict(False, 2, False, True)
+    assert classify_failure({"knock_on": False}, left, 1) == Verdict(True, typed=True)
+    assert classify_failure({}, left, 1) == Verdict(False)  # no typed report: the text decides
+    assert classify_failure({}, "bad batch", 1) == Verdict(True)
+    assert classify_failure({"signal": 9}, left, 137).cause and classify_failure(None, None, -9).cause
+
+
+class _PeerLeft(RuntimeError):
+    """Any exception may say it is the knock-on of a peer's failure (HorovodInternalError does)."""
+
+    knock_on, peer, frozen = True, None, False
+
+
+def _knock_on_first(peer: int, frozen: bool = False, cause_after: float = 1.0):
+    import time
+
+    rank = int(os.environ["RANK"])
+    if rank == peer:
+        time.sleep(cause_after)
+        raise KeyError(f"the real cause, in rank {rank}")
+    error = _PeerLeft(f"rank {peer} left the job")
+    error.peer, error.frozen = peer, frozen
+    raise error
+
+
+def test_a_cause_that_reports_after_its_knock_ons_is_named():
+    with pytest.raises(RankFailedError) as info:
+        run_function(_knock_on_first, 1, num_processes=2, output=lambda *a: None)
+    assert info.value.rank == 1 and info.value.exc_type == "KeyError", str(info.value)
+    assert info.value.other_failures[0][1].startswith("_PeerLeft: rank 1 left the job")
+
+
+def test_a_peer_that_never_fails_is_named_when_every_failure_blames_it():
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        run_function(_knock_on_first, 2, True, 60.0, num_processes=3, output=lambda *a: None)
+    assert str(info.value).splitlines()[0] == (
+        "Rank 2 stopped responding (no progress while ranks 0 and 1 waited for it in a "
+        "collective) (still running when stopped)")
+    assert info.value.exit_code is None and time.monotonic() - started < 20
+
+
+_COMMAND_RANK = """\
+import os, sys, time
+from distributor import failure_report
+if os.environ["RANK"] == "0":  # a knock-on, reported at once
+    error = RuntimeError("rank 1 left the job (typed)")
+    error.knock_on, error.peer = True, 1
+    failure_report.write(error)
+    sys.exit(1)
+time.sleep(1.0)
+try:
+    raise ValueError("the cause, in a command")
+except ValueError as exc:
+    failure_report.write(exc)
+    raise
+"""
+
+
+def test_a_command_reports_through_its_failure_file():
+    import sys
+
+    from distributor import CommandTarget, Job
+    from distributor.failure_report import FAILURE_FILE_VAR
+
+    job = Job(LaunchRequest(CommandTarget((sys.executable, "-c", _COMMAND_RANK)), 2),
+              output=lambda *a: None)
+    with pytest.raises(RankFailedError) as info:
+        job.run()
+    err = info.value
+    assert err.rank == 1 and err.exit_code == 1 and err.exc_type == "ValueError", str(err)
+    assert "the cause, in a command" in err.exc_message and 'line 10' in err.traceback
+    assert job._states[0].error["knock_on"] and job._states[0].error["peer"] == 1
+    assert FAILURE_FILE_VAR not in os.environ

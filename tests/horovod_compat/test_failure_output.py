@@ -331,3 +331,22 @@ def test_a_rank_killed_by_sigkill_under_horovodrun(tmp_path):
     kept = _kept_file(err)
     if kept:
         os.unlink(kept)
+
+
+def test_only_the_package_itself_is_folded_not_a_folder_of_the_same_name():
+    """A project's own `tests/horovod_compat/train.py` is user code: its frame stays."""
+    import horovod_compat
+    from distributor.errors import fold_frames
+
+    package = os.path.dirname(horovod_compat.__file__)
+    lines = ["Traceback (most recent call last):",
+             '  File "/home/me/project/tests/horovod_compat/train.py", line 3, in <module>',
+             "    hvd.allreduce(x)",
+             f'  File "{package}/torch/collectives.py", line 10, in allreduce',
+             "    return _run(x)",
+             '  File "/opt/venv/lib/python3.11/site-packages/horovod_compat/common/negotiation.py", '
+             'line 5, in _run',
+             "    raise error",
+             "ValueError: bad"]
+    assert fold_frames(lines, {"horovod_compat": "horovod_compat"}) == [
+        lines[0], lines[1], lines[2], "  ... (2 frames in horovod_compat)", lines[-1]]

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from typing import Any, Callable, List
 
 import pytest
 import torch
 
 from distributor import protocol
-from horovod_compat.common import _mesh, ops
+from horovod_compat.common import _mesh, liveness, ops
 from horovod_compat.common.exceptions import HorovodInternalError
 
 SECRET = protocol.new_secret()
@@ -73,6 +74,60 @@ def test_exchange_delivers_every_ranks_frame(n):
             for j in range(n):
                 if j != r:
                     assert frames[j][4:] == f"rank{j}-round{i}".encode() * (j + 1)
+
+
+def test_beats_and_posts_travel_on_their_own_connections():
+    """Each pair has a beat connection besides its data one: the process's beat thread counts the
+    peers' beats, and a post (the stall inspector's op names) reaches every peer; data frames are
+    untouched by either."""
+    def body(r: int, mesh: _mesh.Mesh):
+        mesh.post(b"names of rank %d" % r)
+        deadline = time.monotonic() + 10
+        peers = [j for j in range(3) if j != r]
+        while time.monotonic() < deadline and not all(
+                mesh.count(j) >= 2 and mesh.posted(j) is not None for j in peers):
+            time.sleep(0.05)
+        frames = _frames(mesh, b"data%d" % r)
+        return ({j: mesh.count(j) >= 2 for j in peers},
+                {j: mesh.posted(j)[1] for j in peers if mesh.posted(j)}, frames)
+
+    for r, got in enumerate(_on_ranks(3, body)):
+        assert not isinstance(got, BaseException), got
+        beats, posts, frames = got
+        assert all(beats.values()) and len(beats) == 2, beats
+        assert posts == {j: b"names of rank %d" % j for j in range(3) if j != r}
+        assert [f[4:] if f else f for f in frames] == [None if j == r else b"data%d" % j
+                                                      for j in range(3)]
+
+
+def test_a_peer_without_beats_is_named_frozen_while_a_transfer_waits(monkeypatch):
+    """Rank 1 stops beating (its mesh is taken off the beat thread, as a stopped process's would
+    be) and sends nothing: rank 0's exchange raises ``frozen`` naming it after the bound, not the
+    operation timeout."""
+    monkeypatch.setenv("HOROVOD_COMPAT_FROZEN_SECONDS", "2")
+    release = threading.Event()
+
+    def body(r: int, mesh: _mesh.Mesh):
+        mesh.attach(liveness.Watch([5, 7], r, mesh, None), [5, 7])  # the set's global ranks
+        if r == 1:
+            liveness.unregister(mesh)
+            release.wait(30)
+            return None
+        t0 = time.monotonic()
+        try:
+            _frames(mesh, b"x")
+        except HorovodInternalError as exc:
+            return exc, time.monotonic() - t0
+        finally:
+            release.set()
+        return "no error", 0.0
+
+    (exc, took), _ = _on_ranks(2, body)
+    assert isinstance(exc, HorovodInternalError), exc
+    assert (exc.knock_on, exc.peer, exc.frozen) == (True, 7, True)
+    assert str(exc).startswith("rank 7 stopped making progress (no sign of life for 2 s while "
+                               "rank 5 waited for it")
+    assert 1.5 <= took <= 6.0, took
 
 
 CASES = [(torch.float32, ops.Sum), (torch.float64, ops.Average), (torch.float16, ops.Max),

@@ -1,0 +1,112 @@
+"""The typed failure report: how a rank tells the driver whether its failure is a cause or the
+knock-on of another rank's, for every kind of target.
+
+The engine names the rank whose failure came first in causal order. A rank whose collective failed
+because a peer died, left or stopped responding is not that rank; it says so with three fields:
+
+* ``knock_on`` (bool): this failure is the consequence of another rank's;
+* ``peer`` (int or None): the rank (global, as the driver numbers them) whose failure it was;
+* ``frozen`` (bool): that peer did not die but stopped making progress while this rank waited.
+
+A function or script target runs inside the rank process: `distributor.rank_entry` reads the
+fields from the exception's attributes of the same names (`fields`), on the exception or on one it
+was raised from or during (``__cause__``/``__context__``). A command target is another program:
+`rank_entry` gives it the variable ``DISTRIBUTOR_FAILURE_FILE`` (a path of its own, per rank, that
+does not exist yet), and the program may write there one JSON object describing its failure before
+it exits (`write` does it for a Python exception)::
+
+    {"exc_type": "HorovodInternalError", "exc_message": "...", "knock_on": true, "peer": 2,
+     "frozen": false, "time": 1718000000.12}
+
+``time`` is ``time.time()`` when the failure happened. The first report written is kept (``write``
+creates the file atomically and never replaces one). `rank_entry` sends it to the driver as soon as
+it appears, and again, with the command's exit status or signal, when the command exits. Programs
+that write nothing (a plain torch script) are classified from the traceback they print.
+
+This module is stdlib only: the Horovod runtime imports it in every rank, and any program may copy
+the protocol without it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Dict, Optional
+
+#: The variable naming the file a command rank may write its failure report to.
+FAILURE_FILE_VAR = "DISTRIBUTOR_FAILURE_FILE"
+#: The keys of a report that `read` accepts, with their types.
+_KEYS = {"exc_type": str, "exc_message": str, "knock_on": bool, "peer": int, "frozen": bool,
+         "time": float}
+_MAX_BYTES = 1 << 16
+
+
+def fields(exc: BaseException) -> Dict[str, Any]:
+    """``knock_on``/``peer``/``frozen`` of a failure with exception `exc`: knock-on when `exc`, or
+    an exception it was raised from or while handling, says it is (an attribute ``knock_on``
+    that is true); the first such exception names the peer."""
+    seen = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if getattr(current, "knock_on", False) is True:
+            peer = getattr(current, "peer", None)
+            return {"knock_on": True, "peer": peer if isinstance(peer, int) else None,
+                    "frozen": bool(getattr(current, "frozen", False))}
+        current = current.__cause__ or current.__context__
+    return {"knock_on": False, "peer": None, "frozen": False}
+
+
+def report(exc: BaseException) -> Dict[str, Any]:
+    """The report of a failure with exception `exc`, now."""
+    return {"exc_type": type(exc).__qualname__, "exc_message": str(exc), **fields(exc),
+            "time": time.time()}
+
+
+def write(exc: BaseException, path: Optional[str] = None) -> bool:
+    """Write `exc`'s report to `path` (default: ``$DISTRIBUTOR_FAILURE_FILE``) unless a report is
+    there already; True if written. Never raises."""
+    path = path or os.environ.get(FAILURE_FILE_VAR)
+    if not path:
+        return False
+    try:
+        data = json.dumps(report(exc)).encode()
+        part = f"{path}.{os.getpid()}.part"
+        with open(part, "wb") as handle:
+            handle.write(data)
+        try:
+            os.link(part, path)  # atomic, and fails if a report is there: the first one wins
+        except FileExistsError:
+            os.unlink(part)
+            return False
+        except OSError:  # no hard links here: still atomic, but the last one wins
+            os.replace(part, path)
+            return True
+        os.unlink(part)
+        return True
+    except Exception:  # noqa: BLE001 - a failing report must not hide the failure itself
+        return False
+
+
+def read(path: str) -> Optional[Dict[str, Any]]:
+    """The report at `path`, with only the known keys of the right types; None if there is none
+    (or it is not a JSON object)."""
+    try:
+        with open(path, "rb") as handle:
+            data = json.loads(handle.read(_MAX_BYTES).decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    out: Dict[str, Any] = {}
+    for key, kind in _KEYS.items():
+        value = data.get(key)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if kind is int and isinstance(value, bool):
+            continue
+        if isinstance(value, kind):
+            out[key] = value
+    if "knock_on" not in out:
+        out["knock_on"] = False
+    return out

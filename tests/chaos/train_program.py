@@ -1,0 +1,136 @@
+"""The chaos tier's training program: a loop of Horovod collectives, run as a script
+(``horovodrun -np 3 python train_program.py``) or as a function (``horovod.run(main, num_proc=3)``).
+
+Each step runs an allreduce, a ``DistributedOptimizer`` step of a small model, an allgather, a
+``broadcast_object`` and an async allreduce + ``synchronize``, and prints ``step S rank R``.
+The harness (``harness.py``) injects the faults; the program does the two it must do itself,
+chosen by environment variables ``CHAOS_FAULT=raise|close``, ``CHAOS_RANK`` and ``CHAOS_STEP``:
+
+* ``raise``: rank CHAOS_RANK raises ``ChaosError`` at step CHAOS_STEP;
+* ``close``: rank CHAOS_RANK shuts down every TCP connection it holds to one other rank's process
+  (gloo's, found through ``/proc``), as a network fault between the two would, and prints the peer.
+
+Before a fault it prints ``chaos-fault rank=R peer=P t=T`` (T: ``time.time()``). At the start each
+rank prints ``chaos-pid rank=R pid=PID``, so the harness can SIGKILL the process that trains.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+
+class ChaosError(RuntimeError):
+    """The exception a rank raises on purpose."""
+
+
+def _socket_inodes(pid: int) -> dict:
+    """{socket inode: fd} of process `pid`."""
+    found = {}
+    base = f"/proc/{pid}/fd"
+    for fd in os.listdir(base):
+        try:
+            target = os.readlink(f"{base}/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found[int(target[8:-1])] = int(fd)
+    return found
+
+
+def _tcp_connections() -> list:
+    """(local port, remote port, inode) of every established TCP connection of this host."""
+    rows = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as table:
+                lines = table.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if parts[3] != "01":  # ESTABLISHED
+                continue
+            local, remote = (int(parts[i].rsplit(":", 1)[1], 16) for i in (1, 2))
+            rows.append((local, remote, int(parts[9])))
+    return rows
+
+
+def close_connections_to_a_peer(pids: list, me: int) -> int:
+    """Shut down every TCP connection between this process and the process of the lowest other
+    rank it has one with (not the rendezvous store's); return that rank (-1: none found)."""
+    store_port = int(os.environ.get("MASTER_PORT", "0"))
+    mine = _socket_inodes(os.getpid())
+    conns = _tcp_connections()
+    by_local_port = {local: inode for local, _remote, inode in conns}
+    for peer, pid in sorted(enumerate(pids), key=lambda p: (p[0] == me, p[0])):
+        if peer == me:
+            continue
+        try:
+            theirs = set(_socket_inodes(pid))
+        except OSError:
+            continue
+        fds = [mine[inode] for local, remote, inode in conns
+               if inode in mine and store_port not in (local, remote)
+               and by_local_port.get(remote) in theirs]
+        if not fds:
+            continue
+        print(f"chaos-fault rank={me} peer={peer} t={time.time():.6f}", flush=True)
+        for fd in fds:
+            sock = socket.socket(fileno=fd)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            finally:
+                sock.detach()  # the fd stays its owner's (gloo's): only the connection ends
+        return peer
+    return -1
+
+
+def main(steps: int = 0) -> int:
+    import torch
+
+    import horovod.torch as hvd
+
+    steps = steps or int(os.environ.get("CHAOS_STEPS", "400"))
+    fault = os.environ.get("CHAOS_FAULT", "")
+    fault_rank = int(os.environ.get("CHAOS_RANK", "-1"))
+    fault_step = int(os.environ.get("CHAOS_STEP", "-1"))
+    hvd.init()
+    rank = hvd.rank()
+    print(f"chaos-pid rank={rank} pid={os.getpid()}", flush=True)
+    pids = hvd.allgather_object(os.getpid())
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    for step in range(steps):
+        if rank == fault_rank and step == fault_step:
+            if fault == "raise":
+                print(f"chaos-fault rank={rank} peer=-1 t={time.time():.6f}", flush=True)
+                raise ChaosError(f"chaos: rank {rank} raises at step {step}")
+            if fault == "close":
+                close_connections_to_a_peer(pids, rank)
+        total = hvd.allreduce(torch.ones(4) * rank, name="sum")
+        x = torch.randn(32, 8)
+        optimizer.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        gathered = hvd.allgather(torch.full((2,), float(rank)), name="gather")
+        config = hvd.broadcast_object({"step": step}, root_rank=0, name="config")
+        handle = hvd.allreduce_async(torch.ones(3), name="async")
+        hvd.synchronize(handle)
+        assert config["step"] == step and gathered.numel() == 2 * hvd.size()
+        print(f"step {step} rank {rank} sum {float(total[0]):.1f}", flush=True)
+        time.sleep(0.01)
+    hvd.shutdown()
+    return rank
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
