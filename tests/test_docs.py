@@ -136,7 +136,7 @@ def test_the_readme_quick_start_commands_run_as_pasted(tmp_path):
             loss = model(torch.ones(8, 4)).pow(2).mean()
             loss.backward()
             optimizer.step()
-        print("TRAINED", hvd.rank(), hvd.size())
+        print(f"TRAINED {hvd.rank()} {hvd.size()}", flush=True)  # one write: ranks share a pipe
         """))
     bin_dir = Path(sys.executable).parent
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
@@ -152,5 +152,11 @@ def test_the_readme_quick_start_commands_run_as_pasted(tmp_path):
                 subprocess.run(["horovod-compat-migrate", "train.py"], cwd=tmp_path, env=env,
                                check=True, capture_output=True, timeout=120)
             else:
-                assert done.returncode == 0, command + done.stdout[-2000:] + done.stderr[-3000:]
+                if done.returncode != 0 and command.startswith("torchrun"):
+                    # torch 2.13's gloo teardown abort after the work is done, in about 1 run of
+                    # 10 under plain torchrun (migration_guide/troubleshooting.md): only that
+                    assert "terminate called without an active exception" in done.stderr \
+                        and "SIGABRT" in done.stderr, command + done.stderr[-3000:]
+                else:
+                    assert done.returncode == 0, command + done.stdout[-2000:] + done.stderr[-3000:]
                 assert "TRAINED 0 2" in done.stdout and "TRAINED 1 2" in done.stdout, done.stdout

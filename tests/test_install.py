@@ -42,9 +42,10 @@ def core(tmp_path_factory):
 
 
 def _run(venv, args, cwd, **kw):
-    # this venv first, and not the test environment's (whose mpirun the core install must not find)
-    ours = str(Path(sys.executable).parent)
-    path = [p for p in os.environ["PATH"].split(os.pathsep) if p and p != ours]
+    # this venv first, and no folder with an mpirun (the test environment's venv, a system Open MPI):
+    # the core install must not find one
+    path = [p for p in os.environ["PATH"].split(os.pathsep)
+            if p and not os.path.exists(os.path.join(p, "mpirun"))]
     env = dict(os.environ, PATH=os.pathsep.join([str(venv / "bin"), *path]))
     env.pop("PYTHONPATH", None)
     env.pop("VIRTUAL_ENV", None)
