@@ -113,6 +113,7 @@ def _from_buffer(t: torch.Tensor, dtype: np.dtype, reduce: bool = False) -> np.n
 def _to_tf(a: np.ndarray, dtype: tf.DType) -> tf.Tensor:
     """An eager TensorFlow tensor of the NumPy array ``a``: its memory handed over through DLPack
     (no copy), or copied where DLPack cannot carry it (e.g. bfloat16 through NumPy)."""
+    a = np.asarray(a)  # (a NumPy scalar, e.g. barrier's result, has no buffer of its own)
     if a.ctypes.data % 64:  # TF kernels (Eigen) abort on a buffer not 64-byte aligned: copy it
         return tf.convert_to_tensor(a, dtype=dtype)
     try:

@@ -89,6 +89,9 @@ put("process_set_shared", [ps.process_set_id, hvd_torch.get_process_set_ids_and_
 mixed = [hvd.allreduce(tf.constant([1.0]), op=hvd.Sum).numpy().tolist(),
          hvd_torch.allreduce(torch.tensor([2.0]), op=hvd_torch.Sum).tolist()]
 put("mixed_bindings", mixed)
+hvd.barrier()  # eagerly, and inside a tf.function
+tf.function(lambda: hvd.barrier())()
+put("barrier", "passed")
 put("join", hvd.join())
 for key, value in out.items():
     print("RESULT " + json.dumps({"key": key, "value": value}), flush=True)

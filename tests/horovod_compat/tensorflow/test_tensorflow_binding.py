@@ -114,3 +114,4 @@ def test_both_bindings_share_one_runtime(results):
         assert res["process_set_shared"][1] == [1]
         assert res["mixed_bindings"] == [[2.0], [4.0]]
         assert res["join"] in (0, 1)
+        assert res["barrier"] == "passed"
