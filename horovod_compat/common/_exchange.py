@@ -38,7 +38,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from . import _mesh, _shm
+from . import _mesh, _shm, liveness
 from .exceptions import HorovodInternalError, peer_failure
 
 __all__ = ["WORDS", "Message", "GlooExchange", "ShmExchange", "TcpExchange", "create"]
@@ -199,12 +199,7 @@ class ShmExchange:
         self.words[self.me * self.row // 8 + 1] = 1
 
     def close(self) -> None:
-        try:
-            self.words.release()
-            self.bytes.release()
-            self.mm.close()
-        except (BufferError, ValueError):
-            pass
+        liveness.unmap(self.mm, self.words, self.bytes)
 
 
 def _pack(words: Sequence[int]) -> bytes:

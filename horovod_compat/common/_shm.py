@@ -294,11 +294,7 @@ class SharedMemoryAllreduce:
     def close(self) -> None:
         self.slots = []
         self.typed = {}
-        try:
-            self.counters.release()
-            self.mm.close()
-        except (BufferError, ValueError):
-            pass  # a tensor view still references the mapping; it goes with the process
+        liveness.unmap(self.mm, self.counters)
 
 
 def header_bytes(n: int) -> int:

@@ -169,12 +169,18 @@ class ShmBeats:
 
     def close(self) -> None:
         unregister(self)
-        try:
-            self.words.release()
-            self.bytes.release()
-            self.mm.close()
-        except (BufferError, ValueError):
-            pass
+        unmap(self.mm, self.words, self.bytes)
+
+
+def unmap(mm: mmap.mmap, *views: memoryview) -> None:
+    """Release ``views`` of a shared segment (``_shm.map_segment``), then the mapping; while a tensor
+    still references it, leave it to the process's end."""
+    try:
+        for view in views:
+            view.release()
+        mm.close()
+    except (BufferError, ValueError):
+        pass
 
 
 def proc_state(pid: int) -> Optional[str]:
