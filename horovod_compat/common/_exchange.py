@@ -147,6 +147,11 @@ class ShmExchange:
     def size(n: int) -> int:
         return n * (ShmExchange.HEAD * 8 + 2 * (WORDS * 8 + BLOB_BYTES))
 
+    def pending(self) -> List[int]:
+        """The peers (set indices) whose message of the current round has not arrived yet."""
+        w, step = self.words, self.row // 8
+        return [j for j in range(self.n) if w[j * step] < self.seq]
+
     def _posted(self, s: int) -> bool:
         w, step = self.words, self.row // 8
         for j in range(self.n):

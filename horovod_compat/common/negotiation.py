@@ -690,10 +690,7 @@ def _watch(st: SetState) -> Optional[liveness.Watch]:
         beats = ex.mesh
     watch = liveness.Watch(st.ranks, st.me, beats, st.pids, lambda: _waiting_in(st))
     if isinstance(ex, _exchange.ShmExchange):
-        step = ex.row // 8
-        # the peers whose message of the round this rank waits in has not arrived yet
-        ex.watch.attach(watch, pending=lambda: [j for j in range(ex.n)
-                                                if ex.words[j * step] < ex.seq])
+        ex.watch.attach(watch, pending=ex.pending)
     elif isinstance(ex, _exchange.TcpExchange):
         ex.mesh.attach(watch, st.ranks)
     return watch
