@@ -59,17 +59,10 @@ __all__ = ["TraceFile", "TimelineRecorder", "op_label", "backend_activity", "for
            "format_dtype", "NEGOTIATE_START", "ALL_READY", "OP_START", "OP_END", "ACTIVITY_START",
            "ACTIVITY_END", "STEP", "STEP_MARK", "INTERNAL_LABEL", "mark_internal", "is_internal"]
 
-# Event names of ``horovod_compat.common.hooks`` (kept as plain strings so this package does not
-# import torch).
-NEGOTIATE_START = "NEGOTIATE_START"
-ALL_READY = "ALL_READY"
-OP_START = "OP_START"
-OP_END = "OP_END"
-ACTIVITY_START = "ACTIVITY_START"
-ACTIVITY_END = "ACTIVITY_END"
-# the end of a training step (``info``: ``step``, ``optimizer``), emitted by
-# ``DistributedOptimizer.synchronize()``
-STEP = "STEP"
+# the event names of the hooks this recorder listens to (``hooks`` imports no torch); ``STEP``: the
+# end of a training step (``info``: ``step``, ``optimizer``), from ``DistributedOptimizer.synchronize()``
+from horovod_compat.common.hooks import (  # noqa: E402
+    ACTIVITY_END, ACTIVITY_START, ALL_READY, NEGOTIATE_START, OP_END, OP_START, STEP)
 #: name of the instant event a ``STEP`` becomes in the trace
 STEP_MARK = "STEP"
 #: ``process_labels`` label of an internal op's row (see the module docstring)
