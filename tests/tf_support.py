@@ -87,10 +87,10 @@ def write_mnist_libsvm(path: Path, rows: int = 4000, seed: int = 0) -> Path:
     return path
 
 
-SITECUSTOMIZE = textwrap.dedent('''\
-    """Test only, written by horovod-compat's tests/tf_support.py: Keras and tf-keras accept the
-    synthetic mnist*.npz files in the directories that $HOROVOD_COMPAT_TEST_DATASETS lists instead of
-    downloading MNIST again because their sha256 is not the real file's."""
+#: What every test sitecustomize here starts with: a finder that patches a module right after it
+#: runs, and the call that runs the next sitecustomize on sys.path (Python runs only the first).
+SITE_HELPERS = textwrap.dedent('''\
+    import importlib
     import importlib.abc
     import importlib.machinery
     import importlib.util
@@ -98,25 +98,17 @@ SITECUSTOMIZE = textwrap.dedent('''\
     import sys
 
     _HERE = os.path.dirname(os.path.abspath(__file__))
-    _DIRS = {os.path.realpath(d) for d in os.environ.get("HOROVOD_COMPAT_TEST_DATASETS", "").split(os.pathsep) if d}
-    _MODULES = ("keras.src.utils.file_utils", "tf_keras.src.utils.data_utils")
-
-
-    def _accepting(validate_file):
-        def validate(fpath, file_hash, *args, **kwargs):
-            name = os.path.basename(str(fpath))
-            if (name.startswith("mnist") and name.endswith(".npz")
-                    and os.path.realpath(os.path.dirname(str(fpath))) in _DIRS):
-                return True
-            return validate_file(fpath, file_hash, *args, **kwargs)
-
-        validate.__wrapped__ = validate_file
-        return validate
 
 
     class _PatchAfterImport(importlib.abc.MetaPathFinder):
+        """Call ``patches[name](module)`` right after module ``name`` has run."""
+
+        def __init__(self, patches):
+            self.patches = patches
+
         def find_spec(self, fullname, path, target=None):
-            if fullname not in _MODULES:
+            patch = self.patches.get(fullname)
+            if patch is None:
                 return None
             for finder in sys.meta_path:
                 if finder is not self and hasattr(finder, "find_spec"):
@@ -129,21 +121,48 @@ SITECUSTOMIZE = textwrap.dedent('''\
 
             def exec_and_patch(module):
                 exec_module(module)
-                module.validate_file = _accepting(module.validate_file)
+                patch(module)
 
             spec.loader.exec_module = exec_and_patch
             return spec
 
 
-    if _DIRS:
-        sys.meta_path.insert(0, _PatchAfterImport())
+    def _run_next_sitecustomize():
+        """Python runs only the first sitecustomize on sys.path: run the one this file hides."""
+        spec = importlib.machinery.PathFinder.find_spec(
+            "sitecustomize", [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE])
+        if spec is not None:
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+''')
 
-    # Python runs only the first sitecustomize on sys.path: run the one this file hides, if any.
-    _spec = importlib.machinery.PathFinder.find_spec(
-        "sitecustomize", [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE])
-    if _spec is not None:
-        _module = importlib.util.module_from_spec(_spec)
-        _spec.loader.exec_module(_module)
+SITECUSTOMIZE = textwrap.dedent('''\
+    """Test only, written by horovod-compat's tests/tf_support.py: Keras and tf-keras accept the
+    synthetic mnist*.npz files in the directories that $HOROVOD_COMPAT_TEST_DATASETS lists instead of
+    downloading MNIST again because their sha256 is not the real file's."""
+''') + SITE_HELPERS + textwrap.dedent('''\
+
+    _DIRS = {os.path.realpath(d) for d in os.environ.get("HOROVOD_COMPAT_TEST_DATASETS", "").split(os.pathsep) if d}
+
+
+    def _accept_test_mnist(module):
+        validate_file = module.validate_file
+
+        def validate(fpath, file_hash, *args, **kwargs):
+            name = os.path.basename(str(fpath))
+            if (name.startswith("mnist") and name.endswith(".npz")
+                    and os.path.realpath(os.path.dirname(str(fpath))) in _DIRS):
+                return True
+            return validate_file(fpath, file_hash, *args, **kwargs)
+
+        validate.__wrapped__ = validate_file
+        module.validate_file = validate
+
+
+    if _DIRS:
+        sys.meta_path.insert(0, _PatchAfterImport({"keras.src.utils.file_utils": _accept_test_mnist,
+                                                   "tf_keras.src.utils.data_utils": _accept_test_mnist}))
+    _run_next_sitecustomize()
 ''')
 
 

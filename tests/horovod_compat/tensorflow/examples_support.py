@@ -36,7 +36,7 @@ UPSTREAM = Path(os.environ.get("HOROVOD_UPSTREAM_DIR")
 EXAMPLES = UPSTREAM / "examples"
 
 sys.path.insert(0, str(REPO / "tests"))
-from tf_support import keras_mnist_env, synthetic_mnist  # noqa: E402,F401 - re-exported
+from tf_support import SITE_HELPERS, keras_mnist_env, synthetic_mnist  # noqa: E402,F401 - re-exported
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -214,14 +214,7 @@ TF1_KERAS2_SITECUSTOMIZE = textwrap.dedent('''\
 
     Nothing else changes: horovod.keras, TensorFlow and tf-keras run as installed. The scripts
     themselves are not modified."""
-    import importlib
-    import importlib.abc
-    import importlib.machinery
-    import importlib.util
-    import os
-    import sys
-
-    _HERE = os.path.dirname(os.path.abspath(__file__))
+''') + SITE_HELPERS + textwrap.dedent('''\
 
 
     class _Alias(importlib.abc.Loader):
@@ -241,39 +234,24 @@ TF1_KERAS2_SITECUSTOMIZE = textwrap.dedent('''\
             pass
 
 
-    class _TF1Keras2(importlib.abc.MetaPathFinder):
+    class _Keras2(importlib.abc.MetaPathFinder):
+        """``keras`` and ``keras.*`` are tf-keras'."""
+
         def find_spec(self, fullname, path, target=None):
             if fullname == "keras" or fullname.startswith("keras."):
                 return importlib.machinery.ModuleSpec(fullname, _Alias("tf_" + fullname))
-            if fullname != "tensorflow":
-                return None
-            for finder in sys.meta_path:
-                if finder is not self and hasattr(finder, "find_spec"):
-                    spec = finder.find_spec(fullname, path, target)
-                    if spec is not None:
-                        break
-            else:
-                return None
-            exec_module = spec.loader.exec_module
+            return None
 
-            def exec_and_patch(module):
-                exec_module(module)
-                module.ConfigProto = module.compat.v1.ConfigProto
-                module.Session = module.compat.v1.Session
 
-            spec.loader.exec_module = exec_and_patch
-            return spec
+    def _tf1_names(tensorflow):
+        tensorflow.ConfigProto = tensorflow.compat.v1.ConfigProto
+        tensorflow.Session = tensorflow.compat.v1.Session
 
 
     if not getattr(sys, "_horovod_compat_tf1_keras2", False):
         sys._horovod_compat_tf1_keras2 = True
-        sys.meta_path.insert(0, _TF1Keras2())
-        # Python runs only the first sitecustomize on sys.path: run the next one (tf_support's).
-        _spec = importlib.machinery.PathFinder.find_spec(
-            "sitecustomize", [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE])
-        if _spec is not None:
-            _module = importlib.util.module_from_spec(_spec)
-            _spec.loader.exec_module(_module)
+        sys.meta_path[:0] = [_Keras2(), _PatchAfterImport({"tensorflow": _tf1_names})]
+        _run_next_sitecustomize()  # tf_support's
 ''')
 
 
