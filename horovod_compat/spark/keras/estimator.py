@@ -16,7 +16,7 @@ TF_USE_LEGACY_KERAS=1 building it through `tf.keras`).
 from __future__ import annotations
 
 import uuid
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 from ..common.estimator import EstimatorError, HorovodEstimator, HorovodModel, PreparedData, as_list
 from ..common.params import declare

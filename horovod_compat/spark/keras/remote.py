@@ -16,7 +16,6 @@ TF_USE_LEGACY_KERAS=1): `legacy` in the config, and TF_USE_LEGACY_KERAS in the r
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import pickle
 import tempfile
