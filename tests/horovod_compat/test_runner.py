@@ -1,31 +1,15 @@
 """HorovodRunner in driver-only mode (np < 0): real mpirun, real ranks."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
 from distributor import PayloadPicklingError, RankFailedError
 from horovod_compat.runner import HorovodRunner, log_to_driver
-
-
-def _processes_with_marker(marker: str) -> list[int]:
-    """PIDs of live processes whose environment carries `marker` (ranks, mpirun, prted)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as env:
-                if marker.encode() in env.read():
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
+from procs import processes_with
 
 
 def train(learning_rate, scale=1):
@@ -92,7 +76,7 @@ def test_failing_rank_gives_clear_error_and_leaves_nothing_behind(monkeypatch):
         HorovodRunner(np=-2).run(failing_train, marker=marker)
     assert info.value.rank == 1 and "rank one gave up" in str(info.value)
     assert "failing_train" in info.value.traceback
-    assert _processes_with_marker(marker) == []
+    assert processes_with(marker) == []
 
 
 def test_log_to_driver_outside_a_rank_prints(capsys):

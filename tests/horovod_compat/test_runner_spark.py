@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from spark_clusters import local_cluster_session  # noqa: E402
 
 from distributor import RankFailedError  # noqa: E402
 from horovod_compat.runner import HorovodRunner  # noqa: E402
-from test_runner import _processes_with_marker  # noqa: E402
+from procs import left_after  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -93,10 +92,7 @@ def test_np_positive_failure_is_the_rank_error_not_a_spark_dump(spark, monkeypat
     assert info.value.rank == 1 and info.value.exc_type == "ValueError"
     assert "Py4JJavaError" not in str(info.value)
     assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
-    deadline = time.monotonic() + 15
-    while _processes_with_marker(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _processes_with_marker(marker) == [], "mpirun, prted or a rank outlived the job"
+    assert left_after(marker) == [], "mpirun, prted or a rank outlived the job"
 
 
 def test_np_above_the_slots_fails_at_once(spark):

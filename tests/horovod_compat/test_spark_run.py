@@ -15,7 +15,7 @@ from spark_clusters import local_cluster_session  # noqa: E402
 
 import horovod.spark  # noqa: E402
 from distributor import LaunchValidationError, RankFailedError  # noqa: E402
-from test_runner import _processes_with_marker  # noqa: E402
+from procs import processes_with  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def _ranks_with_marker(marker):
         except OSError:
             return False
 
-    return [pid for pid in _processes_with_marker(marker) if not is_fork_server(pid)]
+    return [pid for pid in processes_with(marker) if not is_fork_server(pid)]
 
 
 def test_more_ranks_than_slots_fails_before_submitting(spark):

@@ -52,10 +52,9 @@ import importlib.util
 import os
 import re
 import sys
-import time
 import uuid
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 import pytest
 
@@ -66,6 +65,7 @@ from examples_support import (  # noqa: E402
     CI, EXAMPLES, UPSTREAM, epoch_losses, epoch_progress, keras_mnist_env, rank_lines, run,
     small_mnist, step_losses, synthetic_mnist, tf1_keras2_env,
 )
+from procs import left_after  # noqa: E402 - tests/, on sys.path through examples_support
 
 TF2 = EXAMPLES / "tensorflow2"
 KERAS = EXAMPLES / "keras"
@@ -105,30 +105,9 @@ def _marker_env() -> Dict[str, str]:
     return {"HOROVOD_COMPAT_TEST_MARKER": f"examples-{uuid.uuid4().hex}"}
 
 
-def _processes_with(marker: Dict[str, str]) -> List[int]:
-    """Live processes whose environment carries `marker` (launchers, ranks, fork servers)."""
-    (key, value), = marker.items()
-    needle = f"{key}={value}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as env:
-                if needle in env.read():
-                    with open(f"/proc/{entry}/stat") as stat:
-                        if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
-                            found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
 def _assert_nothing_left(marker: Dict[str, str]) -> None:
-    deadline = time.monotonic() + 15
-    while _processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _processes_with(marker) == [], "a launcher or rank of the example outlived it"
+    (key, value), = marker.items()
+    assert left_after(f"{key}={value}") == [], "a launcher or rank of the example outlived it"
 
 
 def _launch(argv, tmp_path: Path, env: Dict[str, str], timeout: float, stop_when: str = None,
