@@ -8,8 +8,9 @@ same runtime (one ``hvd.init()``), interleaved in the same rounds, each call tim
 so machine noise hits them alike.  Printed per size: the median time of torch's
 ``hvd.allreduce(x)``, TensorFlow's eager ``hvd.allreduce(x)``, TensorFlow's inside a
 ``tf.function`` (one ``tf.numpy_function`` node), a ``tf.function`` returning ``tf.identity(x)``
-(TensorFlow's own call cost, which the allreduce inside a training step does not add), and the
-ratios TF / torch.  Ranks are started
+(TensorFlow's own call cost, which the allreduce inside a training step does not add), one
+returning ``tf.numpy_function(lambda a: a, [x])`` (TensorFlow's cost of a Python node in a graph,
+which the binding's node pays), and the ratios TF / torch.  Ranks are started
 with the project's engine (``distributor.run_function``).
 """
 from __future__ import annotations
@@ -47,10 +48,15 @@ def _measure(sizes: List[int], iters: int) -> Dict[int, Dict[str, float]]:
         def traced_identity(x):  # TensorFlow's own cost of calling a traced function
             return tf.identity(x)
 
+        @tf.function
+        def traced_numpy_identity(x):  # ... with one tf.numpy_function node that returns its input
+            return tf.numpy_function(lambda a: a, [x], tf.float32, stateful=True)
+
         calls = {"torch": lambda: hvd_torch.allreduce(xt),
                  "tf_eager": lambda: hvd_tf.allreduce(xf),
                  "tf_function": lambda: traced(xf),
-                 "tf_function_identity": lambda: traced_identity(xf)}
+                 "tf_function_identity": lambda: traced_identity(xf),
+                 "tf_function_numpy": lambda: traced_numpy_identity(xf)}
         for fn in calls.values():  # warm-up (tracing, buffers)
             fn()
         times: Dict[str, List[float]] = {k: [] for k in calls}
@@ -85,15 +91,21 @@ def main() -> None:
                        env={"OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
     print(f"hvd.allreduce, float32, 2 ranks on one host, median of {args.iters} (ms)")
     print(f"{'size':>8} {'torch':>9} {'tf eager':>9} {'tf.function':>12} {'tf.identity fn':>15} "
-          f"{'eager/torch':>12} {'function/torch':>15} {'(fn-identity)/torch':>20}")
+          f"{'numpy_function fn':>18} {'eager/torch':>12} {'function/torch':>15} "
+          f"{'(fn-identity)/torch':>20} {'(fn-numpy fn+torch)/torch':>26}")
     for nbytes in sizes:
         r = res[nbytes]
         print(f"{nbytes / (1 << 20):>7.0f}M {r['torch'] * 1e3:>9.3f} {r['tf_eager'] * 1e3:>9.3f} "
               f"{r['tf_function'] * 1e3:>12.3f} {r['tf_function_identity'] * 1e3:>15.3f} "
+              f"{r['tf_function_numpy'] * 1e3:>18.3f} "
               f"{r['tf_eager'] / r['torch']:>12.2f} {r['tf_function'] / r['torch']:>15.2f} "
-              f"{(r['tf_function'] - r['tf_function_identity']) / r['torch']:>20.2f}")
+              f"{(r['tf_function'] - r['tf_function_identity']) / r['torch']:>20.2f} "
+              f"{(r['tf_function'] - r['tf_function_numpy']) / r['torch']:>26.2f}")
     print("target (issue 26): TF / torch <= 1.1 at 1M and 64M. 'tf.identity fn' is TensorFlow's own "
-          "cost of calling a traced function (one tf.identity), which a training step pays once.")
+          "cost of calling a traced function (one tf.identity), which a training step pays once; "
+          "'numpy_function fn' a traced function of one tf.numpy_function node that returns its "
+          "input: TensorFlow's cost of running Python in a graph, which the binding's node pays; "
+          "the last column is the node's own work against torch's call (1.0: the same).")
 
 
 if __name__ == "__main__":
