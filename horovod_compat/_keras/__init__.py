@@ -469,9 +469,8 @@ def create_distributed_optimizer(optimizer: Any, name: Optional[str] = None,
 
     ``keras`` (Horovod passed its Keras module first) and ``num_groups``/``groups`` are accepted:
     every gradient already travels in one grouped allreduce."""
-    if op == Adasum:
-        raise NotImplementedError("op=hvd.Adasum is not supported for Keras optimizers; "
-                                  "use op=hvd.Average")
+    if op == Adasum:  # Horovod 0.28.1 refuses it for Keras optimizers too
+        raise ValueError("op == Adasum is not supported yet with Keras")
     if op not in (Average, Sum):
         raise ValueError("op currently only supports Average and Sum")
     if gradient_predivide_factor != 1.0 and op != Average:

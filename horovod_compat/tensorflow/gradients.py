@@ -5,18 +5,23 @@ Dense gradients go in ONE grouped allreduce (one round trip, fused on the wire),
 number and dtypes; ``tf.IndexedSlices`` are allgathered (values and indices), or densified first
 with ``sparse_as_dense``; ``None`` gradients stay ``None``; a rank outside ``process_set`` keeps
 its local gradients.  ``gradient_predivide_factor`` splits
-the averaging into a division before the sum and the rest after it, as Horovod does."""
+the averaging into a division before the sum and the rest after it, as Horovod does.
+
+``op=Adasum`` combines the gradients with the Adasum rule instead (per tensor, the runtime's
+Adasum), as Horovod's tape does; sparse gradients then need ``sparse_as_dense`` (Horovod's
+``NotImplementedError`` otherwise).  A TF1 ``DistributedOptimizer(op=Adasum)`` does not come here:
+it Adasum-combines weight deltas (``_adasum``)."""
 from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
-from horovod_compat.common.ops import Adasum, Average, Sum
+from horovod_compat.common.ops import Adasum, Average
 from horovod_compat.common.process_sets import ProcessSet, global_process_set
 
 from .compression import Compression
-from .mpi_ops import allreduce, grouped_allreduce
+from .mpi_ops import ADASUM_SPARSE, allreduce, grouped_allreduce
 
 __all__ = ["allreduce_gradients", "scales"]
 
@@ -36,13 +41,13 @@ def allreduce_gradients(grads: Sequence[Any], op: int = Average,
                         process_set: ProcessSet = global_process_set,
                         name: Optional[str] = None) -> List[Any]:
     """``grads`` reduced over the set (see the module docstring)."""
-    if op == Adasum:
-        raise NotImplementedError("op=hvd.Adasum is not supported by the TensorFlow binding; "
-                                  "use op=hvd.Average")
     op, prescale, postscale = scales(op, gradient_predivide_factor)
     grads = list(grads)
     if not process_set.included():  # a rank outside the set keeps its own gradients (Horovod's)
         return grads
+    if op == Adasum and not sparse_as_dense and \
+            any(isinstance(g, tf.IndexedSlices) for g in grads):
+        raise NotImplementedError(ADASUM_SPARSE)  # before any gradient is reduced
     out: List[Any] = list(grads)
     dense_idx: List[int] = []
     for i, g in enumerate(grads):

@@ -257,8 +257,13 @@ def _check_supported(t: tf.Tensor) -> None:
 # ----------------------------------------------------------------------------- allreduce
 
 def _reduce_np(tensors: Sequence[tf.Tensor], op: int, prescale: float, postscale: float,
-               name: Optional[str], process_set: ProcessSet) -> List[tf.Tensor]:
-    """Allreduce ``tensors`` (one grouped op when more than one) without gradients."""
+               name: Optional[str], process_set: ProcessSet,
+               when: Optional[tf.Tensor] = None) -> List[tf.Tensor]:
+    """Allreduce ``tensors`` (one grouped op when more than one) without gradients.
+
+    ``when`` (a boolean scalar tensor, the same on every rank): reduce only when it is true, else
+    return the inputs -- decided when the node runs, in the node, so that it keeps its place in
+    the function's chain of collectives (``Adasum``'s delta optimizer reduces every N-th step)."""
     _check_set(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     for t in tensors:
@@ -267,13 +272,18 @@ def _reduce_np(tensors: Sequence[tf.Tensor], op: int, prescale: float, postscale
     kind = "allreduce" if len(tensors) == 1 else "grouped_allreduce"
 
     def fn(op_name: Optional[str], *arrays: np.ndarray) -> List[np.ndarray]:
+        if when is not None:
+            go, arrays = arrays[0], arrays[1:]
+            if not bool(go):
+                return [np.asarray(a) for a in arrays]
         bufs = [_to_buffer(a, reduce=True) for a in arrays]
         out = _wait(_rt.submit_allreduce(bufs, None, op_name, op, prescale, postscale, process_set,
                                          kind), process_set)
         outs = [out] if kind == "allreduce" else out
         return [_from_buffer(o, _np_dtype(d), reduce=True) for o, d in zip(outs, dtypes)]
 
-    outs = _run(fn, tensors, dtypes, "HorovodAllreduce", name)
+    inputs = tensors if when is None else [tf.cast(when, tf.bool)] + tensors
+    outs = _run(fn, inputs, dtypes, "HorovodAllreduce", name)
     for o, t in zip(outs, tensors):
         o.set_shape(t.shape)
     return outs
@@ -315,6 +325,20 @@ def _resolve(average: Optional[bool], op: Optional[int]) -> int:
     return _rt.resolve_op(average, op)
 
 
+#: Horovod's error for Adasum on sparse gradients (``tf.IndexedSlices``).
+ADASUM_SPARSE = ("The Adasum reduction does not currently support sparse tensors. As a workaround "
+                 "please pass sparse_as_dense=True to DistributedOptimizer")
+
+
+def _check_adasum(process_set: ProcessSet) -> None:
+    """Horovod's restriction on ``op=Adasum`` on CPU: the ranks that reduce (here: the set's, as
+    the runtime reduces over any set) are a power of two.  Raised where the op is called, on every
+    rank alike, before anything is submitted."""
+    n = process_set.size()
+    if n is not None and n & (n - 1):
+        raise NotImplementedError("Running Adasum with non-power of 2 ranks is not supported yet.")
+
+
 def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "",
               device_sparse: str = "", compression: Any = Compression.none,
               op: Optional[int] = None, prescale_factor: float = 1.0,
@@ -328,10 +352,14 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     rows.  Differentiable; ``compression`` applies on the wire (``Compression.fp16``)."""
     op = _resolve(average, op)
     if isinstance(tensor, tf.IndexedSlices):
+        if op == Adasum:
+            raise NotImplementedError(ADASUM_SPARSE)
         if prescale_factor != 1.0 or postscale_factor != 1.0:
             raise NotImplementedError("Pre/postscale_factor are not supported with "
                                       "tf.IndexedSlices")
         return _allreduce_indexed_slices(tensor, op, name, process_set)
+    if op == Adasum:
+        _check_adasum(process_set)
     if compression is Compression.none and type(tensor) is _EAGER \
             and tensor.dtype in _DIRECT and not _record.could_possibly_record():
         return _allreduce_eager(tensor, op, prescale_factor, postscale_factor, name, process_set)
@@ -388,9 +416,13 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     if not tensors:
         return []
     if any(isinstance(t, tf.IndexedSlices) for t in tensors):
+        if op == Adasum:  # before any of the list is reduced
+            raise NotImplementedError(ADASUM_SPARSE)
         return [allreduce(t, op=op, compression=compression, prescale_factor=prescale_factor,
                           postscale_factor=postscale_factor, process_set=process_set)
                 for t in tensors]
+    if op == Adasum:
+        _check_adasum(process_set)
     pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
     outs = _grouped_allreduce_diff([p[0] for p in pairs], op, prescale_factor, postscale_factor,
                                    name, process_set)

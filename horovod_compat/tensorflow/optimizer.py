@@ -1,15 +1,18 @@
 """``hvd.DistributedOptimizer`` for TensorFlow: a ``tf.compat.v1.train.Optimizer`` is wrapped here
-(its ``compute_gradients`` averages the gradients across ranks); a Keras optimizer (Keras 3 or
-tf-keras) is handed to the Keras binding (``horovod_compat._keras``), as Horovod does."""
+(its ``compute_gradients`` averages the gradients across ranks; with ``op=Adasum``, Horovod's delta
+optimizer: local steps whose weight deltas are combined with Adasum, ``_adasum``); a Keras optimizer
+(Keras 3 or tf-keras) is handed to the Keras binding (``horovod_compat._keras``), as Horovod does
+(which, as Horovod's, refuses ``op=Adasum``)."""
 from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
 
 import tensorflow as tf
 
-from horovod_compat.common.ops import Average
+from horovod_compat.common.ops import Adasum, Average
 from horovod_compat.common.process_sets import ProcessSet, global_process_set
 
+from ._adasum import DeltaReducer
 from .compression import Compression
 from .gradients import allreduce_gradients
 
@@ -50,6 +53,41 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         return self._optimizer.variables(*args, **kwargs)
 
 
+class _DistributedAdasumOptimizer(tf.compat.v1.train.Optimizer):
+    """A TF1 optimizer that applies its local gradients, then combines the weight deltas across
+    ranks with Adasum (every ``backward_passes_per_step`` steps); see ``_adasum``."""
+
+    def __init__(self, optimizer: tf.compat.v1.train.Optimizer, name: Optional[str],
+                 use_locking: bool, compression: Any, backward_passes_per_step: int,
+                 process_set: ProcessSet) -> None:
+        super().__init__(name=name or f"DistributedDelta{type(optimizer).__name__}",
+                         use_locking=use_locking)
+        self._optimizer = optimizer
+        self._adasum = DeltaReducer(backward_passes_per_step, compression, process_set)
+
+    def compute_gradients(self, *args: Any, **kwargs: Any) -> List[Tuple[Any, Any]]:
+        """The wrapped optimizer's gradients, not reduced (the deltas are)."""
+        return self._optimizer.compute_gradients(*args, **kwargs)
+
+    def apply_gradients(self, grads_and_vars: Any, global_step: Any = None,
+                        name: Optional[str] = None) -> Any:
+        """The wrapped optimizer's step with this rank's gradients, then the Adasum of the
+        variables' deltas across ranks (an op that runs both, in a graph)."""
+        pairs = list(grads_and_vars)
+        variables = [v for g, v in pairs if g is not None]
+        return self._adasum.step(variables, lambda: self._optimizer.apply_gradients(
+            pairs, global_step=global_step, name=name))
+
+    def get_slot(self, *args: Any, **kwargs: Any) -> Any:
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args: Any, **kwargs: Any) -> Any:
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self, *args: Any, **kwargs: Any) -> Any:
+        return self._optimizer.variables(*args, **kwargs)
+
+
 def _is_keras_optimizer(optimizer: Any) -> bool:
     for mod in type(optimizer).__mro__:
         if mod.__module__.startswith(("keras.", "tf_keras.", "tensorflow.python.keras")):
@@ -66,8 +104,15 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
                          groups: Optional[Any] = None,
                          process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True) -> Any:
-    """Wrap ``optimizer`` so that gradients are averaged across ranks before they are applied."""
+    """Wrap ``optimizer`` so that gradients are averaged across ranks before they are applied
+    (``op=Adasum``, TF1 optimizers only: weight deltas combined with Adasum after local steps)."""
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op == Adasum and average_aggregated_gradients:
+        raise ValueError("Adasum does not support average_aggregated_gradients == True")
     if _is_keras_optimizer(optimizer):
+        if op == Adasum:  # Horovod 0.28.1's own refusal
+            raise ValueError("op == Adasum is not supported yet with Keras")
         from horovod_compat._keras import create_distributed_optimizer
 
         return create_distributed_optimizer(
@@ -77,6 +122,9 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
             average_aggregated_gradients=average_aggregated_gradients, groups=groups,
             process_set=process_set, scale_local_gradients=scale_local_gradients)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        if op == Adasum:
+            return _DistributedAdasumOptimizer(optimizer, name, use_locking, compression,
+                                               backward_passes_per_step, process_set)
         if backward_passes_per_step != 1:
             raise ValueError("backward_passes_per_step > 1 is supported for Keras optimizers only; "
                              "accumulate the gradients yourself or use a Keras optimizer")

@@ -1,6 +1,6 @@
 """Run under `horovodrun -np 2`: horovod.tensorflow's collectives eagerly and in tf.function, their
-gradients, the tape, the TF1 optimizer, broadcasts, and both bindings on one runtime.  Every rank
-prints `RESULT <json>` lines that test_tensorflow_binding.py checks."""
+gradients, the tape, the TF1 optimizer, broadcasts, op=hvd.Adasum, and both bindings on one
+runtime.  Every rank prints `RESULT <json>` lines that test_tensorflow_binding.py checks."""
 import json
 import os
 
@@ -81,11 +81,170 @@ opt.minimize(lambda: tf.reduce_sum(w * tf.constant([1.0, 2.0]) * float(r + 1)), 
 put("v1_optimizer", w.numpy().tolist())
 put("objects", [hvd.broadcast_object({"from": r}, 1), hvd.allgather_object(r)])
 
+# op=hvd.Adasum: every value and every rank's input is printed; the test computes the Adasum
+# reference from both ranks' inputs
+rng = np.random.RandomState(10 + r)
+a32 = rng.normal(size=(2, 3)).astype(np.float32)
+b64 = rng.normal(size=(4,))
+c16 = rng.normal(size=(3,)).astype(np.float16)
+ortho = np.eye(2)[r]          # orthogonal on the two ranks: Adasum adds them
+same = np.array([3.0, -4.0])  # identical on the two ranks: Adasum keeps it
+put("adasum_inputs", {"a32": a32.tolist(), "b64": b64.tolist(), "c16": c16.tolist()})
+put("adasum_eager", hvd.allreduce(tf.constant(a32), op=hvd.Adasum))
+put("adasum_scaled", hvd.allreduce(tf.constant(a32), op=hvd.Adasum, prescale_factor=2.0,
+                                   postscale_factor=0.25))
+adasum_fn = tf.function(lambda a, b: (hvd.allreduce(a, op=hvd.Adasum),
+                                      hvd.grouped_allreduce([a, b], op=hvd.Adasum)))
+single, grouped_fn = adasum_fn(tf.constant(a32), tf.constant(b64))
+put("adasum_fn", [single.numpy().tolist()] + [t.numpy().tolist() for t in grouped_fn])
+put("adasum_grouped", [t.numpy().tolist() for t in hvd.grouped_allreduce(
+    [tf.constant(a32), tf.constant(b64), tf.constant(c16), tf.constant(ortho), tf.constant(same)],
+    op=hvd.Adasum)])
+# the gradient of an Adasum allreduce is the Adasum allreduce of the gradient (Horovod's)
+v_ad = tf.Variable(b64)
+upstream = np.arange(1.0, 5.0) * (1.0 if r == 0 else -0.5) + r
+with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(hvd.allreduce(v_ad, op=hvd.Adasum) * upstream)
+put("adasum_grad", {"upstream": upstream.tolist(), "grad": tape.gradient(loss, v_ad).numpy().tolist()})
+# DistributedGradientTape(op=Adasum), eagerly and in a tf.function: the local gradients combined
+t1, t2 = tf.Variable([1.0, -2.0, 0.5]), tf.Variable([[0.5, 1.0], [2.0, -1.0]])
+feat = tf.constant(rng.normal(size=(3,)), tf.float32)
+
+
+def tape_loss():
+    return tf.reduce_sum(t1 * feat) ** 2 + tf.reduce_sum(t2 * t2) * float(r + 1)
+
+
+def adasum_tape():
+    with tf.GradientTape() as t:
+        loss = tape_loss()
+    local = t.gradient(loss, [t1, t2])
+    with tf.GradientTape() as t:
+        loss = tape_loss()
+    return local, hvd.DistributedGradientTape(t, op=hvd.Adasum).gradient(loss, [t1, t2])
+
+
+tape_eager = adasum_tape()
+tape_fn = tf.function(adasum_tape)()
+put("adasum_tape", {kind: [[g.numpy().tolist() for g in gs] for gs in res]
+                    for kind, res in (("eager", tape_eager), ("fn", tape_fn))})
+# DistributedOptimizer(tf.compat.v1 optimizer, op=Adasum): local steps, weight deltas combined.
+# Loss 0.5 |w - target|^2: the gradient is w - target; the test replays both ranks.
+target = np.array([1.0, -2.0, 3.0] if r == 0 else [-1.0, 0.5, 2.0], np.float32)
+histories = {}
+w_e = tf.Variable([0.5, 0.5, 0.5])   # eagerly, momentum (its slots stay local), one pass per step
+opt = hvd.DistributedOptimizer(tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), op=hvd.Adasum)
+histories["eager_momentum"] = []
+for _ in range(3):
+    opt.minimize(lambda: 0.5 * tf.reduce_sum((w_e - target) ** 2), var_list=[w_e])
+    histories["eager_momentum"].append(w_e.numpy().tolist())
+histories["name"] = opt.get_name()
+w_f = tf.Variable([0.5, 0.5, 0.5])   # in a tf.function, 2 local passes per combination
+opt_f = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.25),
+                                 op=hvd.Adasum, backward_passes_per_step=2)
+
+
+@tf.function
+def opt_step():
+    with tf.GradientTape() as t:
+        loss = 0.5 * tf.reduce_sum((w_f - target) ** 2)
+    opt_f.apply_gradients(zip(t.gradient(loss, [w_f]), [w_f]))
+    return hvd.allreduce(loss)  # a collective after the step: the order stays the same on both
+
+
+histories["fn_passes2"] = []
+for _ in range(4):
+    opt_step()
+    histories["fn_passes2"].append(w_f.numpy().tolist())
+graph = tf.Graph()  # a TF1 graph and session, with a global step
+with graph.as_default():
+    w_g = tf.compat.v1.get_variable("w_g", initializer=[0.5, 0.5, 0.5], use_resource=True)
+    step = tf.compat.v1.train.get_or_create_global_step()
+    train = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.25),
+                                     op=hvd.Adasum).minimize(
+        0.5 * tf.reduce_sum((w_g - target) ** 2), global_step=step)
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        histories["graph"] = []
+        for _ in range(2):
+            sess.run(train)
+            histories["graph"].append(sess.run(w_g).tolist())
+        histories["graph_step"] = int(sess.run(step))
+put("adasum_optimizer", {"target": target.tolist(), **histories})
+# horovod.tensorflow.keras' value allreduce takes the op too
+import horovod.tensorflow.keras as hvd_keras  # noqa: E402
+put("adasum_keras_allreduce", hvd_keras.allreduce(a32, op=hvd.Adasum))
+
+
+def error_of(fn):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the error is the point
+        return [type(exc).__name__, str(exc)[:2000]]
+    return None
+
+
+sparse = tf.IndexedSlices(tf.ones([1, 3]), tf.constant([r]), tf.constant([2, 3]))
+emb = tf.Variable(tf.ones([4, 2]))
+with tf.GradientTape(persistent=True) as tape_sp:
+    loss_sp = tf.reduce_sum(tf.gather(emb, [r, 3]))
+
+
+class _SizeThree:  # a job of 3 ranks, as far as the checks made before any op are concerned
+    def __enter__(self):
+        self.size = hvd.ProcessSet.size
+        hvd.ProcessSet.size = lambda self: 3
+
+    def __exit__(self, *exc):
+        hvd.ProcessSet.size = self.size
+
+
+def three(fn):
+    with _SizeThree():
+        return error_of(fn)
+
+
+@tf.function
+def adasum_of_int_in_function():
+    return hvd.grouped_allreduce([tf.constant([1.0]), tf.constant([1, 2])], op=hvd.Adasum)
+
+
+errors = {
+    "int": error_of(lambda: hvd.allreduce(tf.constant([1, 2]), op=hvd.Adasum)),
+    "int_fn": error_of(adasum_of_int_in_function),
+    "sparse": error_of(lambda: hvd.allreduce(sparse, op=hvd.Adasum)),
+    "sparse_grouped": error_of(lambda: hvd.grouped_allreduce([tf.constant([1.0]), sparse],
+                                                             op=hvd.Adasum)),
+    "sparse_tape": error_of(lambda: hvd.DistributedGradientTape(tape_sp, op=hvd.Adasum)
+                            .gradient(loss_sp, [emb])),
+    "three_allreduce": three(lambda: hvd.allreduce(tf.constant([1.0]), op=hvd.Adasum)),
+    "three_grouped": three(lambda: hvd.grouped_allreduce([tf.constant([1.0])], op=hvd.Adasum)),
+    "three_tape": three(lambda: hvd.DistributedGradientTape(tape_sp, op=hvd.Adasum,
+                                                            sparse_as_dense=True)
+                        .gradient(loss_sp, [emb])),
+    "three_optimizer": three(lambda: hvd.DistributedOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(0.1), op=hvd.Adasum).minimize(
+        lambda: tf.reduce_sum(emb), var_list=[emb])),
+    "keras_optimizer": error_of(lambda: hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1),
+                                                                 op=hvd.Adasum)),
+    "keras_binding_optimizer": error_of(lambda: hvd_keras.DistributedOptimizer(
+        tf.keras.optimizers.SGD(0.1), op=hvd.Adasum)),
+    "average_aggregated": error_of(lambda: hvd.DistributedOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(0.1), op=hvd.Adasum,
+        backward_passes_per_step=2, average_aggregated_gradients=True)),
+}
+dense_sp = hvd.DistributedGradientTape(tape_sp, op=hvd.Adasum, sparse_as_dense=True).gradient(
+    loss_sp, [emb])[0]
+put("adasum_errors", errors)
+put("adasum_sparse_as_dense", dense_sp.numpy().tolist())
+
 # one runtime for both bindings
 hvd_torch.init()  # a second init is a no-op, as Horovod's
 put("same_world", [hvd_torch.rank(), hvd_torch.size(), hvd.rank(), hvd.size()])
 ps = hvd.add_process_set([1])  # added through one binding, seen by the other
 put("process_set_shared", [ps.process_set_id, hvd_torch.get_process_set_ids_and_ranks()[ps.process_set_id]])
+if r == 1:  # Adasum over a process set (of one rank: its own tensor)
+    put("adasum_process_set", hvd.allreduce(tf.constant(a32), op=hvd.Adasum, process_set=ps))
 mixed = [hvd.allreduce(tf.constant([1.0]), op=hvd.Sum).numpy().tolist(),
          hvd_torch.allreduce(torch.tensor([2.0]), op=hvd_torch.Sum).tolist()]
 put("mixed_bindings", mixed)

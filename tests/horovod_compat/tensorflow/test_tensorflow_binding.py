@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -115,3 +116,124 @@ def test_both_bindings_share_one_runtime(results):
         assert res["mixed_bindings"] == [[2.0], [4.0]]
         assert res["join"] in (0, 1)
         assert res["barrier"] == "passed"
+
+
+# ----------------------------------------------------------------------------- op=hvd.Adasum
+
+def adasum(a, b):
+    """Horovod's Adasum of two ranks' tensors (its user guide's formula, per tensor): each
+    vector is scaled down by half its projection on the other, then they are added."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    dot = float(np.sum(a * b))
+    a_sq, b_sq = float(np.sum(a * a)), float(np.sum(b * b))
+    a_coeff = 1.0 - dot / (2.0 * a_sq) if a_sq else 1.0
+    b_coeff = 1.0 - dot / (2.0 * b_sq) if b_sq else 1.0
+    return a_coeff * a + b_coeff * b
+
+
+def assert_close(got, expected, tol=1e-5):
+    got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+    assert got.shape == expected.shape, (got.shape, expected.shape)
+    assert np.allclose(got, expected, rtol=tol, atol=tol), (got.tolist(), expected.tolist())
+
+
+def test_adasum_allreduce_matches_the_formula(results):
+    inputs = [results[rank]["adasum_inputs"] for rank in (0, 1)]
+    expected = {k: adasum(inputs[0][k], inputs[1][k]) for k in ("a32", "b64", "c16")}
+    for rank in (0, 1):
+        res = results[rank]
+        assert_close(res["adasum_eager"], expected["a32"])
+        # prescale before, postscale after the combination
+        assert_close(res["adasum_scaled"], 0.25 * adasum(2.0 * np.asarray(inputs[0]["a32"]),
+                                                         2.0 * np.asarray(inputs[1]["a32"])))
+        single, fn_a, fn_b = res["adasum_fn"]  # inside a tf.function
+        assert_close(single, expected["a32"])
+        assert_close(fn_a, expected["a32"])
+        assert_close(fn_b, expected["b64"], 1e-12)
+        a, b, c, ortho, same = res["adasum_grouped"]  # per tensor, in one grouped op
+        assert_close(a, expected["a32"])
+        assert_close(b, expected["b64"], 1e-12)
+        assert_close(c, expected["c16"], 5e-3)
+        assert ortho == [1.0, 1.0] and same == [3.0, -4.0]  # orthogonal: added; equal: kept
+        assert_close(res["adasum_keras_allreduce"], expected["a32"])  # horovod.tensorflow.keras
+        # the gradient of an Adasum allreduce: the Adasum of the ranks' upstream gradients
+        assert_close(res["adasum_grad"]["grad"], adasum(results[0]["adasum_grad"]["upstream"],
+                                                        results[1]["adasum_grad"]["upstream"]),
+                     1e-12)
+    assert results[0]["adasum_eager"] == results[1]["adasum_eager"]
+    assert results[1]["adasum_process_set"] == inputs[1]["a32"]  # a set of one rank
+
+
+def test_adasum_gradient_tape_combines_the_local_gradients(results):
+    for kind in ("eager", "fn"):
+        local = [results[rank]["adasum_tape"][kind][0] for rank in (0, 1)]
+        assert local[0] != local[1]
+        for rank in (0, 1):
+            reduced = results[rank]["adasum_tape"][kind][1]
+            for i in range(2):
+                assert_close(reduced[i], adasum(local[0][i], local[1][i]))
+    # sparse gradients need sparse_as_dense, then combine densely
+    dense = [np.zeros((4, 2)) for _ in (0, 1)]
+    for rank in (0, 1):
+        dense[rank][[rank, 3]] = 1.0
+    for rank in (0, 1):
+        assert_close(results[rank]["adasum_sparse_as_dense"], adasum(dense[0], dense[1]))
+
+
+def _replay_delta_optimizer(targets, steps, lr, momentum=0.0, passes=1):
+    """Horovod's Adasum delta optimizer on loss 0.5 |w - target_r|^2 (gradient w - target_r), both
+    ranks replayed: each takes its own (momentum) steps from the shared weights; every `passes`
+    steps the ranks' weight deltas are combined with Adasum and added to the cycle's start."""
+    w = [np.full(3, 0.5), np.full(3, 0.5)]
+    accum = [np.zeros(3), np.zeros(3)]
+    start = w[0].copy()
+    history = [[], []]
+    for step in range(steps):
+        for r in (0, 1):
+            grad = w[r] - np.asarray(targets[r])
+            accum[r] = momentum * accum[r] + grad
+            w[r] = w[r] - lr * accum[r]
+        if (step + 1) % passes == 0:
+            start = start + adasum(w[0] - start, w[1] - start)
+            w = [start.copy(), start.copy()]
+        for r in (0, 1):
+            history[r].append(w[r].tolist())
+    return history
+
+
+def test_adasum_tf1_optimizer_combines_weight_deltas(results):
+    targets = [results[rank]["adasum_optimizer"]["target"] for rank in (0, 1)]
+    expected = {"eager_momentum": _replay_delta_optimizer(targets, 3, 0.1, momentum=0.9),
+                "fn_passes2": _replay_delta_optimizer(targets, 4, 0.25, passes=2),
+                "graph": _replay_delta_optimizer(targets, 2, 0.25)}
+    for rank in (0, 1):
+        res = results[rank]["adasum_optimizer"]
+        assert res["name"] == "DistributedDeltaMomentumOptimizer"
+        for key, history in expected.items():
+            assert_close(res[key], history[rank])
+        assert res["graph_step"] == 2
+    # between combinations (passes=2) each rank keeps its own local step
+    assert results[0]["adasum_optimizer"]["fn_passes2"][0] != \
+        results[1]["adasum_optimizer"]["fn_passes2"][0]
+
+
+def test_adasum_errors_are_horovods(results):
+    sparse = ["NotImplementedError", "The Adasum reduction does not currently support sparse "
+              "tensors. As a workaround please pass sparse_as_dense=True to DistributedOptimizer"]
+    not_power_of_2 = ["NotImplementedError",
+                      "Running Adasum with non-power of 2 ranks is not supported yet."]
+    for rank in (0, 1):
+        errors = results[rank]["adasum_errors"]
+        for key in ("int", "int_fn"):  # floating point only
+            assert errors[key][0] == "InvalidArgumentError", errors[key]
+            assert "Adasum only supports floating-point tensors" in errors[key][1]
+        assert errors["sparse"] == errors["sparse_grouped"] == errors["sparse_tape"] == sparse
+        for key in ("three_allreduce", "three_grouped", "three_tape", "three_optimizer"):
+            assert errors[key] == not_power_of_2, (key, errors[key])
+        # Horovod 0.28.1 refuses Adasum for Keras optimizers, through either module
+        assert errors["keras_optimizer"] == ["ValueError", "op == Adasum is not supported yet "
+                                                           "with Keras"]
+        assert errors["keras_binding_optimizer"] == ["ValueError", "op currently only supports "
+                                                                   "Average and Sum"]
+        assert errors["average_aggregated"] == [
+            "ValueError", "Adasum does not support average_aggregated_gradients == True"]
