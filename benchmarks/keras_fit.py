@@ -33,7 +33,12 @@ The Horovod and the MWMS model live side by side in each process (the strategy i
 the Horovod model outside its scope).  A step's time is the mean interval between consecutive
 ``on_train_batch_end`` calls of one ``fit`` call (rank 0's; the ranks move in lock-step), after
 ``--warmup`` untimed steps of each model.  One TensorFlow intra-op thread per process,
-``OMP_NUM_THREADS=1``.  Prints figures, no asserts.
+``OMP_NUM_THREADS=1``; ranks are not bound to cores (as ``horovodrun`` starts them), so (c) runs
+TensorFlow's inter-op threads on both cores while the other rank idles: the whole machine for one
+rank's work, which a 2-rank job cannot have.  (e) measures what two ranks computing at once get,
+and hvd / (e + allreduce) is what is left for the binding to lose.  ``--pin`` binds each rank
+(every thread of it) to a core of its own, as Open MPI's ``mpirun`` does for 2 ranks by default; then
+(c) is one rank's share of the host, one core.  Prints figures, no asserts.
 """
 from __future__ import annotations
 
@@ -148,8 +153,21 @@ def _fix_keras3_multi_worker_fit(tf: Any) -> None:
     trainer.reduce_per_replica = multi_worker_reduce_per_replica
 
 
+def _pin_to_own_core(rank: int) -> int:
+    """Bind every thread of this process to one core (``rank`` modulo the usable cores), as Open
+    MPI's ``mpirun`` binds 2 ranks to cores by default; threads started later inherit it."""
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[rank % len(cores)]
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {core})
+        except OSError:  # a thread that just ended
+            pass
+    return core
+
+
 def _rank(names: List[str], batches: Dict[str, int], steps: int, warmup: int, rounds: int,
-          allreduce_iters: int) -> Dict[str, Dict[str, List[float]]]:
+          allreduce_iters: int, pin: bool) -> Dict[str, Dict[str, List[float]]]:
     """Every measurement, in each of the 2 ranks, round by round: (a) hvd, (b) MWMS, (c) one
     process (rank 0 alone; rank 1 waits), the gradient allreduce."""
     import horovod.tensorflow as hvd_tf
@@ -157,6 +175,8 @@ def _rank(names: List[str], batches: Dict[str, int], steps: int, warmup: int, ro
     from horovod_compat.tensorflow.tf_config import agree_tf_config
 
     hvd.init()
+    if pin:
+        _pin_to_own_core(hvd.local_rank())
     agree_tf_config()            # TF_CONFIG before the strategy and before any TensorFlow op
     import tensorflow as tf
 
@@ -232,6 +252,8 @@ def main() -> None:
     ap.add_argument("--mlp-batch", type=int, default=64, help="global batch of the MLP")
     ap.add_argument("--cnn-batch", type=int, default=64, help="global batch of the CNN")
     ap.add_argument("--allreduce-iters", type=int, default=10)
+    ap.add_argument("--pin", action="store_true",
+                    help="bind each rank to a core of its own, as mpirun does for 2 ranks")
     args = ap.parse_args()
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     batches = {"mlp": args.mlp_batch, "cnn": args.cnn_batch}
@@ -240,11 +262,12 @@ def main() -> None:
 
     t0 = time.perf_counter()
     res = run_function(_rank, names, batches, args.steps, args.warmup, args.rounds,
-                       args.allreduce_iters, num_processes=2, env=ENV)
+                       args.allreduce_iters, args.pin, num_processes=2, env=ENV)
     took = time.perf_counter() - t0
 
-    print(f"Keras {_keras_version()} model.fit, 2 CPU ranks on one host, SGD, 1 thread per "
-          f"process; {args.steps} steps per figure and round, {args.rounds} interleaved rounds "
+    print(f"Keras {_keras_version()} model.fit, 2 CPU ranks on one host, SGD, 1 intra-op thread "
+          f"per process, {'each rank bound to a core of its own' if args.pin else 'ranks not bound to cores'}; "
+          f"{args.steps} steps per figure and round, {args.rounds} interleaved rounds "
           f"({took:.0f} s in all)")
     print("steps/s: the best round's (1 / mean step time); ratios: the median over the rounds of "
           "each round's ratio (figures of one round were measured seconds apart)")
