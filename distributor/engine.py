@@ -364,7 +364,7 @@ class Job:
             now = time.monotonic()
             with self._lock:
                 states = list(self._states.values())
-            if all(self._ended(s, now) for s in states):
+            if self._all_ended(states, now):
                 break
             if self.placement.finished():  # no rank can still run (the Spark job has ended)
                 placement_ended_at = placement_ended_at or now
@@ -424,6 +424,14 @@ class Job:
             )
         return None
 
+    @classmethod
+    def _all_ended(cls, states: List[WorkerRecord], now: float) -> bool:
+        """Whether every worker has `_ended`. Each is asked (no short cut at the first that has
+        not): each notes when its exit was first seen, so that the graces of ranks whose
+        connections stay open (a lost host's) run at once, not one after the other."""
+        ended = [cls._ended(s, now) for s in states]
+        return all(ended)
+
     @staticmethod
     def _ended(state: WorkerRecord, now: float) -> bool:
         """Exited, and every frame it sent has been read (bounded, in case a child holds the socket)."""
@@ -476,7 +484,8 @@ class Job:
         """The root cause: the failed rank that came first in causal order. A rank that failed
         on its own (the earliest of them) over the knock-ons of its death; if every failure is a
         knock-on, a rank they name that did not fail itself (it froze, or finished while they
-        waited for it), else the rank named by the others, else the earliest."""
+        waited for it) or that one named frozen before it failed, else the rank named by the
+        others, else the earliest."""
         failed = [s for s in self._states.values() if self._failed(s) and self._own_failure(s)]
         if not failed:
             return None
@@ -488,8 +497,12 @@ class Job:
         else:
             blamed = [(self._when(s), verdicts[s.rank].peer, s.rank) for s in failed
                       if verdicts[s.rank].peer in self._states]
-            failed_ranks = {s.rank for s in failed}
-            silent = [peer for _, peer, _ in sorted(blamed) if peer not in failed_ranks]
+            failed_at = {s.rank: self._when(s) for s in failed}
+            # A peer is silent if it never failed, or if a knock-on named it frozen before it
+            # failed itself: a stopped rank that is continued (mpirun sends SIGCONT before
+            # SIGTERM when it ends the job) then fails waiting for the ranks that gave up on it.
+            silent = [peer for when, peer, rank in sorted(blamed) if peer not in failed_at
+                      or (verdicts[rank].frozen and failed_at[peer] > when)]
             if silent:
                 root = self._states[silent[0]]
                 waiting = sorted(rank for _, peer, rank in blamed if peer == root.rank)

@@ -179,7 +179,7 @@ class ElasticJob(Job):
             if self._fatal is not None or self._completing:
                 with self._lock:
                     states = list(self._states.values())
-                if all(self._ended(s, now) for s in states):
+                if self._all_ended(states, now):
                     break
         return self._fatal
 

@@ -394,6 +394,44 @@ def test_a_peer_that_never_fails_is_named_when_every_failure_blames_it():
     assert info.value.exit_code is None and time.monotonic() - started < 20
 
 
+def _frozen_then_continued(frozen: int, waited: float):
+    import time
+
+    rank = int(os.environ["RANK"])
+    if rank != frozen:  # the others give up on the frozen rank at once
+        error = _PeerLeft(f"rank {frozen} stopped making progress")
+        error.peer, error.frozen = frozen, True
+        raise error
+    time.sleep(waited)  # stopped; then continued (mpirun ends a job with SIGCONT, SIGTERM)
+    error = _PeerLeft(f"rank {(frozen + 1) % 3} left the job")  # it finds its peers gone
+    error.peer = (frozen + 1) % 3
+    raise error
+
+
+def test_a_frozen_peer_that_fails_later_when_continued_is_still_the_one_named():
+    with pytest.raises(RankFailedError) as info:
+        run_function(_frozen_then_continued, 1, 1.0, num_processes=3, output=lambda *a: None)
+    assert str(info.value).splitlines()[0].startswith(
+        "Rank 1 stopped responding (no progress while ranks 0 and 2 waited for it in a "
+        "collective)"), str(info.value)
+    assert [rank for rank, _ in info.value.other_failures] == [0, 2]
+
+
+def test_the_disconnect_graces_of_ranks_whose_connections_stay_open_run_at_once():
+    """Ranks on a lost host exit (their ssh or mpirun is stopped) but their hub connections stay
+    open: each gets DISCONNECT_GRACE_SECONDS from when its exit was seen, all at the same time,
+    not one after the other (the job's end would wait N times the grace)."""
+    from distributor.engine import DISCONNECT_GRACE_SECONDS, WorkerRecord
+
+    states = [WorkerRecord(rank, returncode=-9) for rank in range(3)]
+    for s in states:
+        s.channel = object()  # connected, never disconnected
+    assert all(s.connected and not s.disconnected for s in states)
+    assert not Job._all_ended(states, 100.0)
+    assert [s.exit_seen for s in states] == [100.0] * 3
+    assert Job._all_ended(states, 100.0 + DISCONNECT_GRACE_SECONDS + 0.1)
+
+
 _COMMAND_RANK = """\
 import os, sys, time
 from distributor import failure_report
