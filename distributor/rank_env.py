@@ -7,6 +7,7 @@ TORCHELASTIC_RUN_ID together with LOCAL_RANK, GROUP_RANK and LOCAL_WORLD_SIZE.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from typing import Dict, Mapping, Sequence, Tuple
 
@@ -34,6 +35,19 @@ TORCHRUN_VARS = (
 #: Per-rank variables of the torchrun contract; a launcher that starts several ranks from one
 #: environment (mpirun) leaves them to `from_mpi_environment` in each rank.
 PER_RANK_VARS = ("RANK", "LOCAL_RANK", "ROLE_RANK", "GROUP_RANK", "NODE_RANK", "CUDA_VISIBLE_DEVICES")
+
+
+#: Variables of the driver's shell that do not describe the job: they stay behind when a rank
+#: starts on another host (as do names that are not shell identifiers).
+_SHELL_ONLY = re.compile(r"^(BASH_FUNC_.*|OLDPWD|PWD|SHLVL|_|SSH_.*|HOSTNAME|TERM|DISPLAY|TMUX.*"
+                         r"|PS1|MAIL|LS_COLORS)$")
+_SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def travels_to_other_hosts(name: str) -> bool:
+    """Whether the driver's variable `name` goes along to ranks on other hosts (everything but
+    the shell's own variables, as Horovod's launchers forward the driver's environment)."""
+    return bool(_SHELL_NAME.match(name)) and not _SHELL_ONLY.match(name)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

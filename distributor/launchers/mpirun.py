@@ -14,7 +14,14 @@ import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import LaunchValidationError
-from ..rank_env import GPU_IDS_VAR, LAYOUT_VAR, PER_RANK_VARS, RANK_VAR, hosts_layout
+from ..rank_env import (
+    GPU_IDS_VAR,
+    LAYOUT_VAR,
+    PER_RANK_VARS,
+    RANK_VAR,
+    hosts_layout,
+    travels_to_other_hosts,
+)
 from ..spec import RankSpec
 from ..supervisor import Supervisor
 from .base import EnvFactory, Launcher, LauncherCapabilities
@@ -129,16 +136,24 @@ class MpirunLauncher(Launcher):
             agent_args += ["--mca", "btl_tcp_if_include", ",".join(networks)]
         if networks and "oob_tcp_if_" not in given:
             agent_args += ["--prtemca", "oob_tcp_if_include", ",".join(networks)]
-        self._start_spanning(ranks, hosts, agent_args, env_for, supervisor)
+        # mpirun's daemons on other hosts start from their ssh session's environment, not this
+        # one: every variable of the driver's environment goes along (as Horovod's mpirun
+        # command exports them all), not only those the job changed.
+        self._start_spanning(ranks, hosts, agent_args, env_for, supervisor, export_all=True)
 
     def _start_spanning(
         self, ranks: Sequence[RankSpec], hosts: Sequence[Tuple[str, int]],
         agent_args: Sequence[str], env_for: EnvFactory, supervisor: Supervisor,
+        export_all: bool = False,
     ) -> None:
+        """One mpirun over `hosts`. Each variable of the ranks' environment that this process's
+        lacks or differs in is exported (``-x``); with `export_all`, every one that
+        `travels_to_other_hosts`."""
         env = dict(self.shared_env(ranks, env_for))
         env.pop(GPU_IDS_VAR, None)  # each host's daemon passes on that host's own GPUs
         env[LAYOUT_VAR] = hosts_layout(hosts)  # each rank's host, local rank and local size
-        exports = sorted(name for name, value in env.items() if os.environ.get(name) != value)
+        exports = sorted(name for name, value in env.items() if os.environ.get(name) != value
+                         or (export_all and travels_to_other_hosts(name)))
         argv = mpirun_command(
             len(ranks), [self.python, "-m", "distributor.rank_entry"], hosts=hosts, export=exports,
             extra_args=[*agent_args, *self.extra_args], mpirun=self.mpirun, binding=self.binding,

@@ -105,3 +105,30 @@ def test_task_hosts_merge_the_tasks_of_one_node():
         ("task0", 2), ("task1", 1)]
     assert [(s.rank, s.local_rank, s.local_world_size, s.node_rank)
             for s in host_plan([("a", 2), ("b", 4)], 3)] == [(0, 0, 2, 0), (1, 1, 2, 0), (2, 0, 1, 1)]
+
+
+def test_an_mpirun_over_other_hosts_exports_the_drivers_whole_environment(monkeypatch):
+    """mpirun's daemons on other hosts start from their ssh session's environment: a variable
+    the driver's environment has (HOROVOD_COMPAT_FROZEN_SECONDS=5 set before horovodrun) must
+    be exported too, not only those the job changed; the shell's own variables stay behind."""
+    from distributor.rank_env import rank_environment
+    from distributor.spec import RankSpec
+
+    monkeypatch.setenv("HOROVOD_COMPAT_FROZEN_SECONDS", "5")
+    monkeypatch.setenv("OLDPWD", "/somewhere")
+    started = {}
+
+    class Capture:
+        def start_group(self, ranks, argv, env, demux):
+            started.update(argv=argv, env=env)
+
+    specs = [RankSpec(0, 2, 0, 1, 0, 2), RankSpec(1, 2, 0, 1, 1, 2)]
+    MpirunLauncher().start_on_hosts(
+        specs, [("h1", 1), ("h2", 1)], [],
+        lambda spec: rank_environment(spec, "h1", 29500, "run", {"HOROVOD_JOB_VAR": "1"}),
+        Capture())
+    argv = started["argv"]
+    exported = {argv[i + 1] for i, arg in enumerate(argv) if arg == "-x"}
+    assert {"HOROVOD_COMPAT_FROZEN_SECONDS", "HOROVOD_JOB_VAR", "PATH", "MASTER_ADDR"} <= exported
+    assert "OLDPWD" not in exported and "RANK" not in exported
+    assert started["env"]["HOROVOD_COMPAT_FROZEN_SECONDS"] == "5"
