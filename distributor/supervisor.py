@@ -14,7 +14,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import IO, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
 #: Maps (stream, line) of a multi-rank process to (rank or None for the launcher, stream, text).
 Demux = Callable[[str, str], Tuple[Optional[int], str, str]]
@@ -151,6 +151,9 @@ class Supervisor:
                 pass
         for proc in procs:
             _signal_group(proc.popen.pid, signal.SIGKILL)  # also reaps children left in the group
+        # and those that moved to a process group of their own in its session, such as mpirun's
+        # ssh to a host that no longer answers (it would wait for that host for hours)
+        _kill_sessions({proc.popen.pid for proc in procs})
 
     def wait_all(self, timeout: Optional[float] = None) -> None:
         with self._lock:
@@ -164,3 +167,26 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _kill_sessions(sids: Set[int]) -> None:
+    """SIGKILL every process of the sessions `sids` (rank processes start sessions of their own)."""
+    if not sids:
+        return
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return  # no /proc: the process groups were all we could reach
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                session = int(stat.read().rsplit(b")", 1)[1].split()[3])
+        except (OSError, IndexError, ValueError):
+            continue
+        if session in sids:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
