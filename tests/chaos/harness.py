@@ -1,9 +1,11 @@
-"""The chaos harness: run `train_program.py` on 3 ranks, inject one fault at a random (seeded)
-moment into a random rank, and check what the driver says and does.
+"""The chaos harness: run real 3-rank jobs, inject one fault at a random (seeded) moment into a
+random rank, and check what the driver says and does.
 
-Launchers (``LAUNCHERS``): ``horovodrun`` (``horovodrun -np 3 python train_program.py``, the
-direct launcher), ``function`` (``horovod.run(train_program.main, num_proc=3)``) and ``mpi``
-(``horovodrun --mpi -np 3 ...``). Faults (``FAULTS``):
+**Fixed-size jobs** of `train_program.py`, under the launchers ``LAUNCHERS``: ``horovodrun``
+(``horovodrun -np 3 python train_program.py``, the direct launcher), ``function``
+(``horovod.run(train_program.main, num_proc=3)``), ``mpi`` (``horovodrun --mpi -np 3 ...``) and
+``spark`` (``horovod.spark.run(train_program.main, num_proc=3)`` in this process, on a ``local[3]``
+Spark session, `spark_session`; faults ``SPARK_FAULTS``). Faults (``FAULTS``):
 
 * ``kill``: SIGKILL, from outside, of the process that trains on the target rank, once it printed
   a chosen step. Right: the target rank is named, "killed by SIGKILL".
@@ -12,15 +14,35 @@ direct launcher), ``function`` (``horovod.run(train_program.main, num_proc=3)``)
 * ``close``: at a chosen step the target rank shuts down its TCP connections to one other rank
   (gloo's), as a network fault between the two would. Both ends then fail alike ("Connection
   closed by peer"), and either may fail first: right is one of the two ends of those connections.
+* ``stop``: SIGSTOP, from outside, of the process that trains on the target rank, once it printed
+  a chosen step (a frozen rank). Right: the target rank is named, "stopped responding".
 
-Every run must also: end within ``EXIT_BOUND`` seconds of the fault, with a non-zero exit status,
-and leave no process behind (every process of a run carries ``CHAOS_MARKER`` in its environment).
+Every fixed-size run must also end within `exit_bound` seconds of the fault (``EXIT_BOUND``, 5 s,
+after a crash; ``FROZEN_SECONDS`` + ``STOP_MARGIN`` after a freeze: the jobs run with
+``HOROVOD_COMPAT_FROZEN_SECONDS=FROZEN_SECONDS``), with a non-zero exit status (an exception from
+``horovod.spark.run``), and leave no process behind: every process of a run carries
+``CHAOS_MARKER`` in its environment; under Spark, no rank process (a child of an executor's fork
+server) may outlive the run.
 
-``run(seed, launcher, fault)`` is deterministic in what it injects: the seed picks the target rank,
-the step and (for ``kill``) a delay inside the step.
+**Elastic jobs** (launcher ``elastic``): ``horovodrun -np 3 --min-np 2 --max-np 3
+--host-discovery-script ... python elastic_program.py`` (the script offers ``localhost:3`` all
+along), faults ``ELASTIC_FAULTS``: ``kill`` (SIGKILL of the worker that has the target rank, up
+to 0.1 s after it printed a chosen step; for one seed in three a second SIGKILL follows *during
+the recovery*: the survivor that gets a chosen rank in the new round is killed from its reset
+callback's line) and ``raise`` (``ChaosError`` once, in a chosen step). Right: the job exits 0;
+every sample was counted exactly once in the committed state (`elastic_program`) and trained by
+some rank; the driver names each failed worker with its rank and cause, and starts a replacement
+for it (the discovery script still offers the slot); nothing is left running. The line also
+reports the recovery, and how many replacements joined (one that the job's end overtook is
+stopped by the driver: docs/failures.md).
+
+``run(seed, launcher, fault, workdir)`` is deterministic in what it injects: the seed picks the
+target rank, the step and (for ``kill``/``stop``) a delay inside the step.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
 import re
@@ -33,23 +55,48 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
 PROGRAM = HERE / "train_program.py"
+ELASTIC_PROGRAM = HERE / "elastic_program.py"
 NP = 3
+#: Launchers of fixed-size jobs started as a process of their own (``spark`` runs in this one).
 LAUNCHERS = ("horovodrun", "function", "mpi")
-FAULTS = ("kill", "raise", "close")
-#: Seconds from the fault to the driver's exit.
+FAULTS = ("kill", "raise", "close", "stop")
+ELASTIC_FAULTS = ("kill", "raise")
+SPARK_FAULTS = ("kill", "raise", "stop")
+#: Every case: launcher -> its faults.
+CASES = {**{launcher: FAULTS for launcher in LAUNCHERS}, "spark": SPARK_FAULTS,
+         "elastic": ELASTIC_FAULTS}
+#: Seconds from a crash (kill, raise, close) to the driver's exit.
 EXIT_BOUND = float(os.environ.get("CHAOS_EXIT_BOUND", "5"))
+#: HOROVOD_COMPAT_FROZEN_SECONDS of every run (the documented default is 30 s; lower keeps runs short).
+FROZEN_SECONDS = float(os.environ.get("CHAOS_FROZEN_SECONDS", "5"))
+#: Seconds, on top of FROZEN_SECONDS, the job may take to end after a rank is stopped: the
+#: launcher's stop of the ranks (about 3 s, docs/failures.md) and a loaded machine's delays.
+STOP_MARGIN = float(os.environ.get("CHAOS_STOP_MARGIN", "5"))
+#: Seconds, on top of FROZEN_SECONDS, a job may take to end after a host is lost (tests/multihost/
+#: test_chaos_hosts.py): the driver waits KNOCK_ON_SETTLE_SECONDS (3) for the silent ranks to
+#: report, stops the launcher (up to 3 s: mpirun waits for its daemon there), then waits
+#: DISCONNECT_GRACE_SECONDS (10) for what the lost ranks sent, their connections staying open;
+#: and a loaded machine's delays.
+LOST_MARGIN = float(os.environ.get("CHAOS_LOST_MARGIN", "20"))
 #: Seconds a whole run may take (start-up included) before it counts as hung.
 RUN_TIMEOUT = float(os.environ.get("CHAOS_RUN_TIMEOUT", "120"))
+#: Samples of the elastic program's data set (3 per step with 3 workers).
+ELASTIC_SAMPLES = int(os.environ.get("CHAOS_SAMPLES", "360"))
 MARKER_VAR = "CHAOS_MARKER"
 
-_PID = re.compile(r"chaos-pid rank=(\d+) pid=(\d+)")
+_PID = re.compile(r"chaos-pid rank=(\d+) (?:size=\d+ )?pid=(\d+)")
 _STEP = re.compile(r"step (\d+) rank (\d+) ")
 _FAULT = re.compile(r"chaos-fault rank=(\d+) peer=(-?\d+) t=([\d.]+)")
 _NAMED = re.compile(r"(?:^horovodrun: |^chaos-driver: )Rank (\d+) (.*)$")
+_WORKER = re.compile(r"^\[(\d+)\]<stdout>:(.*)$")
+_RESET = re.compile(r"chaos-reset rank=(\d+) size=(\d+) pid=(\d+)")
+#: The elastic driver's record of a failed worker (``ElasticJob._on_failure``).
+_ATTEMPT = re.compile(r"elastic job: worker (\d+) \((?:rank (\d+) of round \d+|not in a round yet)"
+                      r", host [^)]*\) (.*) -> (.*)$")
 
 _FUNCTION_DRIVER = """\
 import sys
@@ -88,6 +135,7 @@ class Outcome:
     left: List[int] = field(default_factory=list)
     problems: List[str] = field(default_factory=list)
     output: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)  # more "key=value" for the line
 
     @property
     def ok(self) -> bool:
@@ -97,15 +145,37 @@ class Outcome:
         secs = "-" if self.seconds is None else f"{self.seconds:.2f}"
         verdict = "ok" if self.ok else "FAILED: " + "; ".join(self.problems)
         peer = f" peer={self.peer}" if self.fault == "close" else ""
+        notes = "".join(f" {note}" for note in self.notes)
         return (f"chaos seed={self.seed} launcher={self.launcher} fault={self.fault} "
                 f"target={self.target}{peer} step={self.step} named={self.named} "
-                f"seconds={secs} rc={self.returncode} {verdict}")
+                f"seconds={secs} rc={self.returncode}{notes} {verdict}")
+
+
+def exit_bound(fault: str) -> float:
+    """Seconds from `fault` to the driver's exit that a run may take: EXIT_BOUND after a crash,
+    FROZEN_SECONDS + STOP_MARGIN after a freeze (``stop``), FROZEN_SECONDS + LOST_MARGIN after
+    a lost host (``lost``)."""
+    if fault == "stop":
+        return FROZEN_SECONDS + STOP_MARGIN
+    if fault == "lost":
+        return FROZEN_SECONDS + LOST_MARGIN
+    return EXIT_BOUND
 
 
 def plan(seed: int) -> tuple:
     """(target rank, step, delay) that `seed` injects."""
     rng = random.Random(seed)
     return rng.randrange(NP), rng.randint(2, 25), rng.uniform(0.0, 0.03)
+
+
+def elastic_plan(seed: int) -> tuple:
+    """(target rank, step, second kill during the recovery?, the rank in the new round it hits,
+    delay of the first kill after the step's line) that `seed` injects into an elastic job. The
+    delay (up to 0.1 s, about two steps) lets the kill land anywhere in a step, also between
+    collectives of the survivors' next step, whose first changes the state."""
+    rng = random.Random(seed)
+    return (rng.randrange(NP), rng.randint(3, 40), rng.random() < 1 / 3, rng.randrange(NP - 1),
+            rng.uniform(0.0, 0.1))
 
 
 def _argv(launcher: str, workdir: Path) -> List[str]:
@@ -120,6 +190,14 @@ def _argv(launcher: str, workdir: Path) -> List[str]:
     raise ValueError(launcher)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def processes_with(marker: str) -> List[int]:
     """Live (not zombie) processes whose environment carries ``CHAOS_MARKER=marker``."""
     needle = f"{MARKER_VAR}={marker}".encode()
@@ -131,60 +209,49 @@ def processes_with(marker: str) -> List[int]:
             with open(f"/proc/{entry}/environ", "rb") as env:
                 if needle not in env.read():
                     continue
-            with open(f"/proc/{entry}/stat") as stat:
-                if stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
-                    found.append(int(entry))
         except OSError:
             continue
+        if _alive(int(entry)):
+            found.append(int(entry))
     return found
 
 
-def run(seed: int, launcher: str, fault: str, workdir: Path) -> Outcome:
-    """One run: start the job, inject `fault` as `seed` says, check the outcome."""
-    target, step, delay = plan(seed)
-    out = Outcome(seed, launcher, fault, target, step)
-    marker = uuid.uuid4().hex
-    env = {**os.environ, MARKER_VAR: marker, "PYTHONUNBUFFERED": "1", "CHAOS_STEPS": "400"}
-    for name in ("CHAOS_FAULT", "CHAOS_RANK", "CHAOS_STEP"):
-        env.pop(name, None)
-    if fault in ("raise", "close"):
-        env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(target), CHAOS_STEP=str(step))
-    workdir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(_argv(launcher, workdir), cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", start_new_session=True)
-    pids: Dict[int, int] = {}
-    fault_at: List[float] = []
-    killed = threading.Event()
-
-    def kill(pid: int) -> None:
+def _signal_later(pid: int, sig: int, delay: float, fault_at: List[float]) -> None:
+    """In a thread: after `delay` s send `sig` to `pid`, noting the time in `fault_at`."""
+    def send() -> None:
         time.sleep(delay)
         fault_at.append(time.time())
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
         except ProcessLookupError:
             pass
+
+    threading.Thread(target=send, daemon=True).start()
+
+
+def _env(marker: str, **extra: str) -> Dict[str, str]:
+    env = {**os.environ, MARKER_VAR: marker, "PYTHONUNBUFFERED": "1",
+           "HOROVOD_COMPAT_FROZEN_SECONDS": f"{FROZEN_SECONDS:g}"}
+    for name in ("CHAOS_FAULT", "CHAOS_RANK", "CHAOS_STEP"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+def _run_process(argv: List[str], env: Dict[str, str], workdir: Path, out: Outcome,
+                 on_line: Callable[[str], None]) -> float:
+    """Run `argv` in its own session, feeding each output line to `on_line`; note its exit
+    status in `out` and return when it exited (killed after RUN_TIMEOUT s: a problem)."""
+    proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", start_new_session=True)
 
     def read() -> None:
         assert proc.stdout is not None
         for raw in proc.stdout:
             line = raw.rstrip("\n")
             out.output.append(line)
-            m = _PID.search(line)
-            if m:
-                pids[int(m.group(1))] = int(m.group(2))
-            m = _FAULT.search(line)
-            if m and not fault_at:
-                fault_at.append(float(m.group(3)))
-                out.peer = int(m.group(2))
-            m = _STEP.search(line)
-            if (fault == "kill" and m and not killed.is_set() and int(m.group(2)) == target
-                    and int(m.group(1)) >= step and target in pids):
-                killed.set()
-                threading.Thread(target=kill, args=(pids[target],), daemon=True).start()
-            m = _NAMED.match(line)
-            if m and out.named is None:
-                out.named, out.failure_line = int(m.group(1)), line
+            on_line(line)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -196,18 +263,75 @@ def run(seed: int, launcher: str, fault: str, workdir: Path) -> Outcome:
         out.returncode = proc.wait()
     exited_at = time.time()
     reader.join(timeout=10)
-    if fault_at:
-        out.seconds = exited_at - fault_at[0]
-    _judge(out, marker)
+    return exited_at
+
+
+class _FixedFaults:
+    """Reads a fixed-size job's output lines: injects ``kill``/``stop``, notes the fault's time
+    and the rank the driver names."""
+
+    def __init__(self, out: Outcome, delay: float) -> None:
+        self.out, self.delay = out, delay
+        self.pids: Dict[int, int] = {}
+        self.fault_at: List[float] = []
+        self.injected = False
+
+    def __call__(self, line: str) -> None:
+        out = self.out
+        m = _PID.search(line)
+        if m:
+            self.pids[int(m.group(1))] = int(m.group(2))
+        m = _FAULT.search(line)
+        if m and not self.fault_at:
+            self.fault_at.append(float(m.group(3)))
+            out.peer = int(m.group(2))
+        m = _STEP.search(line)
+        if (out.fault in ("kill", "stop") and m and not self.injected
+                and int(m.group(2)) == out.target and int(m.group(1)) >= out.step
+                and out.target in self.pids):
+            self.injected = True
+            sig = signal.SIGSTOP if out.fault == "stop" else signal.SIGKILL
+            _signal_later(self.pids[out.target], sig, self.delay, self.fault_at)
+        m = _NAMED.match(line)
+        if m and out.named is None:
+            out.named, out.failure_line = int(m.group(1)), line
+
+
+def run(seed: int, launcher: str, fault: str, workdir: Path, target: Optional[int] = None,
+        spark: Any = None, second: Optional[bool] = None) -> Outcome:
+    """One run: start the job, inject `fault` as `seed` says (into rank `target` if given, else
+    the seed's; ``elastic``: with a second kill during the recovery if `second`, else as the seed
+    says), check the outcome. ``spark`` runs need `spark`, a `spark_session`."""
+    if launcher == "elastic":
+        return run_elastic(seed, fault, workdir, target, second)
+    if launcher == "spark":
+        if spark is None:
+            raise ValueError("a spark run needs spark=<a spark_session()>")
+        return run_spark(seed, fault, spark, target)
+    planned, step, delay = plan(seed)
+    target = planned if target is None else target
+    out = Outcome(seed, launcher, fault, target, step)
+    marker = uuid.uuid4().hex
+    env = _env(marker, CHAOS_STEPS="400")
+    if fault in ("raise", "close"):
+        env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(target), CHAOS_STEP=str(step))
+    workdir.mkdir(parents=True, exist_ok=True)
+    watch = _FixedFaults(out, delay)
+    exited_at = _run_process(_argv(launcher, workdir), env, workdir, out, watch)
+    if watch.fault_at:
+        out.seconds = exited_at - watch.fault_at[0]
+    _judge(out)
+    _check_left(out, lambda: processes_with(marker))
     return out
 
 
-def _judge(out: Outcome, marker: str) -> None:
+def _judge(out: Outcome) -> None:
     problems = out.problems
+    bound = exit_bound(out.fault)
     if out.seconds is None:
         problems.append("the fault was never injected (did the job start?)")
-    elif out.seconds > EXIT_BOUND:
-        problems.append(f"exited {out.seconds:.2f}s after the fault (bound {EXIT_BOUND:g}s)")
+    elif out.seconds > bound:
+        problems.append(f"exited {out.seconds:.2f}s after the fault (bound {bound:g}s)")
     if out.returncode == 0:
         problems.append("exit status 0")
     if out.named is None:
@@ -224,14 +348,20 @@ def _judge(out: Outcome, marker: str) -> None:
         problems.append(f"not named as killed by SIGKILL: {out.failure_line!r}")
     elif out.fault == "raise" and "ChaosError" not in out.failure_line:
         problems.append(f"ChaosError not named: {out.failure_line!r}")
+    elif out.fault == "stop" and "stopped responding" not in out.failure_line:
+        problems.append(f"not named as stopped responding: {out.failure_line!r}")
+
+
+def _check_left(out: Outcome, find: Callable[[], List[int]]) -> None:
+    """Nothing `find` finds may be running 3 s after the job ended (what is, is SIGKILLed)."""
     deadline = time.monotonic() + 3.0
-    left = processes_with(marker)
+    left = find()
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
-        left = processes_with(marker)
+        left = find()
     if left:
         out.left = left
-        problems.append(f"processes left running: {left}")
+        out.problems.append(f"processes left running: {left}")
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -239,6 +369,282 @@ def _judge(out: Outcome, marker: str) -> None:
                 pass
 
 
+# ---- elastic jobs -----------------------------------------------------------------------------
+class _ElasticFaults:
+    """Reads an elastic job's output: injects the kills, notes the faults (time, worker id, rank
+    in its round), the driver's record of each failed worker, and the recovery."""
+
+    def __init__(self, out: Outcome, second: bool, second_rank: int, delay: float) -> None:
+        self.out, self.second, self.second_rank, self.delay = out, second, second_rank, delay
+        self.pids: Dict[int, int] = {}        # worker id -> pid
+        self.faults: List[Tuple[float, int, int]] = []  # (time, worker id, rank)
+        self.attempts: Dict[int, Tuple[Optional[int], str, str]] = {}  # worker id -> (rank, what, action)
+        self.started: List[int] = []          # worker ids in order of their first line
+        self.recovered_at: Optional[float] = None  # first step after the first fault's reset
+        self._reset_seen = False
+
+    def _kill(self, wid: int, rank: int, delay: float = 0.0) -> None:
+        """SIGKILL worker `wid` (rank `rank` of its round) after `delay` s; noted at once (a
+        second kill waits for the first's reset)."""
+        self.faults.append((time.time() + delay, wid, rank))
+        _signal_later(self.pids[wid], signal.SIGKILL, delay, [])
+
+    def __call__(self, line: str) -> None:
+        out = self.out
+        m = _ATTEMPT.search(line)
+        if m:
+            rank = int(m.group(2)) if m.group(2) is not None else None
+            self.attempts.setdefault(int(m.group(1)), (rank, m.group(3), m.group(4)))
+            return
+        m = _WORKER.match(line)
+        if not m:
+            return
+        wid, text = int(m.group(1)), m.group(2)
+        if wid not in self.started:
+            self.started.append(wid)
+        m = _PID.search(text)
+        if m:
+            self.pids[wid] = int(m.group(2))
+        m = _FAULT.search(text)
+        if m and out.fault == "raise" and not self.faults:
+            self.faults.append((float(m.group(3)), wid, int(m.group(1))))
+        m = _RESET.search(text)
+        if m and self.faults:
+            self._reset_seen = True
+            if (out.fault == "kill" and self.second and len(self.faults) == 1
+                    and int(m.group(1)) == self.second_rank and wid != self.faults[0][1]):
+                self.pids[wid] = int(m.group(3))
+                self._kill(wid, int(m.group(1)))  # during the recovery: before the state's sync
+        m = _STEP.search(text)
+        if m:
+            if self.faults and self._reset_seen and self.recovered_at is None:
+                self.recovered_at = time.time()
+            if (out.fault == "kill" and not self.faults and int(m.group(2)) == out.target
+                    and int(m.group(1)) >= out.step and wid in self.pids):
+                self._kill(wid, out.target, self.delay)
+
+
+def run_elastic(seed: int, fault: str, workdir: Path, target: Optional[int] = None,
+                second: Optional[bool] = None) -> Outcome:
+    """One elastic run (see the module's docstring); `target` and `second` (a second kill during
+    the recovery) override the seed's choice."""
+    planned, step, planned_second, second_rank, delay = elastic_plan(seed)
+    target = planned if target is None else target
+    second = planned_second if second is None else second
+    out = Outcome(seed, "elastic", fault, target, step)
+    marker = uuid.uuid4().hex
+    data = workdir / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    discover = workdir / "discover.sh"
+    discover.write_text(f"#!/bin/sh\necho localhost:{NP}\n")
+    discover.chmod(0o755)
+    env = _env(marker, CHAOS_DIR=str(data), CHAOS_SAMPLES=str(ELASTIC_SAMPLES))
+    if fault == "raise":
+        env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(target), CHAOS_STEP=str(step))
+    argv = [*horovodrun(), "-np", str(NP), "--min-np", str(NP - 1), "--max-np", str(NP),
+            "--host-discovery-script", str(discover), sys.executable, str(ELASTIC_PROGRAM)]
+    watch = _ElasticFaults(out, second and fault == "kill", second_rank, delay)
+    _run_process(argv, env, workdir, out, watch)
+    _judge_elastic(out, watch, data)
+    _check_left(out, lambda: processes_with(marker))
+    return out
+
+
+def _judge_elastic(out: Outcome, watch: _ElasticFaults, data: Path) -> None:
+    problems = out.problems
+    faults = watch.faults
+    if not faults:
+        problems.append("the fault was never injected (did the job start?)")
+        return
+    if watch.second and len(faults) < 2:
+        problems.append("the second kill (during the recovery) was never injected")
+    out.named = (watch.attempts.get(faults[0][1]) or (None,))[0]  # the driver's word for it
+    out.notes.append("faults=" + ",".join(f"w{wid}/r{rank}" for _, wid, rank in faults))
+    if watch.recovered_at is not None:
+        out.notes.append(f"recovery={watch.recovered_at - faults[0][0]:.2f}")
+    if out.returncode != 0:
+        problems.append(f"exit status {out.returncode}, not 0")
+    try:
+        result = json.loads((data / "result.json").read_text())
+    except (OSError, ValueError) as exc:
+        problems.append(f"no result from the last round's rank 0: {exc}")
+    else:
+        counts = result["counts"]
+        out.notes.append(f"final_size={result['size']}")
+        wrong = {i: c for i, c in enumerate(counts) if c != 1}
+        if len(counts) != ELASTIC_SAMPLES or wrong:
+            shown = dict(list(wrong.items())[:10])
+            problems.append(f"not every committed sample exactly once: {len(wrong)} wrong "
+                            f"(sample: count) {shown}")
+    trained = set()
+    for log in data.glob("trained.*"):
+        trained.update(int(x) for x in log.read_text().split())
+    missing = sorted(set(range(ELASTIC_SAMPLES)) - trained)
+    if missing:
+        problems.append(f"samples no rank trained on: {missing[:10]} ({len(missing)})")
+    expected_what = "killed by SIGKILL" if out.fault == "kill" else "ChaosError"
+    replacements = 0
+    for _, wid, rank in faults:
+        attempt = watch.attempts.get(wid)
+        if attempt is None:
+            problems.append(f"the driver did not name failed worker {wid} (rank {rank})")
+            continue
+        named_rank, what, action = attempt
+        if named_rank != rank or expected_what not in what:
+            problems.append(f"worker {wid} named as rank {named_rank} that {what!r}, not as "
+                            f"rank {rank} with {expected_what}")
+        if "replacement worker" not in action:
+            problems.append(f"no replacement for worker {wid} although discovery offers its "
+                            f"slot: {action!r}")
+        else:
+            replacements += 1
+    joined = [wid for wid in watch.started if wid >= NP]
+    out.notes.append(f"replaced={replacements} joined={len(joined)}")
+    out.failure_line = "; ".join(f"worker {wid}: {watch.attempts.get(wid)}" for _, wid, _ in faults)
+
+
+# ---- Spark ------------------------------------------------------------------------------------
+SPARK_MASTER = f"local[{NP}]"
+
+
+def _importable(folder: Path) -> None:
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+
+@contextlib.contextmanager
+def spark_session(app_name: str = "chaos") -> Iterator[Any]:
+    """A ``local[3]`` SparkSession for a set of ``spark`` runs; on exit it is stopped and its
+    JVM and every process under it must be gone (checked by PID)."""
+    _importable(HERE.parent / "distributor")  # spark_clusters, the Spark tests' helpers
+    from spark_clusters import alive, descendants, local_spark  # noqa: PLC0415
+
+    family: List[int] = []
+    with local_spark(app_name, SPARK_MASTER) as spark:
+        from pyspark import SparkContext  # noqa: PLC0415
+
+        spark.chaos_jvm = jvm = SparkContext._gateway.proc.pid
+        try:
+            yield spark
+        finally:
+            family += [jvm, *descendants(jvm)]
+    deadline = time.monotonic() + 20
+    while any(alive(p) for p in family) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in family if alive(p)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"the Spark JVM or its workers outlived the session: {left}"
+
+
+def spark_ranks(jvm: int) -> List[int]:
+    """Rank processes under the Spark JVM: a child of an executor's fork server (and what it
+    started), or a ``distributor.rank_entry`` process. Python workers and fork servers stay
+    between jobs by design."""
+    _importable(HERE.parent / "distributor")  # spark_clusters, the Spark tests' helpers
+    from spark_clusters import descendants  # noqa: PLC0415
+
+    def cmdline(pid: int) -> str:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return ""
+
+    def parent(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return 0
+
+    found = []
+    for pid in descendants(jvm):
+        if "distributor.rank_entry" in cmdline(pid) or (
+                "distributor.forkserver" in cmdline(parent(pid)) and _alive(pid)):
+            found.append(pid)
+            found.extend(descendants(pid))
+    return sorted(set(found))
+
+
+class _LineWriter:
+    """A text stream (``horovod.spark.run``'s stdout/stderr) that hands on whole lines."""
+
+    def __init__(self, on_line: Callable[[str], None]) -> None:
+        self.on_line, self.buffer, self.lock = on_line, "", threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            self.buffer += text
+            *lines, self.buffer = self.buffer.split("\n")
+        for line in lines:
+            self.on_line(line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def run_spark(seed: int, fault: str, spark: Any, target: Optional[int] = None) -> Outcome:
+    """One run of ``horovod.spark.run(train_program.main, num_proc=3)`` in this process, on
+    `spark` (a `spark_session`): the same faults and judgement as the fixed-size launchers, the
+    exception ``horovod.spark.run`` raises standing for the driver's exit."""
+    import horovod.spark  # noqa: PLC0415
+
+    _importable(HERE)
+    import train_program  # noqa: PLC0415
+
+    planned, step, delay = plan(seed)
+    target = planned if target is None else target
+    out = Outcome(seed, "spark", fault, target, step)
+    env = {"CHAOS_STEPS": "400", "HOROVOD_COMPAT_FROZEN_SECONDS": f"{FROZEN_SECONDS:g}"}
+    if fault in ("raise", "close"):
+        env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(target), CHAOS_STEP=str(step))
+    watch = _FixedFaults(out, delay)
+
+    def on_line(line: str) -> None:
+        out.output.append(line)
+        watch(line)
+
+    writer = _LineWriter(on_line)
+    outcome: List[Any] = []
+
+    def call() -> None:
+        try:
+            outcome.append(horovod.spark.run(train_program.main, num_proc=NP, env=env,
+                                             stdout=writer, stderr=writer))
+        except BaseException as exc:  # noqa: BLE001 - judged below
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(RUN_TIMEOUT)
+    exited_at = time.time()
+    if caller.is_alive():
+        out.problems.append(f"horovod.spark.run still running {RUN_TIMEOUT:g}s after the start")
+        spark.sparkContext.cancelAllJobs()
+        caller.join(60)
+    result = outcome[0] if outcome else None
+    if isinstance(result, BaseException):
+        out.returncode = 1
+        first = str(result).splitlines()[0] if str(result) else type(result).__name__
+        m = re.match(r"Rank (\d+) ", first)
+        if m:
+            out.named, out.failure_line = int(m.group(1)), first
+        out.output.append(f"horovod.spark.run raised {type(result).__name__}: {result}")
+    elif outcome:
+        out.returncode = 0
+    if watch.fault_at:
+        out.seconds = exited_at - watch.fault_at[0]
+    _judge(out)
+    pids = list(watch.pids.values())
+    _check_left(out, lambda: sorted({p for p in pids if _alive(p)} | set(spark_ranks(spark.chaos_jvm))))
+    if spark.sparkContext.statusTracker().getActiveJobsIds():
+        out.problems.append("a Spark job is still active after horovod.spark.run returned")
+    return out
+
+
+# ---- rounds -----------------------------------------------------------------------------------
 def run_seeds(base: int, launcher: str, fault: str, runs: int) -> List[int]:
     """The seeds of `runs` runs of `fault` under `launcher` in a round seeded with `base`."""
     rng = random.Random(f"{base}:{launcher}:{fault}")
@@ -246,19 +652,32 @@ def run_seeds(base: int, launcher: str, fault: str, runs: int) -> List[int]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """``python tests/chaos/harness.py LAUNCHER FAULT SEED...``: rerun single runs (the seeds
-    that a round printed), showing the job's last output lines of each failed one."""
+    """``python tests/chaos/harness.py LAUNCHER FAULT SEED... [--target R] [--second]``: rerun
+    single runs (the seeds that a round printed; ``--target`` and ``--second`` repeat the short
+    round's overrides: the rank hit, an elastic second kill during the recovery), showing the
+    job's last output lines of each failed one."""
+    import argparse
     import tempfile
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) < 3 or args[0] not in LAUNCHERS or args[1] not in FAULTS:
-        print(f"usage: harness.py {{{','.join(LAUNCHERS)}}} {{{','.join(FAULTS)}}} SEED...",
-              file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(
+        prog="harness.py", description="cases: " + "; ".join(
+            f"{launcher} {{{','.join(faults)}}}" for launcher, faults in CASES.items()))
+    parser.add_argument("launcher", choices=sorted(CASES))
+    parser.add_argument("fault")
+    parser.add_argument("seeds", nargs="+", type=int, metavar="SEED")
+    parser.add_argument("--target", type=int, default=None, help="the rank to hit")
+    parser.add_argument("--second", action="store_true", default=None,
+                        help="elastic kill: a second kill during the recovery")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.fault not in CASES[args.launcher]:
+        parser.error(f"{args.launcher} has the faults {', '.join(CASES[args.launcher])}")
     failures = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed in map(int, args[2:]):
-            out = run(seed, args[0], args[1], Path(tmp) / str(seed))
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        spark = stack.enter_context(spark_session()) if args.launcher == "spark" else None
+        for seed in args.seeds:
+            out = run(seed, args.launcher, args.fault, tmp / str(seed), target=args.target,
+                      spark=spark, second=args.second)
             print(out.line(), flush=True)
             if not out.ok:
                 failures += 1

@@ -1,13 +1,25 @@
 """The chaos tier: random (seeded) faults in real 3-rank jobs; the driver must name the right
-rank, end the job within `harness.EXIT_BOUND` seconds of the fault and leave nothing running.
+rank, end the job within `harness.exit_bound` seconds of the fault and leave nothing running;
+an elastic job must instead go on and finish with every committed sample counted exactly once.
 
-    pytest tests/chaos                               # the short round CI runs (1 run per case)
-    CHAOS_RUNS=50 CHAOS_SEED=7 pytest tests/chaos    # a long round: 50 runs per case
+    pytest tests/chaos                               # the short round CI runs
+    CHAOS_RUNS=50 CHAOS_SEED=7 pytest tests/chaos    # a long round: 50 runs of every case
 
-A case is one launcher (``horovodrun``, ``function``: ``horovod.run``, ``mpi``: ``horovodrun
---mpi``) and one fault (``kill``, ``raise``, ``close``); see `harness` for what is injected and
-what is right. Every run prints one line (seed, fault, target rank, named rank, seconds from the
-fault to the driver's exit); ``python tests/chaos/harness.py LAUNCHER FAULT SEED`` reruns one.
+A case is one launcher and one fault (`harness.CASES`): the fixed-size launchers ``horovodrun``,
+``function`` (``horovod.run``), ``mpi`` (``horovodrun --mpi``) with ``kill``, ``raise``,
+``close`` and ``stop``; ``spark`` (``horovod.spark.run`` on one local Spark session for the
+module) with ``kill``, ``raise`` and ``stop``; ``elastic`` (``horovodrun --min-np 2 --max-np 3``
+with a discovery script) with ``kill`` and ``raise``. See `harness` for what is injected and what
+is right. Every run prints one line (seed, fault, target rank, named rank, seconds from the fault
+to the driver's exit); ``python tests/chaos/harness.py LAUNCHER FAULT SEED`` reruns one.
+
+The short round (``CHAOS_RUNS`` unset or 1) runs one run of each case in `SHORT_ROUND` -- every
+fixed-size crash case, ``stop`` under ``horovodrun`` on rank 0 (it hosts the job's store and the
+mesh coordinator; ``stop`` under ``mpi``, where mpirun continues the stopped rank before it ends
+the job, has a unit test in tests/distributor/test_engine.py), each elastic fault (the kill on rank 0, with a second kill
+during the recovery), and a SIGKILL under Spark -- and skips the others, saying so. A long round
+runs every case ``CHAOS_RUNS`` times, every target chosen by the seed. The lost host is in
+tests/multihost/test_chaos_hosts.py.
 """
 from __future__ import annotations
 
@@ -20,6 +32,36 @@ from . import harness
 
 RUNS = int(os.environ.get("CHAOS_RUNS", "1"))
 SEED = int(os.environ.get("CHAOS_SEED", "0"))
+LONG = RUNS > 1
+#: The short round's cases, each with what it overrides of its seed's choice.
+SHORT_ROUND = {
+    **{(launcher, fault): {} for launcher in harness.LAUNCHERS for fault in ("kill", "raise", "close")},
+    ("horovodrun", "stop"): {"target": 0},
+    ("elastic", "kill"): {"target": 0, "second": True},
+    ("elastic", "raise"): {},
+    ("spark", "kill"): {},
+}
+_LONG_ONLY = "the long round's (CHAOS_RUNS=N > 1 runs every case); the short round keeps CI short"
+
+
+def _cases(launcher: str) -> list:
+    return [pytest.param(fault, marks=pytest.mark.skipif(
+        not LONG and (launcher, fault) not in SHORT_ROUND, reason=_LONG_ONLY))
+        for fault in harness.CASES[launcher]]
+
+
+def _round(launcher, fault, tmp_path, capsys, **given):
+    """This case's runs: RUNS seeded ones, or the short round's one with its overrides."""
+    overrides = {} if LONG else SHORT_ROUND[(launcher, fault)]
+    failed = []
+    for i, seed in enumerate(harness.run_seeds(SEED, launcher, fault, RUNS)):
+        out = harness.run(seed, launcher, fault, tmp_path / str(i), **overrides, **given)
+        with capsys.disabled():
+            print(f"\n{out.line()}", file=sys.stderr, flush=True)
+        if not out.ok:
+            failed.append(out)
+    assert not failed, "\n\n".join(
+        out.line() + "\n" + "\n".join(out.output[-40:]) for out in failed)
 
 
 @pytest.mark.parametrize("fault", harness.FAULTS)
@@ -27,12 +69,24 @@ SEED = int(os.environ.get("CHAOS_SEED", "0"))
 def test_the_driver_names_the_culprit_and_ends_the_job(launcher, fault, tmp_path, capsys):
     if launcher == "mpi" and not harness.mpirun_available():
         pytest.skip("mpirun is not installed")
-    failed = []
-    for i, seed in enumerate(harness.run_seeds(SEED, launcher, fault, RUNS)):
-        out = harness.run(seed, launcher, fault, tmp_path / str(i))
-        with capsys.disabled():
-            print(f"\n{out.line()}", file=sys.stderr, flush=True)
-        if not out.ok:
-            failed.append(out)
-    assert not failed, "\n\n".join(
-        out.line() + "\n" + "\n".join(out.output[-40:]) for out in failed)
+    if not LONG and (launcher, fault) not in SHORT_ROUND:
+        pytest.skip(_LONG_ONLY)
+    _round(launcher, fault, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("fault", _cases("elastic"))
+def test_an_elastic_job_replaces_the_failed_worker_and_commits_every_sample_once(
+        fault, tmp_path, capsys):
+    _round("elastic", fault, tmp_path, capsys)
+
+
+@pytest.fixture(scope="module")
+def spark():
+    pytest.importorskip("pyspark")
+    with harness.spark_session("test_chaos") as session:
+        yield session
+
+
+@pytest.mark.parametrize("fault", _cases("spark"))
+def test_horovod_spark_run_names_the_culprit_and_ends_the_job(spark, fault, tmp_path, capsys):
+    _round("spark", fault, tmp_path, capsys, spark=spark)
