@@ -58,6 +58,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:  # tests/, for `procs` when run as a script
+    sys.path.insert(0, str(HERE.parent))
+
+import procs  # noqa: E402
 PROGRAM = HERE / "train_program.py"
 ELASTIC_PROGRAM = HERE / "elastic_program.py"
 NP = 3
@@ -200,20 +204,7 @@ def _alive(pid: int) -> bool:
 
 def processes_with(marker: str) -> List[int]:
     """Live (not zombie) processes whose environment carries ``CHAOS_MARKER=marker``."""
-    needle = f"{MARKER_VAR}={marker}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as env:
-                if needle not in env.read():
-                    continue
-        except OSError:
-            continue
-        if _alive(int(entry)):
-            found.append(int(entry))
-    return found
+    return procs.processes_with(f"{MARKER_VAR}={marker}")
 
 
 def _signal_later(pid: int, sig: int, delay: float, fault_at: List[float]) -> None:
