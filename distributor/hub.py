@@ -2,7 +2,10 @@
 
 Ranks (and, on a cluster, the per-host supervisors) connect here, prove the job secret, and then
 exchange frames with the engine. A peer that fails the challenge is dropped without a byte of its
-data being interpreted; the job goes on.
+data being interpreted; the job goes on. Connections are authenticated by a
+`protocol.Gatekeeper`: all at once, each within `protocol.HANDSHAKE_TIMEOUT` seconds in all, so
+silent or slow strangers delay no genuine peer; the first rejection is logged with its reason,
+later ones as a count at most once a minute.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import protocol
-from .protocol import AuthenticationError, Channel, Kind
+from .protocol import Channel, Kind
 
 log = logging.getLogger(__name__)
 
@@ -38,33 +41,23 @@ class DriverHub:
         self._on_close = on_close
         self._server = socket.create_server((bind_host, 0), backlog=128)
         self.address: Tuple[str, int] = self._server.getsockname()[:2]
-        self.rejected_peers = 0
         self._channels: List[Channel] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._thread = threading.Thread(target=self._accept_loop, name="distributor-hub", daemon=True)
-        self._thread.start()
+        self._gate = protocol.Gatekeeper(self._server, secret, self._admitted, what="driver hub",
+                                         logger=log)
 
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                sock, peer = self._server.accept()
-            except OSError:
-                return  # server closed
-            threading.Thread(
-                target=self._serve, args=(sock, peer), name=f"distributor-hub-{peer}", daemon=True
-            ).start()
+    @property
+    def rejected_peers(self) -> int:
+        """How many connections failed (or never finished) the job-secret challenge."""
+        return self._gate.rejected
 
-    def _serve(self, sock: socket.socket, peer: Any) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            protocol.server_handshake(sock, self._secret)
-        except AuthenticationError as exc:
-            with self._lock:
-                self.rejected_peers += 1
-            log.warning("driver hub rejected a connection from %s: %s", peer, exc)
-            sock.close()
-            return
+    def _admitted(self, sock: socket.socket, peer: Any) -> None:
+        threading.Thread(
+            target=self._serve, args=(sock,), name=f"distributor-hub-{peer}", daemon=True
+        ).start()
+
+    def _serve(self, sock: socket.socket) -> None:
         channel = Channel(sock)
         with self._lock:
             if self._closed:
@@ -96,6 +89,7 @@ class DriverHub:
         with self._lock:
             self._closed = True
             channels, self._channels = self._channels, []
+        self._gate.close()
         self._server.close()
         for channel in channels:
             channel.close()

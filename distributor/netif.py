@@ -100,6 +100,28 @@ def interface_env(environ: Mapping[str, str]) -> Dict[str, str]:
     return {var: name for var in missing} if name else {}
 
 
+def loopback_listener(host: str, port: int) -> Optional[socket.socket]:
+    """A TCP socket listening on `host`:`port` when `host` is a loopback address (a job whose
+    ranks all run on this machine), else None. torch's c10d ``TCPStore`` listens on every
+    interface whatever host it is given; handed this socket (``master_listen_fd``, which it then
+    owns: pass ``sock.detach()``) it listens on loopback only, out of other machines' reach."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None  # a name: leave it to torch
+    if not address.is_loopback:
+        return None
+    sock = socket.socket(socket.AF_INET6 if address.version == 6 else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def _answers(target: str, port: int, timeout: float) -> Optional[str]:
     """None when `target` answers a TCP connection to `port` (accepted or refused: either way
     the packets went there and back), else why not."""

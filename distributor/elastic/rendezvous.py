@@ -14,7 +14,7 @@ The store: the driver hosts one torch c10d `TCPStore` for the whole job (as torc
 rendezvous does) and every `World` carries its address; each round's process groups use the key
 prefix `World.store_prefix`, so nothing of an earlier round collides with a later one. Like
 torchrun's store it does not authenticate its clients: it holds only torch's rendezvous keys and
-plain bytes, never pickles. Who is in a round and which rank each worker has go only over the
+plain bytes, never pickles (when every worker is on this machine it listens on loopback only). Who is in a round and which rank each worker has go only over the
 authenticated driver hub (`protocol.Kind.WORLD`); nothing is read back from the store.
 """
 from __future__ import annotations
@@ -113,7 +113,15 @@ class Rounds:
 
 
 def start_store(host: str) -> Any:
-    """The job's c10d store: a `TCPStore` server on the driver, on a free port (`.port`)."""
+    """The job's c10d store: a `TCPStore` server on the driver, on a free port (`.port`); on
+    loopback only when `host` is a loopback address (every worker is on this machine)."""
     from torch.distributed import TCPStore
 
-    return TCPStore(host, 0, is_master=True, wait_for_workers=False)
+    from ..netif import loopback_listener
+
+    listener = loopback_listener(host, 0)
+    if listener is None:
+        return TCPStore(host, 0, is_master=True, wait_for_workers=False)
+    port = listener.getsockname()[1]
+    return TCPStore(host, port, is_master=True, wait_for_workers=False,
+                    master_listen_fd=listener.detach())

@@ -76,9 +76,13 @@ class HostsPlacement(Placement):
     when given, decides that for host names the job adds later. `ssh_port` and
     `ssh_identity_file` go to every ssh command; `verbose` prints the network plan. The launcher is `MpirunLauncher` (one mpirun
     across the hosts) or `PythonLauncher` (one process per worker; the job may add workers).
+
+    The driver hub (and an elastic job's store) listens on loopback only when every host is this
+    machine and no other machine can join: `discovers_hosts` says whether one can (by default:
+    in an elastic job, whose discovery may offer any host; pass False when it offers only these
+    hosts); else on every interface.
     """
 
-    hub_bind_host = "0.0.0.0"
     capabilities = PlacementCapabilities(adds_workers=True)  # with a PythonLauncher
 
     def __init__(
@@ -89,6 +93,7 @@ class HostsPlacement(Placement):
         ssh_identity_file: Optional[str] = None,
         is_local: Optional[Callable[[str], bool]] = None,
         verbose: bool = False,
+        discovers_hosts: Optional[bool] = None,
     ) -> None:
         if not hosts or any(slots < 1 for _, slots in hosts):
             raise LaunchValidationError(f"hosts must list (name, slots >= 1) pairs, got {list(hosts)!r}")
@@ -96,6 +101,8 @@ class HostsPlacement(Placement):
         self.local_hosts = set(local_hosts)
         self._is_local = is_local or self.local_hosts.__contains__
         self.verbose = verbose
+        self.discovers_hosts = discovers_hosts
+        self._elastic = False  # the request's, once `validate` saw it
         self.ssh_args: List[str] = []
         if ssh_port is not None:
             self.ssh_args += ["-p", str(ssh_port)]
@@ -108,6 +115,22 @@ class HostsPlacement(Placement):
         self.network: Optional[NetworkPlan] = None
 
     @property
+    def hub_bind_host(self) -> str:  # type: ignore[override]
+        """Loopback when nothing outside this machine needs to reach the driver: every host is
+        this machine and host discovery cannot add another; else every interface (the hub admits
+        only peers that prove the job secret)."""
+        return "127.0.0.1" if self._loopback_only() else "0.0.0.0"
+
+    def _loopback_only(self, elastic: Optional[bool] = None) -> bool:
+        """Whether nothing outside this machine takes part: every host is this machine and no
+        other can join (`elastic`: whether the job is elastic, if `validate` has not said)."""
+        if self.remote_hosts:
+            return False
+        if self.discovers_hosts is not None:
+            return not self.discovers_hosts
+        return not (self._elastic if elastic is None else elastic)
+
+    @property
     def remote_hosts(self) -> List[str]:
         return [h for h, _ in self.hosts if not self.is_local(h)]
 
@@ -116,6 +139,7 @@ class HostsPlacement(Placement):
         return host in self.local_hosts or self._is_local(host)
 
     def validate(self, request: LaunchRequest) -> None:
+        self._elastic = request.elastic is not None
         total = sum(slots for _, slots in self.hosts)
         if request.num_processes > total:
             raise LaunchValidationError(
@@ -219,8 +243,11 @@ class HostsPlacement(Placement):
             thread.join()
         return reports, failures
 
-    def _driver_address(self) -> str:
-        """The address of this machine on the route to the first other host it has one to."""
+    def _driver_address(self, elastic: Optional[bool] = None) -> str:
+        """The address of this machine on the route to the first other host it has one to
+        (loopback when every host is this machine and no other can join)."""
+        if self._loopback_only(elastic):
+            return "127.0.0.1"
         for host in self.remote_hosts:
             try:
                 return address_toward(host)
@@ -231,7 +258,8 @@ class HostsPlacement(Placement):
     def store_host(self) -> str:
         """Where workers reach the elastic job's store on the driver: this machine's address
         toward the other hosts (its routable address can be one they have no route to)."""
-        return self._driver_address() if self.remote_hosts else super().store_host()
+        # asked before `validate`, and only by an elastic job
+        return self._driver_address(elastic=True)
 
     @staticmethod
     def _address_toward(host: str) -> str:
@@ -252,7 +280,7 @@ class HostsPlacement(Placement):
         driver = self._driver_address()
         first = used[0][0]
         master_addr = driver if self.is_local(first) else first
-        self._master = (master_addr, free_port("0.0.0.0"))
+        self._master = (master_addr, free_port(self.hub_bind_host))
         self._job = job
         self._supervisor = Supervisor(job.sink)
         if isinstance(job.launcher, PythonLauncher):
@@ -297,6 +325,12 @@ class HostsPlacement(Placement):
     def add_worker(self, worker_id: int, host: str) -> None:
         if self._job is None or not isinstance(self._job.launcher, PythonLauncher):
             raise RuntimeError("add_worker needs a job started with a PythonLauncher")
+        if self._loopback_only() and not self.is_local(host):
+            raise LaunchValidationError(
+                f"cannot start a worker on {host}, another machine: every host of this job was "
+                "this machine, so its driver listens on loopback only. Pass "
+                "HostsPlacement(..., discovers_hosts=True) when host discovery may add other "
+                "machines.")
         self._start_worker(host, added_worker_spec(worker_id))
 
     def stop_worker(self, worker_id: int) -> None:

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from distributor import failure_report as _failure_report
+from distributor import netif as _netif
 from distributor import worker as _worker
 
 from . import runtime, stall
@@ -203,10 +204,28 @@ def _store_for(info: Dict[str, Any]) -> dist.Store:
         # owns MASTER_PORT: under torchrun that is the store, whatever other variables say).
         store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
     else:
-        url = f"tcp://{info['addr']}:{info['port']}?rank={info['rank']}&world_size={info['size']}"
-        store, _, _ = next(dist.rendezvous(url, timeout=timeout))
+        store = _loopback_store(info, timeout)
+        if store is None:
+            url = f"tcp://{info['addr']}:{info['port']}?rank={info['rank']}&world_size={info['size']}"
+            store, _, _ = next(dist.rendezvous(url, timeout=timeout))
     _base_store, _base_store_key = store, key
     return store
+
+
+def _loopback_store(info: Dict[str, Any], timeout: timedelta) -> Optional[dist.Store]:
+    """On rank 0, when the rendezvous address is a loopback address (every rank runs on this
+    host), the store ``tcp://`` would create, listening on loopback only: torch's listens on
+    every interface. None otherwise (or when the port cannot be bound: torch then says why)."""
+    if info["rank"] != 0:
+        return None
+    try:
+        listener = _netif.loopback_listener(str(info["addr"]), int(info["port"]))
+    except OSError:
+        return None
+    if listener is None:
+        return None
+    return dist.TCPStore(str(info["addr"]), int(info["port"]), info["size"], True, timeout,
+                         multi_tenant=True, master_listen_fd=listener.detach())
 
 
 def _tune_malloc() -> None:

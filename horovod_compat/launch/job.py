@@ -226,10 +226,15 @@ class HorovodJob:
         from distributor.placement import HostsPlacement
 
         local = hostlib.local_addresses()
+        discovery = self.elastic.discovery if self.elastic is not None else None
+        # can a machine other than this one join? (no: loopback is enough for the driver)
+        others = None if discovery is None else (
+            not isinstance(discovery, FixedHosts)  # a script may offer any host
+            or not all(hostlib.is_local(host, local) for host, _ in discovery.hosts))
         return HostsPlacement(self.hosts, [h for h, _ in self.hosts if hostlib.is_local(h, local)],
                               ssh_port=self.ssh_port, ssh_identity_file=self.ssh_identity_file,
                               is_local=lambda host: hostlib.is_local(host, local),
-                              verbose=bool(self.verbose))
+                              verbose=bool(self.verbose), discovers_hosts=others)
 
     def run(self, target: Any, return_all: bool = True, stdout: Any = None, stderr: Any = None) -> Any:
         """Run `target` on every rank; every rank's value in rank order (function targets)."""

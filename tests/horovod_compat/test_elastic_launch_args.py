@@ -107,3 +107,30 @@ def test_discovery_errors_name_the_script_and_the_bad_line(tmp_path):
     with pytest.raises(HostDiscoveryError, match="did not finish within 0.5s"):
         slow()
     assert DiscoveryScript(make_script(tmp_path, "true\n"))() == {}, "no host available now"
+
+
+def test_the_driver_listens_on_loopback_only_when_no_other_machine_can_take_part(tmp_path):
+    from distributor import FunctionTarget, LaunchRequest
+    from distributor.elastic.policy import ElasticPolicy
+    from distributor.placement import HostsPlacement
+
+    job, _, _ = plan(["-np", "2", "--min-np", "1", "-H", "localhost:2", sys.executable, "t.py"])
+    placement = job._placement()
+    assert placement.hub_bind_host == "127.0.0.1" and placement.store_host() == "127.0.0.1"
+    # a discovery script may add another machine while the job runs: every interface
+    script = make_script(tmp_path, "echo localhost:2\n")
+    job, _, _ = plan(["-np", "2", "--min-np", "1", "--host-discovery-script", script,
+                      sys.executable, "t.py"])
+    assert job._placement().hub_bind_host == "0.0.0.0"
+    # so may a host of -H that the first workers do not use
+    job, _, _ = plan(["-np", "1", "--min-np", "1", "-H", "localhost:1,otherhost:1",
+                      sys.executable, "t.py"])
+    assert job.hosts == [("localhost", 1)] and job._placement().hub_bind_host == "0.0.0.0"
+    assert HostsPlacement([("localhost", 1), ("otherhost", 1)], ["localhost"]).hub_bind_host == "0.0.0.0"
+    # the engine's own default: an elastic job may be offered any host
+    placement = HostsPlacement([("localhost", 2)], ["localhost"])
+    placement.validate(LaunchRequest(FunctionTarget(print), 2, elastic=ElasticPolicy(min_workers=1, max_workers=2)))
+    assert placement.hub_bind_host == "0.0.0.0"
+    placement = HostsPlacement([("localhost", 2)], ["localhost"])
+    placement.validate(LaunchRequest(FunctionTarget(print), 2))
+    assert placement.hub_bind_host == "127.0.0.1"
