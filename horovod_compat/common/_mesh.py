@@ -13,7 +13,11 @@ address on the route to the rendezvous host); the set's first rank draws a rando
 the others over the job's control group with the addresses; then every rank connects to each lower
 rank and accepts each higher one, twice (see Liveness below).  Each connection passes
 ``distributor.protocol``'s mutual HMAC challenge before a byte of it is read, and nothing is ever
-unpickled from it: control frames are int64 words and JSON, data are raw tensor bytes.
+unpickled from it: control frames are int64 words and JSON, data are raw tensor bytes.  The
+listener authenticates its connections concurrently while the rank connects out
+(``protocol.Gatekeeper``, each within ``protocol.HANDSHAKE_TIMEOUT`` s in all), so a stranger's
+connection -- silent, dripping, or sending garbage -- delays no rank's handshake; the listener is
+closed once every rank has connected.
 
 Use: only the thread that drives the set's rounds touches the sockets, and every rank moves the
 same byte counts in the agreed order, so the streams stay aligned without headers on the data.  A
@@ -39,6 +43,7 @@ the n contributions in rank order (``gather_allreduce``): one hand-off instead o
 from __future__ import annotations
 
 import os
+import queue
 import select
 import socket
 import struct
@@ -62,6 +67,8 @@ __all__ = ["Mesh", "MAX_RANKS", "allowed", "data_allowed"]
 #: Largest set that builds a mesh (n * (n - 1) / 2 connections); larger sets negotiate over gloo.
 MAX_RANKS = 64
 _CONNECT_TIMEOUT = 60.0
+#: Listen backlog of a set's mesh listener (at least twice its size).
+_BACKLOG = 128
 _BUF = 4 << 20  # socket buffer size asked for (the kernel caps it)
 #: An allreduce whose bytes times (n - 1) peers fit here goes by `Mesh.gather_allreduce`
 #: (``HOROVOD_COMPAT_GATHER_BYTES`` overrides it, the same on every rank; 0: always the ring).
@@ -121,7 +128,7 @@ class Mesh:
         ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             ls.bind(("127.0.0.1" if same_host else "0.0.0.0", 0))
-            ls.listen(n)
+            ls.listen(max(_BACKLOG, 2 * n))
             addr = "127.0.0.1" if same_host else _routable_address()
             if addr.startswith("127.") and not same_host:
                 warnings.warn(f"horovod_compat: this host's address for its peers resolves to "
@@ -137,9 +144,16 @@ class Mesh:
     @classmethod
     def _connect(cls, ls: socket.socket, me: int, addrs: List[Tuple[str, int]],
                  secret: bytes) -> "Mesh":
+        """Connect to every lower rank and accept every higher one (twice each).  Connections
+        to ``ls`` are authenticated concurrently from the start (`protocol.Gatekeeper`): a
+        stranger's connection, silent or not, delays no rank's handshake."""
         n = len(addrs)
         socks: List[Optional[socket.socket]] = [None] * n
         beats: List[Optional[socket.socket]] = [None] * n
+        admitted: "queue.Queue[socket.socket]" = queue.Queue()
+        waiting = 2 * (n - me - 1)
+        gate = protocol.Gatekeeper(ls, secret, lambda s, _peer: admitted.put(s),
+                                   what=f"rank {me}'s TCP mesh listener") if waiting else None
         try:
             for j in range(me):
                 # two connections: the pair's data and control frames, then its beats
@@ -156,17 +170,28 @@ class Mesh:
                     table[j] = s
                     protocol.client_handshake(s, secret)
                     s.sendall(struct.pack("<I", tag))
-            ls.settimeout(_CONNECT_TIMEOUT)
-            waiting = 2 * (n - me - 1)
+            deadline = time.monotonic() + _CONNECT_TIMEOUT
             while waiting:
-                s, _addr = ls.accept()
                 try:
-                    protocol.server_handshake(s, secret)  # nothing is read before this succeeds
-                except protocol.AuthenticationError:
-                    s.close()  # not one of the set's ranks: ignore it, keep waiting for them
-                    continue
-                s.settimeout(_CONNECT_TIMEOUT)
-                j = struct.unpack("<I", protocol.recv_exact(s, 4))[0]
+                    s = admitted.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    missing = sorted({j for j in range(me + 1, n)
+                                      if socks[j] is None or beats[j] is None})
+                    raise ConnectionError(
+                        f"rank {me} of a process set waited {_CONNECT_TIMEOUT:g} s for rank(s) "
+                        f"{missing} to connect to its TCP mesh at {ls.getsockname()[0]}:"
+                        f"{ls.getsockname()[1]}; they did not (they failed or cannot reach this "
+                        f"host; connections that could not prove the set's secret: "
+                        f"{gate.rejected if gate else 0}). Name the network interface the hosts "
+                        "share with GLOO_SOCKET_IFNAME, or negotiate over gloo with "
+                        "HOROVOD_COMPAT_TCP_CONTROL=0 HOROVOD_COMPAT_TCP_DATA=0") from None
+                # an authenticated rank of the set: its index comes right after the handshake
+                try:
+                    j = struct.unpack("<I", protocol.recv_exact(
+                        s, 4, time.monotonic() + protocol.HANDSHAKE_TIMEOUT))[0]
+                except OSError:
+                    s.close()
+                    raise
                 table = beats if j & _BEAT else socks
                 j &= ~_BEAT
                 if not me < j < n or table[j] is not None:
@@ -174,11 +199,17 @@ class Mesh:
                     raise protocol.AuthenticationError(f"unexpected rank index {j} in the mesh")
                 table[j] = s
                 waiting -= 1
+                deadline = time.monotonic() + _CONNECT_TIMEOUT
         except BaseException:
             for s in socks + beats:
                 if s is not None:
                     s.close()
             raise
+        finally:
+            if gate is not None:
+                gate.close()  # strangers still waiting are dropped
+            while not admitted.empty():
+                admitted.get_nowait().close()
         for s in socks:
             if s is not None:
                 _tune(s)
@@ -352,8 +383,8 @@ class Mesh:
                     self.watch.check([self.index[x] for x, busy in ((in_s, got < nr),
                                                                     (out_s, sent < ns)) if busy],
                                      "a transfer over the TCP mesh")
-                select.select([in_s] if got < nr else [], [out_s] if sent < ns else [], [],
-                              min(deadline - now, _CHECK))
+                _wait(in_s if got < nr else None, out_s if sent < ns else None,
+                      min(deadline - now, _CHECK))
 
     def _lost(self, s: socket.socket, exc: Optional[BaseException]) -> HorovodInternalError:
         if self.leaving:
@@ -464,6 +495,21 @@ class Mesh:
         liveness.unregister(self)
         for _j, s in self.peers + self.beat_socks:
             s.close()
+
+
+def _wait(readable: Optional[socket.socket], writable: Optional[socket.socket],
+          seconds: float) -> None:
+    """Until ``readable`` can be read or ``writable`` written, at most ``seconds`` (``poll``:
+    unlike ``select``, any descriptor number works, so a process with many open files is fine)."""
+    masks: dict = {}
+    if readable is not None:
+        masks[readable.fileno()] = select.POLLIN
+    if writable is not None:
+        masks[writable.fileno()] = masks.get(writable.fileno(), 0) | select.POLLOUT
+    poller = select.poll()
+    for fd, mask in masks.items():
+        poller.register(fd, mask)
+    poller.poll(max(0.0, seconds) * 1000.0)
 
 
 def _tune(s: socket.socket) -> None:

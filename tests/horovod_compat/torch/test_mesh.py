@@ -26,7 +26,7 @@ def _listeners(n: int):
     for _ in range(n):
         ls = socket.socket()
         ls.bind(("127.0.0.1", 0))
-        ls.listen(n)
+        ls.listen(max(_mesh._BACKLOG, 2 * n))  # as Mesh.build
         out.append(ls)
     return out, [("127.0.0.1", ls.getsockname()[1]) for ls in out]
 
@@ -214,6 +214,47 @@ def test_a_connection_without_the_secret_is_ignored_and_the_mesh_still_forms():
         data += chunk
     assert len(data) == 32  # the challenge nonce only
     intruders[0].close()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_silent_strangers_queued_before_the_ranks_do_not_stop_the_mesh_from_forming(n):
+    # Strangers connect to every rank's listener before any rank does and then say nothing (or
+    # drip a byte): the ranks' own handshakes must not wait behind theirs (they would time out
+    # after protocol.HANDSHAKE_TIMEOUT and the job would not start).
+    strangers: List[Any] = []  # (rank whose listener, socket, whether it sent a byte)
+
+    def intrude(addrs):
+        for r, addr in enumerate(addrs):
+            for k in range(8):
+                s = socket.create_connection(addr, timeout=10)
+                if k == 0:
+                    s.sendall(b"\x01")
+                strangers.append((r, s, k == 0))
+
+    try:
+        got = _on_ranks(n, lambda r, m: _frames(m, b"ok%d" % r), before_connect=intrude)
+        for r in range(n):
+            assert not isinstance(got[r], BaseException), got[r]
+            assert [f[4:] for j, f in enumerate(got[r]) if j != r] == \
+                [b"ok%d" % j for j in range(n) if j != r]
+        # every stranger was dropped once the mesh formed, and heard nothing but the challenge
+        # (the last rank accepts no one: its listener just closes)
+        for r, s, sent in strangers:
+            s.settimeout(5)
+            data = b""
+            try:
+                while True:
+                    chunk = s.recv(1024)
+                    if not chunk:
+                        break
+                    data += chunk
+            except ConnectionResetError:
+                assert sent or r == n - 1  # reset on close: a byte nobody read, or never accepted
+                continue
+            assert len(data) == (0 if r == n - 1 else 32)  # the challenge nonce at most
+    finally:
+        for _r, s, _sent in strangers:
+            s.close()
 
 
 def test_a_bad_network_interface_name_is_a_clear_error(monkeypatch):
