@@ -53,6 +53,25 @@ def die_with_parent() -> None:
         os._exit(70)
 
 
+def raise_open_file_limit() -> None:
+    """Raise this process's soft limit on open files to its hard limit, as many launchers do
+    (torch's gloo keeps every connection a stranger makes to its listener open until the job
+    ends: under a soft limit of 1024, a flood of them aborts the rank with "Too many open files").
+    The command a rank runs inherits it."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        # an unlimited hard limit: Linux refuses "unlimited" open files; 2**20 is its nr_open
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        pass  # the hard limit is above what the kernel allows: keep the soft one
+
+
 def _kill_self() -> None:
     """End this rank and any children it started (it leads its own process group)."""
     try:
@@ -221,6 +240,7 @@ def _error_report(exc: BaseException) -> dict:
 
 def main() -> int:
     die_with_parent()
+    raise_open_file_limit()
     faulthandler.enable()  # a crash in native code still prints the Python stack
     host, port = os.environ.pop(HUB_ADDRESS_VAR).rsplit(":", 1)
     secret = bytes.fromhex(os.environ.pop(SECRET_VAR))
