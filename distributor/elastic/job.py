@@ -421,6 +421,11 @@ class ElasticJob(Job):
                 try:
                     self.placement.add_worker(wid, host)
                 except Exception as exc:
+                    # no worker will ever report for this record: drop it, or the job would wait
+                    # for it to end
+                    with self._lock:
+                        del self._states[wid]
+                    self._replaces.pop(wid, None)
                     raise DistributedRunError(
                         f"{type(self.placement).__name__} could not start worker {wid} on host "
                         f"{host}: {exc}") from exc

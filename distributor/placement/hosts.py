@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import socket
 import subprocess
@@ -44,7 +43,7 @@ from ..hub import routable_address
 from ..launchers import PythonLauncher
 from ..netif import INTERFACE_VARS, address_toward
 from ..netplan import DRIVER, NetworkPlan, plan, targets_for
-from ..rank_env import free_port, rank_environment
+from ..rank_env import free_port, rank_environment, travels_to_other_hosts
 from ..spec import LaunchRequest, RankSpec
 from ..supervisor import Supervisor
 from .base import (
@@ -54,17 +53,12 @@ from .local import driver_side_env
 
 #: Seconds each host's ssh check (with its network probe) may take.
 SSH_CHECK_SECONDS = 30.0
-#: Variables of the driver's shell that do not describe the job and stay behind when a worker is
-#: started over ssh (besides names that are not shell identifiers).
-_NOT_FORWARDED = re.compile(r"^(BASH_FUNC_.*|OLDPWD|PWD|SHLVL|_|SSH_.*|HOSTNAME|TERM|DISPLAY|TMUX.*"
-                            r"|PS1|MAIL|LS_COLORS)$")
-_SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def ssh_worker_command(env: Mapping[str, str], argv: Sequence[str], cwd: str) -> str:
     """The remote shell command that runs `argv` in `cwd` with `env` on another host."""
     assignments = [f"{name}={shlex.quote(value)}" for name, value in sorted(env.items())
-                   if _SHELL_NAME.match(name) and not _NOT_FORWARDED.match(name)]
+                   if travels_to_other_hosts(name)]
     return (f"cd {shlex.quote(cwd)} && env {' '.join(assignments)} "
             f"{' '.join(shlex.quote(a) for a in argv)}")
 

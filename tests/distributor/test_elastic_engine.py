@@ -18,6 +18,7 @@ import time
 import pytest
 
 from distributor import (
+    DistributedRunError,
     ElasticJobFailedError,
     ElasticPolicy,
     ElasticTimeoutError,
@@ -209,6 +210,26 @@ def test_discovery_adds_a_host_and_its_worker_joins(no_leftovers, tmp_path):
     assert result["heard"] == [int(HostUpdate.ADDED)]  # rank 0 was told, and re-joined
     assert job.attempts == []  # a host change is no failure
     assert job._states[2].host == "host-b"
+
+
+class _NoReplacements(LocalPlacement):
+    """Starts the first workers; adding any later one fails (a host that refuses a new worker)."""
+
+    def add_worker(self, worker_id, host):
+        if worker_id >= 2:
+            raise OSError("this host refuses new workers")
+        return super().add_worker(worker_id, host)
+
+
+@pytest.mark.timeout(120)
+def test_a_placement_that_fails_to_add_a_worker_fails_the_job_instead_of_hanging(no_leftovers):
+    job = _job(2, ElasticPolicy(2, 2), _NoReplacements(), kill={1: 2}, pid_file=no_leftovers,
+               steps=200)
+    t0 = time.monotonic()
+    with pytest.raises(DistributedRunError, match="could not start worker 2 on host .*: this host "
+                                                   "refuses new workers"):
+        job.run()
+    assert time.monotonic() - t0 < 60  # the job's own timeout (240 s) did not end it
 
 
 def test_placement_that_cannot_add_workers_is_refused_before_anything_starts():
