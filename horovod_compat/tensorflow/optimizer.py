@@ -19,7 +19,23 @@ from .gradients import allreduce_gradients
 __all__ = ["DistributedOptimizer"]
 
 
-class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
+class _Wrapper(tf.compat.v1.train.Optimizer):
+    """A TF1 optimizer around the user's (``self._optimizer``): its slots and variables are the
+    wrapped optimizer's."""
+
+    _optimizer: tf.compat.v1.train.Optimizer
+
+    def get_slot(self, *args: Any, **kwargs: Any) -> Any:
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args: Any, **kwargs: Any) -> Any:
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self, *args: Any, **kwargs: Any) -> Any:
+        return self._optimizer.variables(*args, **kwargs)
+
+
+class _DistributedOptimizer(_Wrapper):
     """A TF1 optimizer whose gradients are averaged across ranks before they are applied."""
 
     def __init__(self, optimizer: tf.compat.v1.train.Optimizer, name: Optional[str],
@@ -43,17 +59,8 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
     def apply_gradients(self, *args: Any, **kwargs: Any) -> Any:
         return self._optimizer.apply_gradients(*args, **kwargs)
 
-    def get_slot(self, *args: Any, **kwargs: Any) -> Any:
-        return self._optimizer.get_slot(*args, **kwargs)
 
-    def get_slot_names(self, *args: Any, **kwargs: Any) -> Any:
-        return self._optimizer.get_slot_names(*args, **kwargs)
-
-    def variables(self, *args: Any, **kwargs: Any) -> Any:
-        return self._optimizer.variables(*args, **kwargs)
-
-
-class _DistributedAdasumOptimizer(tf.compat.v1.train.Optimizer):
+class _DistributedAdasumOptimizer(_Wrapper):
     """A TF1 optimizer that applies its local gradients, then combines the weight deltas across
     ranks with Adasum (every ``backward_passes_per_step`` steps); see ``_adasum``."""
 
@@ -77,15 +84,6 @@ class _DistributedAdasumOptimizer(tf.compat.v1.train.Optimizer):
         variables = [v for g, v in pairs if g is not None]
         return self._adasum.step(variables, lambda: self._optimizer.apply_gradients(
             pairs, global_step=global_step, name=name))
-
-    def get_slot(self, *args: Any, **kwargs: Any) -> Any:
-        return self._optimizer.get_slot(*args, **kwargs)
-
-    def get_slot_names(self, *args: Any, **kwargs: Any) -> Any:
-        return self._optimizer.get_slot_names(*args, **kwargs)
-
-    def variables(self, *args: Any, **kwargs: Any) -> Any:
-        return self._optimizer.variables(*args, **kwargs)
 
 
 def _is_keras_optimizer(optimizer: Any) -> bool:
