@@ -11,6 +11,15 @@ import time
 from typing import List
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def processes_with(needle: str) -> List[int]:
     """PIDs of live (not zombie) processes, this one excepted, whose environment contains
     `needle` (e.g. ``"MY_TEST_MARKER=1f3a..."``)."""
@@ -23,11 +32,10 @@ def processes_with(needle: str) -> List[int]:
             with open(f"/proc/{entry}/environ", "rb") as env:
                 if raw not in env.read():
                     continue
-            with open(f"/proc/{entry}/stat") as stat:
-                if stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
-                    found.append(int(entry))
         except OSError:
             continue
+        if alive(int(entry)):
+            found.append(int(entry))
     return found
 
 

@@ -194,14 +194,6 @@ def _argv(launcher: str, workdir: Path) -> List[str]:
     raise ValueError(launcher)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
 def processes_with(marker: str) -> List[int]:
     """Live (not zombie) processes whose environment carries ``CHAOS_MARKER=marker``."""
     return procs.processes_with(f"{MARKER_VAR}={marker}")
@@ -552,7 +544,7 @@ def spark_ranks(jvm: int) -> List[int]:
     found = []
     for pid in descendants(jvm):
         if "distributor.rank_entry" in cmdline(pid) or (
-                "distributor.forkserver" in cmdline(parent(pid)) and _alive(pid)):
+                "distributor.forkserver" in cmdline(parent(pid)) and procs.alive(pid)):
             found.append(pid)
             found.extend(descendants(pid))
     return sorted(set(found))
@@ -611,7 +603,7 @@ def run_spark(seed: int, fault: str, spark: Any, target: Optional[int] = None) -
     caller.start()
     caller.join(RUN_TIMEOUT)
     exited_at = time.time()
-    if caller.is_alive():
+    if caller.isprocs.alive():
         out.problems.append(f"horovod.spark.run still running {RUN_TIMEOUT:g}s after the start")
         spark.sparkContext.cancelAllJobs()
         caller.join(60)
@@ -629,7 +621,7 @@ def run_spark(seed: int, fault: str, spark: Any, target: Optional[int] = None) -
         out.seconds = exited_at - watch.fault_at[0]
     _judge(out)
     pids = list(watch.pids.values())
-    _check_left(out, lambda: sorted({p for p in pids if _alive(p)} | set(spark_ranks(spark.chaos_jvm))))
+    _check_left(out, lambda: sorted({p for p in pids if procs.alive(p)} | set(spark_ranks(spark.chaos_jvm))))
     if spark.sparkContext.statusTracker().getActiveJobsIds():
         out.problems.append("a Spark job is still active after horovod.spark.run returned")
     return out

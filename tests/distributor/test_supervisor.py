@@ -7,6 +7,7 @@ import sys
 import time
 
 from distributor.supervisor import Supervisor
+from procs import alive
 
 # A launcher (mpirun) that starts a helper in a process group of its own (as mpirun does with
 # its ssh to each host), writes the helper's PID, and waits.
@@ -29,14 +30,6 @@ class _Sink:
         pass
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
 def test_stop_also_ends_what_left_the_process_group_but_not_the_session(tmp_path):
     pidfile = tmp_path / "helper.pid"
     supervisor = Supervisor(_Sink())
@@ -50,9 +43,9 @@ def test_stop_also_ends_what_left_the_process_group_but_not_the_session(tmp_path
     try:
         supervisor.stop(grace=0.5)
         deadline = time.monotonic() + 10
-        while _alive(helper) and time.monotonic() < deadline:
+        while alive(helper) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(helper), "the launcher's helper outlived the stop"
+        assert not alive(helper), "the launcher's helper outlived the stop"
     finally:
-        if _alive(helper):
+        if alive(helper):
             os.kill(helper, signal.SIGKILL)

@@ -28,6 +28,7 @@ from typing import Dict, List, Optional
 import pytest
 
 from hvd_launch import SHM_OFF, SHM_ON
+from procs import alive
 
 PROGRAM = Path(__file__).resolve().parent / "frozen_program.py"
 BOUND = 5.0      # HOROVOD_COMPAT_FROZEN_SECONDS in these jobs
@@ -99,19 +100,11 @@ class Job:
         return "\n".join(self.lines[-40:])
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
 def _assert_nothing_left(pids: Dict[int, int]) -> None:
     deadline = time.monotonic() + 10
-    while any(_running(p) for p in pids.values()) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = {r: p for r, p in pids.items() if _running(p)}
+    left = {r: p for r, p in pids.items() if alive(p)}
     for p in left.values():
         os.kill(p, signal.SIGKILL)
     assert not left, f"rank processes still running after the job ended: {left}"
