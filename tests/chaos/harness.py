@@ -55,7 +55,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # tests/, for `procs` when run as a script
@@ -192,6 +192,19 @@ def _argv(launcher: str, workdir: Path) -> List[str]:
         driver.write_text(_FUNCTION_DRIVER.format(here=str(HERE), np=NP))
         return [sys.executable, str(driver)]
     raise ValueError(launcher)
+
+
+def check_round(outcomes: Iterable["Outcome"], capsys: Any) -> None:
+    """Run a round (`outcomes` yields each run's `Outcome` as it ends), print each run's line past
+    pytest's capture, and fail with every wrong run's line and output tail."""
+    failed = []
+    for out in outcomes:
+        with capsys.disabled():
+            print(f"\n{out.line()}", file=sys.stderr, flush=True)
+        if not out.ok:
+            failed.append(out)
+    assert not failed, "\n\n".join(
+        out.line() + "\n" + "\n".join(out.output[-40:]) for out in failed)
 
 
 def processes_with(marker: str) -> List[int]:

@@ -24,7 +24,6 @@ tests/multihost/test_chaos_hosts.py.
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
@@ -53,15 +52,9 @@ def _cases(launcher: str) -> list:
 def _round(launcher, fault, tmp_path, capsys, **given):
     """This case's runs: RUNS seeded ones, or the short round's one with its overrides."""
     overrides = {} if LONG else SHORT_ROUND[(launcher, fault)]
-    failed = []
-    for i, seed in enumerate(harness.run_seeds(SEED, launcher, fault, RUNS)):
-        out = harness.run(seed, launcher, fault, tmp_path / str(i), **overrides, **given)
-        with capsys.disabled():
-            print(f"\n{out.line()}", file=sys.stderr, flush=True)
-        if not out.ok:
-            failed.append(out)
-    assert not failed, "\n\n".join(
-        out.line() + "\n" + "\n".join(out.output[-40:]) for out in failed)
+    harness.check_round((harness.run(seed, launcher, fault, tmp_path / str(i), **overrides, **given)
+                         for i, seed in enumerate(harness.run_seeds(SEED, launcher, fault, RUNS))),
+                        capsys)
 
 
 @pytest.mark.parametrize("fault", harness.FAULTS)

@@ -122,12 +122,6 @@ def test_a_lost_host_ends_the_job_naming_one_of_its_ranks(cluster, launcher, tmp
     runs = RUNS if RUNS > 1 else (1 if launcher == "mpi" else 0)
     if not runs:
         pytest.skip("the short round loses a host once (launcher mpi); CHAOS_RUNS=N runs both")
-    failed = []
-    for i, seed in enumerate(harness.run_seeds(SEED, f"hosts-{launcher}", "lost", runs)):
-        out = run_lost_host(seed, launcher, cluster, tmp_path / str(i))
-        with capsys.disabled():
-            print(f"\n{out.line()}", file=sys.stderr, flush=True)
-        if not out.ok:
-            failed.append(out)
-    assert not failed, "\n\n".join(
-        out.line() + "\n" + "\n".join(out.output[-40:]) for out in failed)
+    harness.check_round((run_lost_host(seed, launcher, cluster, tmp_path / str(i))
+                         for i, seed in enumerate(harness.run_seeds(SEED, f"hosts-{launcher}",
+                                                                    "lost", runs))), capsys)
