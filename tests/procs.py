@@ -7,6 +7,7 @@ processes that outlived a job are the live ones whose ``/proc/PID/environ`` stil
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import List
 
@@ -47,3 +48,12 @@ def left_after(needle: str, timeout: float = 15.0) -> List[int]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
+
+
+def sigkill(pids: List[int]) -> None:
+    """SIGKILL each of `pids` that still exists."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

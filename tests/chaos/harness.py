@@ -358,11 +358,7 @@ def _check_left(out: Outcome, find: Callable[[], List[int]]) -> None:
     if left:
         out.left = left
         out.problems.append(f"processes left running: {left}")
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        procs.sigkill(left)
 
 
 # ---- elastic jobs -----------------------------------------------------------------------------

@@ -69,7 +69,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # tests/, for `procs` when run as a script
     sys.path.insert(0, str(HERE.parent))
 
-from procs import left_after, processes_with  # noqa: E402
+from procs import left_after, processes_with, sigkill  # noqa: E402
 
 from distributor import protocol  # noqa: E402
 from distributor.rank_env import HUB_ADDRESS_VAR, SECRET_VAR  # noqa: E402
@@ -558,11 +558,7 @@ class _Job:
         left = left_after(f"{MARKER_VAR}={self.marker}", timeout=10)
         if left:
             out.problems.append(f"processes left running: {left}")
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            sigkill(left)
 
     def kill(self) -> None:
         if self.running():
