@@ -612,7 +612,7 @@ def run_spark(seed: int, fault: str, spark: Any, target: Optional[int] = None) -
     caller.start()
     caller.join(RUN_TIMEOUT)
     exited_at = time.time()
-    if caller.isprocs.alive():
+    if caller.is_alive():
         out.problems.append(f"horovod.spark.run still running {RUN_TIMEOUT:g}s after the start")
         spark.sparkContext.cancelAllJobs()
         caller.join(60)
