@@ -655,8 +655,11 @@ class SetState:
                 self.hosts.close()
             if self.watch is not None:
                 self.watch.close()
+            # No thread of ours uses the groups any more: let them go with the default group
+            # (runtime.release_groups), even though this object may live on in a reference cycle.
+            self.pg = self.ctl = None
         # else: a thread is still blocked in the exchange (its peers are gone too, so it fails
-        # soon); the mappings stay until the process exits rather than vanish under it
+        # soon); the mappings and groups stay until the process exits rather than vanish under it
         if idle:
             self.drive_lock.release()
 

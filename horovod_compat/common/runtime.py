@@ -17,12 +17,16 @@ the same file.
    ops fail with ``HorovodInternalError``, its background thread stops, and only then its
    shared-memory segments are unmapped and its TCP mesh closed (``negotiation.SetState.close``);
 4. the process sets' torch groups are destroyed, then the async-handle table is cleared;
-5. torch's default group, if ``init`` created it.
+5. torch's default group, if ``init`` created it, and with it every group: ``release_groups``
+   also drops the references torch keeps to them by accident, so that their gloo threads end
+   here, while Python is still whole.
 """
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
+import types
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
@@ -121,7 +125,46 @@ class Runtime:
         self.registry.close()
         self.handles.clear()
         if self.owns_default_pg and dist.is_initialized():
-            dist.destroy_process_group()
+            release_groups()
+
+
+def release_groups() -> None:
+    """Destroy torch's default group and every other group, so that they are gone now.
+
+    Some torch functions take ``group=group.WORLD`` as a default argument, evaluated once when
+    their module is imported (``torch.distributed.nn.functional``, which ``torch._dynamo`` imports
+    when a program builds its first optimizer, usually after ``hvd.init()``). Such a default keeps
+    the group alive after ``destroy_process_group``, and with it the group's gloo worker threads
+    until the interpreter exits. A worker that drops the last reference to a finished
+    collective's tensor while Python finalizes cannot take the GIL and aborts the process
+    ("terminate called without an active exception") after the program succeeded. So defaults
+    that are one of the destroyed groups become None again, what they are when the module is
+    imported before init (the default group at call time, and no stale group after a re-init).
+    Freed here, a group joins its threads with the GIL released (torch's no-GIL destructor).
+    """
+    groups = {id(g): g for g in dist.distributed_c10d._world.pg_map}
+    dist.destroy_process_group()
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "torch.distributed" or name.startswith("torch.distributed.")):
+            continue
+        # type(), not isinstance(): a module's deprecated objects warn when their __class__ is read
+        for value in list(vars(module).values()):
+            if type(value) is types.FunctionType:
+                _forget_in_defaults(value, groups)
+            elif issubclass(type(value), type) and value.__module__ == name:
+                for attr in list(vars(value).values()):
+                    if type(attr) in (staticmethod, classmethod):
+                        attr = attr.__func__
+                    _forget_in_defaults(attr, groups)
+
+
+def _forget_in_defaults(fn: Any, groups: Dict[int, Any]) -> None:
+    if type(fn) is not types.FunctionType:
+        return
+    if fn.__defaults__ and any(id(v) in groups for v in fn.__defaults__):
+        fn.__defaults__ = tuple(None if id(v) in groups else v for v in fn.__defaults__)
+    if fn.__kwdefaults__ and any(id(v) in groups for v in fn.__kwdefaults__.values()):
+        fn.__kwdefaults__ = {k: None if id(v) in groups else v for k, v in fn.__kwdefaults__.items()}
 
 
 _lock = threading.RLock()

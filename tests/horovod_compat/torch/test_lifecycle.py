@@ -101,6 +101,56 @@ def test_interpreter_exit_leaves_the_job_first(tmp_path):
     assert "at exit: initialized False False" in p.stdout
 
 
+GLOO_THREADS = textwrap.dedent("""
+    import os
+    import torch
+    import horovod.torch as hvd
+
+
+    def gloo_threads():
+        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+        return sorted(n for n in names if "gloo" in n)
+
+
+    hvd.init()
+    model = torch.nn.Linear(4, 1)
+    # The first optimizer imports torch._dynamo and, with it, torch.distributed.nn.functional,
+    # whose defaults (group=group.WORLD) are evaluated now that the default group exists.
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    opt.zero_grad()
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    hvd.alltoall(torch.ones(hvd.size()))
+    print("while initialized:", gloo_threads(), flush=True)
+    hvd.shutdown()
+    import torch.distributed.nn.functional as F
+    print("after shutdown:", gloo_threads(), F.all_reduce.__defaults__[-1], flush=True)
+    hvd.init()
+    print("re-init sum:", hvd.allreduce(torch.ones(1), op=hvd.Sum).item(), flush=True)
+""")
+
+
+def test_shutdown_ends_the_gloo_threads_although_torch_keeps_the_group(tmp_path):
+    """hvd.shutdown() frees every torch group it made, so their gloo threads end while Python is
+    whole. torch keeps the default group in default arguments of modules imported after init
+    (torch.distributed.nn.functional, imported with torch._dynamo by the first optimizer); left
+    alive until exit, a gloo worker that dropped a finished collective's tensor while Python
+    finalized aborted the process ("terminate called without an active exception", about 1 run in
+    30 on a loaded machine) after the program succeeded."""
+    script = tmp_path / "threads.py"
+    script.write_text(GLOO_THREADS)
+    p = subprocess.run([PY, "-m", "horovod_compat.run", "-np", "2", PY, str(script)],
+                       env=_clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for rank in (0, 1):
+        during = re.search(rf"\[{rank}\]<stdout>:while initialized: (.*)", p.stdout)
+        assert during and "pt_gloo_runloop" in during.group(1), p.stdout  # the check can see them
+        after = re.search(rf"\[{rank}\]<stdout>:after shutdown: (.*)", p.stdout)
+        assert after and after.group(1) == "[] None", p.stdout
+        assert f"[{rank}]<stdout>:re-init sum: 2.0" in p.stdout, p.stdout
+
+
 def test_torchrun(tmp_path):
     script = tmp_path / "s.py"
     script.write_text(SCRIPT)
@@ -164,7 +214,6 @@ def test_horovodrun_style_environment(tmp_path):
 
 
 def _engine_lifecycle():
-    import warnings
     import torch
     import torch.distributed as dist
     import horovod.torch as hvd
