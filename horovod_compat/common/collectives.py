@@ -569,12 +569,6 @@ def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optio
                              process_set, "allreduce").wait()
 
 
-
-
-
-
-
-
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
                             name: Optional[str] = None, op: Optional[int] = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
