@@ -390,8 +390,11 @@ class ElasticJob(Job):
     def _live_by_host(self) -> Dict[str, int]:
         counts: Dict[str, int] = collections.Counter()
         for s in self._states.values():
-            if not s.state.final or s.worker_id in self._failures:  # a failure not handled yet
-                counts[s.host] += 1                                 # keeps its slot until then
+            # A worker keeps its slot until the control thread has handled its end (a failure
+            # until its replacement is decided): one that ended after this step's look at the
+            # ended workers must not have its slot refilled as if discovery had added it.
+            if not s.state.final or s.worker_id in self._failures or s.worker_id not in self._handled:
+                counts[s.host] += 1
         return counts
 
     def _fill(self, now: float, prefer: Optional[str] = None) -> List[int]:

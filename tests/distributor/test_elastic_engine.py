@@ -292,3 +292,24 @@ def test_worker_state_transitions():
         check_transition(WorkerState.STARTING, WorkerState.WAITING)
     with pytest.raises(IllegalTransition):
         check_transition(WorkerState.WAITING, WorkerState.SUCCEEDED)
+
+
+def test_a_worker_that_ended_after_the_steps_look_keeps_its_slot_until_handled():
+    """A worker that fails between the control step's look at the ended workers and its `_fill`
+    still holds its slot: the slot is refilled as that failure's replacement (named in its
+    attempt), not earlier as if discovery had added one (a seeded chaos run met this: a second
+    kill during a recovery was reported as "no free slot for a replacement")."""
+    from distributor.engine import WorkerRecord
+
+    job = _job(3, ElasticPolicy(2, 3))
+    job._hosts = {"localhost": 3}
+    for wid in range(3):
+        job._states[wid] = WorkerRecord(wid, "localhost", state=WorkerState.RUNNING)
+    job._states[1].state = WorkerState.FAILED  # ended after this step's look: not handled yet
+    assert job._live_by_host() == {"localhost": 3}
+    assert job._fill(time.monotonic()) == []  # starts nothing: no placement is called
+    job._handled.add(1)  # the next step handles it ...
+    job._failures[1] = (True, time.monotonic() + 5)
+    assert job._live_by_host() == {"localhost": 3}  # ... and it keeps its slot until its replacement
+    del job._failures[1]
+    assert job._live_by_host() == {"localhost": 2}
