@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import pickle
 import queue
 import re
@@ -490,7 +491,16 @@ class Job:
         if not failed:
             return None
         verdicts = {s.rank: self._classify(s) for s in failed}
-        causes = [s for s in failed if verdicts[s.rank].cause]
+        # when a knock-on first named each rank frozen: a rank that failed after that (mpirun
+        # continues a stopped rank and kills it with SIGTERM when other ranks exit, at times
+        # before the driver stops the job) failed because it had been stopped, not on its own
+        named_frozen: Dict[int, float] = {}
+        for s in failed:
+            v = verdicts[s.rank]
+            if v.frozen and v.peer is not None:
+                named_frozen[v.peer] = min(named_frozen.get(v.peer, math.inf), self._when(s))
+        causes = [s for s in failed if verdicts[s.rank].cause
+                  and not self._when(s) > named_frozen.get(s.rank, math.inf)]
         reason = None
         if causes:
             root = min(causes, key=self._when)

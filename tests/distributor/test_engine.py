@@ -417,6 +417,30 @@ def test_a_frozen_peer_that_fails_later_when_continued_is_still_the_one_named():
     assert [rank for rank, _ in info.value.other_failures] == [0, 2]
 
 
+def _frozen_then_terminated(frozen: int, waited: float):
+    import signal
+    import time
+
+    rank = int(os.environ["RANK"])
+    if rank != frozen:
+        error = _PeerLeft(f"rank {frozen} stopped making progress")
+        error.peer, error.frozen = frozen, True
+        raise error
+    time.sleep(waited)  # stopped; then mpirun, seeing the others exit, continues and ends it
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_frozen_peer_killed_by_a_signal_afterwards_is_named_as_stopped_responding():
+    """mpirun ends a job whose ranks exit with errors itself (SIGCONT, then SIGTERM), at times
+    before the driver stops it: the frozen rank's death by SIGTERM comes after the knock-ons that
+    named it frozen, and is not a failure of its own (a seeded chaos run met this)."""
+    with pytest.raises(RankFailedError) as info:
+        run_function(_frozen_then_terminated, 1, 0.5, num_processes=3, output=lambda *a: None)
+    assert str(info.value).splitlines()[0].startswith(
+        "Rank 1 stopped responding (no progress while ranks 0 and 2 waited for it in a "
+        "collective)"), str(info.value)
+
+
 def test_the_disconnect_graces_of_ranks_whose_connections_stay_open_run_at_once():
     """Ranks on a lost host exit (their ssh or mpirun is stopped) but their hub connections stay
     open: each gets DISCONNECT_GRACE_SECONDS from when its exit was seen, all at the same time,
