@@ -216,7 +216,12 @@ def test_run_elastic_replaces_a_killed_worker_inside_its_task_and_the_result_is_
     assert any(r["resets"] for r in results), "the survivor must have been reset"
     # the replacement (worker 2, in the killed worker's task) joined the survivor as rank 1
     assert "[2]<stdout>:joined as rank 1 of 2" in out.getvalue(), out.getvalue()
-    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    # run_elastic returned after its Spark action did; the status tracker learns of the job's
+    # end from Spark's listener bus, asynchronously, so it may list the job for a moment more
+    tracker, deadline = spark.sparkContext.statusTracker(), time.monotonic() + 10
+    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert tracker.getActiveJobsIds() == []
     deadline = time.monotonic() + 15
     while _ranks_with_marker(marker_env) and time.monotonic() < deadline:
         time.sleep(0.2)
