@@ -8,7 +8,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 
 from horovod_compat.migrate import Kind, migrate_source
 from horovod_compat.migrate import syntax
