@@ -181,8 +181,14 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
     if renames:
         modules = [m.visit(renaming.Rename(aside)) for m in modules]
     every = [_names(m) for m in modules]
-    modules = [import_forms.normalize(m, every[i], set().union(*every[:i], *every[i + 1:]))
-               for i, m in enumerate(modules)]
+    # One metadata wrapper per module: the normalization's scopes and parents serve the rewrite
+    # when it changes nothing (each resolution is a walk over the whole tree).
+    wrappers = [import_forms.normalize(MetadataWrapper(m, unsafe_skip_copy=True), every[i],
+                                       set().union(*every[:i], *every[i + 1:]))
+                for i, m in enumerate(modules)]
+    names = [every[i] if w.module is m else _names(w.module)
+             for i, (w, m) in enumerate(zip(wrappers, modules))]
+    modules = [w.module for w in wrappers]
     shared = SharedState(keep_horovod_lifecycle=keep_lifecycle, all_native=not keep_lifecycle)
     unsupported: List[Dict[cst.CSTNode, str]] = []
     for module in modules:
@@ -192,18 +198,17 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
     for module in modules:
         module.visit(RunnerVarScan(shared.runner_names, shared.runner_vars))
     shared.lightning = any(lightning.uses_lightning(unit.source) for unit in units)
-    names = [_names(m) for m in modules]
 
     rewritten: List[cst.Module] = []
     contexts: List[RewriteContext] = []
     foreign: List[Dict[str, int]] = []
-    for i, (unit, module) in enumerate(zip(units, modules)):
+    for i, (unit, wrapper) in enumerate(zip(units, wrappers)):
         ctx = RewriteContext(unit.location, shared, line_offset=unit.line_offset)
         contexts.append(ctx)
-        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-        positions = wrapper.resolve(PositionProvider)
-        scopes = wrapper.resolve(ScopeProvider)
-        parents = wrapper.resolve(ParentNodeProvider)
+        resolved = wrapper.resolve_many([PositionProvider, ScopeProvider, ParentNodeProvider])
+        positions = resolved[PositionProvider]
+        scopes = resolved[ScopeProvider]
+        parents = resolved[ParentNodeProvider]
         elsewhere = set().union(*(n for j, n in enumerate(names) if j != i)) if len(names) > 1 else set()
         foreign.append(_foreign_bindings(scopes, positions))
         plan = plan_optimizers(wrapper.module, positions, scopes, parents, ctx, elsewhere)
@@ -240,7 +245,9 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
             global_imports=set(shared.global_imports),
             helpers=ctx.helpers,
         )
-        fixed = module.visit(ImportFixer(shared, plan)).visit(syntax.FStringQuotes())
+        fixed = module.visit(ImportFixer(shared, plan))
+        if syntax.has_fstring(unit.source):  # the rewrite's own code writes no string in braces
+            fixed = fixed.visit(syntax.FStringQuotes())
         if renames:
             fixed = fixed.visit(renaming.Rename(back))
         findings = list(ctx.findings)

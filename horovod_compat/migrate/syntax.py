@@ -2,9 +2,20 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import List, Optional
 
 import libcst as cst
+
+
+#: Where an f-string can start: its prefix, not preceded by a character of a name.
+_FSTRING_START = re.compile(r"(?<!\w)(?:[rR]?[fF]|[fF][rR])['\"]")
+
+
+def has_fstring(source: str) -> bool:
+    """Whether `source` may contain an f-string (a cheap, conservative test: a match inside a
+    comment or a string only costs the FStringQuotes walk that would find nothing)."""
+    return _FSTRING_START.search(source) is not None
 
 
 class FStringQuotes(cst.CSTTransformer):

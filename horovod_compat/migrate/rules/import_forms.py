@@ -177,11 +177,13 @@ def _hvd_name(module: cst.Module, taken: Set[str]) -> str:
     return name
 
 
-def normalize(module: cst.Module, taken: Set[str], elsewhere: Set[str]) -> cst.Module:
-    """`module` with the other Horovod import forms brought to ``import horovod.torch as hvd``
-    (see the module docstring). `taken`: names the input uses; `elsewhere`: names used in the
-    input's other units, whose imports are left as they are."""
-    wrapper = MetadataWrapper(module)
+def normalize(wrapper: MetadataWrapper, taken: Set[str], elsewhere: Set[str]) -> MetadataWrapper:
+    """`wrapper`'s module with the other Horovod import forms brought to ``import horovod.torch as
+    hvd`` (see the module docstring), in a wrapper: `wrapper` itself when nothing changes, so that
+    the metadata resolved here serves the rewrite too. `taken`: names the input uses;
+    `elsewhere`: names used in the input's other units, whose imports are left as they are."""
     plan = _Plan(_hvd_name(wrapper.module, taken | elsewhere), elsewhere)
     wrapper.visit(plan)
-    return wrapper.module.visit(_Apply(plan)) if plan.dropped else module
+    if not plan.dropped:
+        return wrapper
+    return MetadataWrapper(wrapper.module.visit(_Apply(plan)), unsafe_skip_copy=True)
