@@ -382,8 +382,11 @@ def _allreduce_eager(tensor: tf.Tensor, op: int, prescale: float, postscale: flo
     is, no tape recording, no compression -- without its per-call generality (a small allreduce
     costs about as much as that Python): the same checks, errors and result."""
     _check_set(process_set)
+    # (a 0-d tensor's __array__() is a NumPy scalar, which torch.from_numpy refuses: np.asarray
+    # makes it a 0-d array; any other tensor's is already an array, passed on without a copy)
+    array = np.asarray(tensor.__array__())
     try:
-        pending = _rt.submit_allreduce([torch.from_numpy(tensor.__array__())], None, name, op,
+        pending = _rt.submit_allreduce([torch.from_numpy(array)], None, name, op,
                                        prescale, postscale, process_set, "allreduce")
     except ValueError as exc:
         raise tf.errors.InvalidArgumentError(None, None, str(exc)) from exc
