@@ -53,8 +53,8 @@ from .mpi_ops import (  # noqa: F401
     start_timeline, stop_timeline, sycl_built,
 )
 from .functions import (  # noqa: F401
-    allgather_object, broadcast_global_variables, broadcast_object, broadcast_object_fn,
-    broadcast_variables,
+    BroadcastGlobalVariablesHook, allgather_object, broadcast_global_variables, broadcast_object,
+    broadcast_object_fn, broadcast_variables,
 )
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape  # noqa: F401
 from .optimizer import DistributedOptimizer  # noqa: F401

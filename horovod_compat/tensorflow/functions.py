@@ -16,8 +16,8 @@ from horovod_compat.common.process_sets import ProcessSet, global_process_set
 
 from .mpi_ops import _executing_eagerly, _np_dtype, _run, _to_buffer, _wait
 
-__all__ = ["broadcast_variables", "broadcast_global_variables", "broadcast_object",
-           "broadcast_object_fn", "allgather_object"]
+__all__ = ["broadcast_variables", "broadcast_global_variables", "BroadcastGlobalVariablesHook",
+           "broadcast_object", "broadcast_object_fn", "allgather_object"]
 
 
 def _broadcast_group(tensors: Sequence[tf.Tensor], root_rank: int,
@@ -72,6 +72,30 @@ def broadcast_global_variables(root_rank: int) -> Any:
                            "Please use `hvd.broadcast_variables(<model/optimizer variables>)` "
                            "instead.")
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """TF1 ``tf.compat.v1.train.MonitoredTrainingSession`` (and ``tf.estimator``-era) hook: once the
+    session is created -- variables initialized or restored from a checkpoint -- every global
+    variable gets rank ``root_rank``'s value (``broadcast_global_variables``).
+
+    Horovod 0.28.1 defines it on ``tf.estimator.SessionRunHook``, which TensorFlow 2.16 removed;
+    ``tf.compat.v1.train.SessionRunHook`` is the same class."""
+
+    def __init__(self, root_rank: int, device: str = "") -> None:
+        super().__init__()
+        self.root_rank = root_rank
+        self.bcast_op: Any = None
+        self.device = device
+
+    def begin(self) -> None:
+        # (a hook reused for a new graph, e.g. Estimator's train then train again, builds anew)
+        if self.bcast_op is None or self.bcast_op.graph != tf.compat.v1.get_default_graph():
+            with tf.device(self.device):
+                self.bcast_op = broadcast_global_variables(self.root_rank)
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        session.run(self.bcast_op)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: Optional[str] = None,
