@@ -100,6 +100,12 @@ def _wrap(gradtape: tf.GradientTape) -> _DistributedGradientTape:
         cls = _classes[base] = type(base.__name__, (_DistributedGradientTape, base), {})
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)  # the same recorded tape, persistence, watches
+    # ... but not the recording context: a tape wrapped inside its own ``with`` block
+    # (``with tf.GradientTape() as tape: ...; tape = hvd.DistributedGradientTape(tape)``) is
+    # stopped by that block's exit, on the original object; a wrapper that believed itself
+    # recording would pop the same tape again in gradient(), which crashes TensorFlow (SIGSEGV).
+    # Horovod's wrapper is likewise a tape of its own, not recording, that shares the recorded one.
+    tape._recording = False
     return tape
 
 
