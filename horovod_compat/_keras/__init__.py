@@ -45,7 +45,8 @@ from horovod_compat.tensorflow.gradients import allreduce_gradients
 
 __all__ = ["create_distributed_optimizer", "is_distributed_optimizer", "optimizer_flavor",
            "broadcast_global_variables", "allreduce", "allgather", "broadcast", "reducescatter",
-           "load_model", "KERAS3", "TF_KERAS", "TF_KERAS_LEGACY"]
+           "load_model", "in_tf1_graph", "keras_session", "eval_in_session", "KERAS3",
+           "TF_KERAS", "TF_KERAS_LEGACY"]
 
 KERAS3 = "keras3"                  #: keras>=3 optimizers (``keras.optimizers.*``)
 TF_KERAS = "tf_keras"              #: tf-keras optimizers (``tf_keras.optimizers.*``)
@@ -553,6 +554,33 @@ _install_keras3_compile_patch()
 
 # ----------------------------------------------------------------------------- value collectives
 
+def in_tf1_graph() -> bool:
+    """Whether ops are being built into a TF1 graph that a session runs (tf-keras after
+    ``tf.compat.v1.disable_eager_execution()``) -- not eagerly, and not inside a ``tf.function``
+    (a traced ``train_step``), whose values only exist when the function runs."""
+    return not tf.executing_eagerly() and not tf.inside_function()
+
+
+def keras_session() -> Any:
+    """tf-keras' TF1 session (``tf.compat.v1.keras.backend.get_session()``, which also
+    initializes the graph's uninitialized variables), or None where Keras has none (Keras 3)."""
+    backend = getattr(getattr(tf.compat.v1, "keras", None), "backend", None)
+    get_session = getattr(backend, "get_session", None)
+    return get_session() if get_session is not None else None
+
+
+def eval_in_session(value: Any) -> Any:
+    """Horovod's ``_eval``: eagerly ``value`` itself (already computed); in a TF1 graph -- tf-keras
+    after ``tf.compat.v1.disable_eager_execution()`` -- the op or tensor run in Keras' session,
+    which gives the NumPy value (None for an op), as Horovod's Keras helpers return it.  Without a
+    Keras session (Keras 3 builds no TF1 graphs), or inside a ``tf.function``, the graph op or
+    tensor is returned."""
+    if value is None or not in_tf1_graph():
+        return value
+    session = keras_session()
+    return session.run(value) if session is not None else value
+
+
 def _as_tensor(value: Any, name: Optional[str]) -> tf.Tensor:
     if isinstance(value, (tf.Tensor, tf.Variable)) or hasattr(value, "_value"):
         return tf.convert_to_tensor(value)
@@ -560,13 +588,11 @@ def _as_tensor(value: Any, name: Optional[str]) -> tf.Tensor:
 
 
 def broadcast_global_variables(backend: Any, root_rank: int) -> Any:
-    """TF1 sessions only: in TensorFlow 2 this raises, as Horovod does (use the
+    """TF1 graphs only (run in Keras' session): eagerly this raises, as Horovod does (use the
     ``BroadcastGlobalVariablesCallback`` or ``hvd.broadcast_variables``)."""
     from horovod_compat.tensorflow.functions import broadcast_global_variables as _bgv
 
-    op = _bgv(root_rank)
-    session = getattr(backend, "get_session", None)
-    return session().run(op) if session is not None else op
+    return eval_in_session(_bgv(root_rank))
 
 
 def _keep_scalar(fn: Callable[[tf.Tensor], tf.Tensor], tensor: tf.Tensor) -> tf.Tensor:
@@ -577,24 +603,28 @@ def _keep_scalar(fn: Callable[[tf.Tensor], tf.Tensor], tensor: tf.Tensor) -> tf.
     return fn(tensor)
 
 
+# The value collectives return a tensor eagerly, and the value (run in Keras' session) in a TF1
+# graph, as Horovod's (``eval_in_session``).
+
 def allreduce(backend: Any, value: Any, name: Optional[str], average: Optional[bool],
               prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Optional[int] = None,
-              compression: Any = Compression.none) -> tf.Tensor:
-    return _keep_scalar(lambda t: _ops.allreduce(
+              compression: Any = Compression.none) -> Any:
+    return eval_in_session(_keep_scalar(lambda t: _ops.allreduce(
         t, average=average, op=op, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor, compression=compression), _as_tensor(value, name))
+        postscale_factor=postscale_factor, compression=compression), _as_tensor(value, name)))
 
 
-def allgather(backend: Any, value: Any, name: Optional[str]) -> tf.Tensor:
-    return _ops.allgather(_as_tensor(value, name))
+def allgather(backend: Any, value: Any, name: Optional[str]) -> Any:
+    return eval_in_session(_ops.allgather(_as_tensor(value, name)))
 
 
-def broadcast(backend: Any, value: Any, root_rank: int, name: Optional[str]) -> tf.Tensor:
-    return _keep_scalar(lambda t: _ops.broadcast(t, root_rank), _as_tensor(value, name))
+def broadcast(backend: Any, value: Any, root_rank: int, name: Optional[str]) -> Any:
+    return eval_in_session(_keep_scalar(lambda t: _ops.broadcast(t, root_rank),
+                                        _as_tensor(value, name)))
 
 
-def reducescatter(backend: Any, value: Any, name: Optional[str], op: int = Average) -> tf.Tensor:
-    return _ops.reducescatter(_as_tensor(value, name), op=op)
+def reducescatter(backend: Any, value: Any, name: Optional[str], op: int = Average) -> Any:
+    return eval_in_session(_ops.reducescatter(_as_tensor(value, name), op=op))
 
 
 # ----------------------------------------------------------------------------- load_model

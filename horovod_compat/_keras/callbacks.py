@@ -15,6 +15,10 @@ under ``TF_USE_LEGACY_KERAS=1``).
   rate variable (Keras 3 and tf-keras alike), with Horovod's momentum correction where the momentum
   is a variable (tf-keras legacy optimizers; Keras 3 / tf-keras optimizers keep momentum as a
   Python number that a traced step has already baked in, so it is left alone).
+
+In a TF1 graph (tf-keras after ``tf.compat.v1.disable_eager_execution()``) the broadcasts run in
+Keras' session and variables are read and set through ``keras.backend.get_value``/``set_value``
+(one cached assign op per variable), as Horovod's callbacks do.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
+from horovod_compat._keras import eval_in_session, in_tf1_graph
 from horovod_compat.common.lifecycle import rank, size
 from horovod_compat.tensorflow.functions import allgather_object, broadcast_variables
 
@@ -57,9 +62,18 @@ def optimizer_variables(optimizer: Any) -> List[Any]:
 
 
 def _to_float(value: Any) -> float:
+    if in_tf1_graph() and (is_variable(value) or tf.is_tensor(value)):
+        return float(np.asarray(tf.keras.backend.get_value(value)))  # through Keras' session
     if hasattr(value, "numpy"):
         value = value.numpy()
     return float(np.asarray(value))
+
+
+def _assign(variable: Any, value: float) -> None:
+    if in_tf1_graph():  # through Keras' session, reusing one assign op per variable
+        tf.keras.backend.set_value(variable, value)
+    else:
+        variable.assign(value)
 
 
 def _learning_rate_attr(optimizer: Any) -> Any:
@@ -77,7 +91,7 @@ def set_learning_rate(optimizer: Any, value: float) -> None:
     """Set the learning rate (its variable, so an already traced train step sees it)."""
     current = _learning_rate_attr(optimizer)
     if hasattr(current, "assign"):
-        current.assign(value)
+        _assign(current, value)
     else:
         optimizer.learning_rate = value
 
@@ -127,7 +141,7 @@ class BroadcastGlobalVariablesCallbackImpl:
         counts = allgather_object(len(variables))
         if counts and min(counts) == max(counts) > 0:
             with tf.device(self.device):
-                broadcast_variables(variables, root_rank=self.root_rank)
+                eval_in_session(broadcast_variables(variables, root_rank=self.root_rank))
 
     def on_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.broadcast_done:
@@ -135,7 +149,7 @@ class BroadcastGlobalVariablesCallbackImpl:
         variables = self._model_variables()
         variables += optimizer_variables(getattr(self.model, "optimizer", None))
         with tf.device(self.device):
-            broadcast_variables(variables, root_rank=self.root_rank)
+            eval_in_session(broadcast_variables(variables, root_rank=self.root_rank))
         self.broadcast_done = True
 
 
@@ -215,13 +229,13 @@ class LearningRateScheduleCallbackImpl:
         if momentum is not None and old_lr:
             # momentum correction (Goyal et al., 2017) for this batch only
             self.restore_momentum = _to_float(momentum)
-            momentum.assign(self.restore_momentum * new_lr / old_lr)
+            _assign(momentum, self.restore_momentum * new_lr / old_lr)
 
     def _restore_momentum_if_needed(self) -> None:
         if self.restore_momentum is not None:
             momentum = self._momentum_variable()
             if momentum is not None:
-                momentum.assign(self.restore_momentum)
+                _assign(momentum, self.restore_momentum)
             self.restore_momentum = None
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:

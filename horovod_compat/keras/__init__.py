@@ -58,7 +58,7 @@ reducescatter = _tf_keras.reducescatter
 
 def allreduce(value: Any, name: Optional[str] = None, average: Optional[bool] = True,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              op: Optional[int] = None, compression: Any = Compression.none) -> tf.Tensor:
+              op: Optional[int] = None, compression: Any = Compression.none) -> Any:
     """Reduce a tensor-compatible value over all ranks; ``average=True`` (the default) averages,
     ``False`` sums; an explicit ``op`` takes precedence over the default ``average``."""
     if op is not None and average is True:

@@ -109,23 +109,25 @@ def broadcast_global_variables(root_rank: int) -> Any:
 
 def allreduce(value: Any, name: Optional[str] = None, average: Optional[bool] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              op: Optional[int] = None, compression: Any = Compression.none) -> tf.Tensor:
-    """Reduce a tensor-compatible value over all ranks (default: average); returns a tensor."""
+              op: Optional[int] = None, compression: Any = Compression.none) -> Any:
+    """Reduce a tensor-compatible value over all ranks (default: average); returns a tensor (in a
+    TF1 graph: its value, run in Keras' session, as Horovod)."""
     return _impl.allreduce(K, value, name, average, prescale_factor, postscale_factor, op,
                            compression)
 
 
-def allgather(value: Any, name: Optional[str] = None) -> tf.Tensor:
-    """Concatenate every rank's value along the first dimension; returns a tensor."""
+def allgather(value: Any, name: Optional[str] = None) -> Any:
+    """Concatenate every rank's value along the first dimension; returns a tensor (in a TF1
+    graph: its value)."""
     return _impl.allgather(K, value, name)
 
 
-def broadcast(value: Any, root_rank: int, name: Optional[str] = None) -> tf.Tensor:
-    """Rank ``root_rank``'s value on every rank; returns a tensor."""
+def broadcast(value: Any, root_rank: int, name: Optional[str] = None) -> Any:
+    """Rank ``root_rank``'s value on every rank; returns a tensor (in a TF1 graph: its value)."""
     return _impl.broadcast(K, value, root_rank, name)
 
 
-def reducescatter(value: Any, name: Optional[str] = None, op: int = Average) -> tf.Tensor:
+def reducescatter(value: Any, name: Optional[str] = None, op: int = Average) -> Any:
     """Reduce a value over all ranks and return this rank's block of rows."""
     return _impl.reducescatter(K, value, name, op)
 
