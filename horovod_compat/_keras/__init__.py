@@ -552,6 +552,50 @@ def _install_keras3_compile_patch() -> None:
 _install_keras3_compile_patch()
 
 
+def _install_keras3_loss_scale_patch() -> None:
+    """Keras 3's ``LossScaleOptimizer`` around a distributed optimizer -- what ``compile`` makes of
+    ``hvd.DistributedOptimizer(...)`` under the ``mixed_float16`` policy, or
+    ``LossScaleOptimizer(hvd.DistributedOptimizer(...))``: reduce the (scaled) gradients before
+    it checks that they are finite.
+
+    The loss scale optimizer applies a step, or skips it and halves the scale, as its gradients are
+    finite or not, and only then calls the inner optimizer, which reduces: a rank whose own
+    gradients overflowed would skip a reduction that the others made, and from then on the ranks'
+    reductions would pair different steps (and their loss scales differ).  Keras expects them
+    reduced before the check (its comment for ``tf.distribute``: "each replica computed the same
+    `finite` value, since `grads` is all-reduced across replicas"), as tf-keras' loss scale
+    optimizer, which aggregates first; the inner optimizer then applies them as they come."""
+    try:
+        from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
+    except ImportError:  # pragma: no cover - not Keras 3
+        return
+    with _compile_patch_lock:
+        original = vars(LossScaleOptimizer)["apply"]
+        if getattr(original, "_hvd_patched", False):
+            return
+
+        @functools.wraps(original)
+        def apply(self, grads, trainable_variables=None):
+            inner = self.inner_optimizer
+            if not is_distributed_optimizer(inner) or (
+                    trainable_variables is None and not self.built):
+                return original(self, grads, trainable_variables)
+            variables = list(trainable_variables if trainable_variables is not None
+                             else self._trainable_variables)
+            reduced = inner._allreduce(list(grads), variables)
+            inner._hvd.pending = True  # the inner optimizer's apply: already reduced
+            try:
+                return original(self, reduced, trainable_variables)
+            finally:
+                inner._hvd.pending = False  # (a skipped step never reached the inner apply)
+
+        apply._hvd_patched = True  # type: ignore[attr-defined]
+        setattr(LossScaleOptimizer, "apply", apply)
+
+
+_install_keras3_loss_scale_patch()
+
+
 # ----------------------------------------------------------------------------- value collectives
 
 def in_tf1_graph() -> bool:
