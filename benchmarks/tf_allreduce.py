@@ -10,7 +10,9 @@ so machine noise hits them alike.  Printed per size: the median time of torch's
 ``tf.function`` (one ``tf.numpy_function`` node), a ``tf.function`` returning ``tf.identity(x)``
 (TensorFlow's own call cost, which the allreduce inside a training step does not add), one
 returning ``tf.numpy_function(lambda a: a, [x])`` (TensorFlow's cost of a Python node in a graph,
-which the binding's node pays), and the ratios TF / torch.  Ranks are started
+which the binding's node pays), one whose ``tf.numpy_function`` node only calls ``horovod.torch``'s
+allreduce on the node's array (the floor of any binding that runs the collective in a Python
+node), and the ratios.  Ranks are started
 with the project's engine (``distributor.run_function``).
 """
 from __future__ import annotations
@@ -52,11 +54,19 @@ def _measure(sizes: List[int], iters: int) -> Dict[int, Dict[str, float]]:
         def traced_numpy_identity(x):  # ... with one tf.numpy_function node that returns its input
             return tf.numpy_function(lambda a: a, [x], tf.float32, stateful=True)
 
+        def torch_allreduce_of(a):  # the least a Python node can do: horovod.torch's call
+            return hvd_torch.allreduce(torch.from_numpy(a)).numpy()
+
+        @tf.function
+        def traced_torch_node(x):  # ... as a graph node: the floor of any Python-node binding
+            return tf.numpy_function(torch_allreduce_of, [x], tf.float32, stateful=True)
+
         calls = {"torch": lambda: hvd_torch.allreduce(xt),
                  "tf_eager": lambda: hvd_tf.allreduce(xf),
                  "tf_function": lambda: traced(xf),
                  "tf_function_identity": lambda: traced_identity(xf),
-                 "tf_function_numpy": lambda: traced_numpy_identity(xf)}
+                 "tf_function_numpy": lambda: traced_numpy_identity(xf),
+                 "tf_function_torch_node": lambda: traced_torch_node(xf)}
         for fn in calls.values():  # warm-up (tracing, buffers)
             fn()
         times: Dict[str, List[float]] = {k: [] for k in calls}
@@ -92,7 +102,8 @@ def main() -> None:
     print(f"hvd.allreduce, float32, 2 ranks on one host, median of {args.iters} (ms)")
     print(f"{'size':>8} {'torch':>9} {'tf eager':>9} {'tf.function':>12} {'tf.identity fn':>15} "
           f"{'numpy_function fn':>18} {'eager/torch':>12} {'function/torch':>15} "
-          f"{'(fn-identity)/torch':>20} {'(fn-numpy fn+torch)/torch':>26}")
+          f"{'(fn-identity)/torch':>20} {'(fn-numpy fn)/torch':>20} {'torch node fn':>14} "
+          f"{'fn/torch node fn':>17}")
     for nbytes in sizes:
         r = res[nbytes]
         print(f"{nbytes / (1 << 20):>7.0f}M {r['torch'] * 1e3:>9.3f} {r['tf_eager'] * 1e3:>9.3f} "
@@ -100,12 +111,18 @@ def main() -> None:
               f"{r['tf_function_numpy'] * 1e3:>18.3f} "
               f"{r['tf_eager'] / r['torch']:>12.2f} {r['tf_function'] / r['torch']:>15.2f} "
               f"{(r['tf_function'] - r['tf_function_identity']) / r['torch']:>20.2f} "
-              f"{(r['tf_function'] - r['tf_function_numpy']) / r['torch']:>26.2f}")
+              f"{(r['tf_function'] - r['tf_function_numpy']) / r['torch']:>20.2f} "
+              f"{r['tf_function_torch_node'] * 1e3:>14.3f} "
+              f"{r['tf_function'] / r['tf_function_torch_node']:>17.2f}")
     print("target (issue 26): TF / torch <= 1.1 at 1M and 64M. 'tf.identity fn' is TensorFlow's own "
           "cost of calling a traced function (one tf.identity), which a training step pays once; "
           "'numpy_function fn' a traced function of one tf.numpy_function node that returns its "
           "input: TensorFlow's cost of running Python in a graph, which the binding's node pays; "
-          "the last column is the node's own work against torch's call (1.0: the same).")
+          "'(fn-numpy fn)/torch' is the node's own work against torch's call (1.0: the same); "
+          "'torch node fn' a traced function whose one tf.numpy_function node only calls "
+          "horovod.torch's allreduce on the node's array: the least any binding that runs the "
+          "collective in a Python node can cost, so 'fn/torch node fn' is what the binding's own "
+          "code adds (1.0: nothing).")
 
 
 if __name__ == "__main__":
