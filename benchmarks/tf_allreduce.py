@@ -3,17 +3,17 @@
     python benchmarks/tf_allreduce.py [--iters 30] [--sizes 1M,64M]
 
 Issue 26's target: the TensorFlow binding's ``hvd.allreduce`` costs <= 1.1x ``horovod.torch``'s on
-the same bytes (1 MB and 64 MB, float32).  Both bindings run in the same two rank processes on the
+the same bytes (1 MB and 64 MB, float32). Both bindings run in the same two rank processes on the
 same runtime (one ``hvd.init()``), interleaved in the same rounds, each call timed after a barrier,
-so machine noise hits them alike; the order of the calls rotates from round to round.  Printed per size: the median time of torch's
-``hvd.allreduce(x)``, TensorFlow's eager ``hvd.allreduce(x)``, TensorFlow's inside a
-``tf.function`` (one ``tf.numpy_function`` node), a ``tf.function`` returning ``tf.identity(x)``
-(TensorFlow's own call cost, which the allreduce inside a training step does not add), one
-returning ``tf.numpy_function(lambda a: a, [x])`` (TensorFlow's cost of a Python node in a graph,
-which the binding's node pays), one whose ``tf.numpy_function`` node only calls ``horovod.torch``'s
-allreduce on the node's array (the floor of any binding that runs the collective in a Python
-node), and the ratios.  Ranks are started
-with the project's engine (``distributor.run_function``).
+so machine noise hits them alike; the order of the calls rotates from round to round. Printed per
+size: the median time of torch's ``hvd.allreduce(x)``, TensorFlow's eager ``hvd.allreduce(x)``,
+TensorFlow's inside a ``tf.function`` (one ``tf.numpy_function`` node), a ``tf.function`` returning
+``tf.identity(x)`` (TensorFlow's own call cost, which the allreduce inside a training step does not
+add), one returning ``tf.numpy_function(lambda a: a, [x])`` (TensorFlow's cost of a Python node in
+a graph, which the binding's node pays), one whose ``tf.numpy_function`` node only calls
+``horovod.torch``'s allreduce on the node's array (the floor of any binding that runs the
+collective in a Python node), and the ratios. Ranks are started with the project's engine
+(``distributor.run_function``).
 """
 from __future__ import annotations
 
