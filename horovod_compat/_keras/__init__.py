@@ -41,6 +41,7 @@ from horovod_compat.common.ops import Adasum, Average, Sum
 from horovod_compat.common.process_sets import ProcessSet, global_process_set
 import horovod_compat.tensorflow.mpi_ops as _ops
 from horovod_compat.tensorflow.compression import Compression
+from horovod_compat.tensorflow.aggregation import LocalGradientAggregationHelper
 from horovod_compat.tensorflow.gradients import allreduce_gradients
 
 __all__ = ["create_distributed_optimizer", "is_distributed_optimizer", "optimizer_flavor",
@@ -95,10 +96,6 @@ def _var_ids(var: Any) -> List[int]:
     return ids
 
 
-def _shape_of(var: Any) -> List[int]:
-    return [int(d) for d in tf.TensorShape(var.shape).as_list()]
-
-
 def _set_size(process_set: ProcessSet) -> Any:
     """The set's size as a Python number, or (traced, in an elastic job, whose size can change
     between calls of an already traced ``train_step``) as a tensor read at run time."""
@@ -133,75 +130,6 @@ class _Settings:
         self.local_ids: set = set()       # ids of the variables registered as local
         self.local_keep: List[Any] = []   # keeps them alive (ids stay unique)
         self.pending = False              # gradients from our compute path: already reduced
-
-
-class LocalGradientAggregationHelper:
-    """``backward_passes_per_step``: per-variable accumulators and the pass ``counter``
-    (``tf.Variable``s outside the optimizer's own variables, so checkpoints keep their layout)."""
-
-    def __init__(self, backward_passes_per_step: int, average_aggregated_gradients: bool) -> None:
-        self.backward_passes_per_step = int(backward_passes_per_step)
-        self.average_aggregated_gradients = bool(average_aggregated_gradients)
-        with tf.init_scope():
-            self.counter = tf.Variable(0, dtype=tf.int32, trainable=False,
-                                       name="hvd_aggregation_counter")
-        self._accumulators: Dict[int, Any] = {}
-        self._keep: List[Any] = []  # keeps the keyed variables alive (ids stay unique)
-
-    def _accumulator(self, var: Any, grad: tf.Tensor) -> tf.Variable:
-        key = id(var)
-        acc = self._accumulators.get(key)
-        if acc is None:
-            with tf.init_scope():
-                acc = tf.Variable(tf.zeros(_shape_of(var), dtype=grad.dtype), trainable=False,
-                                  name="hvd_aggregated_gradient")
-            self._accumulators[key] = acc
-            self._keep.append(var)
-        return acc
-
-    @_not_converted
-    def aggregate(self, grads: Sequence[Any], variables: Sequence[Any],
-                  reduce_fn: Callable[[List[Any], List[Any]], List[Any]]) -> List[Any]:
-        """Add ``grads`` to the accumulators; on the N-th pass return the reduced accumulation
-        (and reset), otherwise this pass's local gradients (which will not be applied)."""
-        idx = [i for i, g in enumerate(grads) if g is not None]
-        out: List[Any] = list(grads)
-        if not idx:
-            return out
-        dense = [tf.convert_to_tensor(grads[i]) for i in idx]
-        accs = [self._accumulator(variables[i], g) for i, g in zip(idx, dense)]
-        adds = [a.assign_add(g) for a, g in zip(accs, dense)]
-        with tf.control_dependencies(adds):
-            count = self.counter.assign_add(1)
-        n = self.backward_passes_per_step
-
-        def boundary() -> List[tf.Tensor]:
-            with tf.control_dependencies([count]):
-                values = [a.read_value() for a in accs]
-            if self.average_aggregated_gradients:
-                values = [v / tf.cast(n, v.dtype) for v in values]
-            reduced = [tf.convert_to_tensor(r) for r in
-                       reduce_fn(values, [variables[i] for i in idx])]
-            with tf.control_dependencies(reduced):
-                resets = [a.assign(tf.zeros_like(a)) for a in accs]
-                resets.append(self.counter.assign(0))
-            with tf.control_dependencies(resets):
-                return [tf.identity(r) for r in reduced]
-
-        def between() -> List[tf.Tensor]:
-            return [tf.identity(g) for g in dense]
-
-        results = tf.cond(tf.equal(count, n), boundary, between)
-        if not isinstance(results, (list, tuple)):
-            results = [results]
-        for i, r, g in zip(idx, results, dense):
-            r.set_shape(g.shape)
-            out[i] = r
-        return out
-
-    def should_apply(self) -> tf.Tensor:
-        """True right after a reduction (the counter went back to 0)."""
-        return tf.equal(self.counter, 0)
 
 
 # ----------------------------------------------------------------------------- the wrapper
@@ -297,8 +225,10 @@ class _DistributedOptimizerMixin:
         self._hvd.pending = True
         return list(zip(reduced, variables))
 
-    def _hvd_gated(self, apply_fn: Callable[[], Any], iterations: Any) -> None:
-        """Run ``apply_fn`` on the steps that reduced; count ``iterations`` on the others."""
+    def _hvd_gated(self, apply_fn: Callable[[], Any], iterations: Any,
+                   grads: Sequence[Any]) -> None:
+        """Run ``apply_fn`` on the steps that reduced (``grads``: this pass's aggregated
+        gradients); count ``iterations`` on the others."""
         def apply_branch() -> tf.Tensor:
             apply_fn()
             return tf.constant(True)
@@ -307,7 +237,7 @@ class _DistributedOptimizerMixin:
             iterations.assign_add(1)
             return tf.constant(False)
 
-        tf.cond(self._agg_helper.should_apply(), apply_branch, skip_branch)
+        tf.cond(self._agg_helper.should_apply(after=grads), apply_branch, skip_branch)
 
 
 class _Keras3Mixin(_DistributedOptimizerMixin):
@@ -356,7 +286,7 @@ class _Keras3Mixin(_DistributedOptimizerMixin):
             self.build(variables)
             self.built = True
         parent_apply = super().apply
-        self._hvd_gated(lambda: parent_apply(grads, trainable_variables), self._iterations)
+        self._hvd_gated(lambda: parent_apply(grads, trainable_variables), self._iterations, grads)
         return None
 
     @_not_converted
@@ -397,7 +327,7 @@ class _TfKerasApplyMixin(_DistributedOptimizerMixin):
             return super().apply_gradients(pairs, *args, **kwargs)
         self._hvd_build(pairs)
         parent = super().apply_gradients
-        self._hvd_gated(lambda: parent(pairs, *args, **kwargs), self.iterations)
+        self._hvd_gated(lambda: parent(pairs, *args, **kwargs), self.iterations, grads)
         return self.iterations
 
 
