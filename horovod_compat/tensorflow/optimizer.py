@@ -5,7 +5,7 @@ optimizer: local steps whose weight deltas are combined with Adasum, ``_adasum``
 (which, as Horovod's, refuses ``op=Adasum``)."""
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -13,6 +13,7 @@ from horovod_compat.common.ops import Adasum, Average
 from horovod_compat.common.process_sets import ProcessSet, global_process_set
 
 from ._adasum import DeltaReducer
+from .aggregation import LocalGradientAggregationHelper
 from .compression import Compression
 from .gradients import allreduce_gradients
 
@@ -36,28 +37,55 @@ class _Wrapper(tf.compat.v1.train.Optimizer):
 
 
 class _DistributedOptimizer(_Wrapper):
-    """A TF1 optimizer whose gradients are averaged across ranks before they are applied."""
+    """A TF1 optimizer whose gradients are averaged across ranks before they are applied; with
+    ``backward_passes_per_step=N``, summed locally over N passes (averaged with
+    ``average_aggregated_gradients``), averaged across ranks at the N-th, and applied only then,
+    as Horovod's (the global step, too, counts applied steps)."""
 
     def __init__(self, optimizer: tf.compat.v1.train.Optimizer, name: Optional[str],
                  use_locking: bool, compression: Any, sparse_as_dense: bool, op: int,
-                 gradient_predivide_factor: float, process_set: ProcessSet) -> None:
+                 gradient_predivide_factor: float, process_set: ProcessSet,
+                 backward_passes_per_step: int = 1,
+                 average_aggregated_gradients: bool = False) -> None:
         super().__init__(name=name or f"Distributed{type(optimizer).__name__}",
                          use_locking=use_locking)
         self._optimizer = optimizer
         self._hvd = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                          gradient_predivide_factor=gradient_predivide_factor,
                          process_set=process_set)
+        self._agg_helper = (LocalGradientAggregationHelper(backward_passes_per_step,
+                                                           average_aggregated_gradients)
+                            if backward_passes_per_step > 1 else None)
+
+    def _reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> List[Any]:
+        return allreduce_gradients(list(grads), **self._hvd)
 
     def compute_gradients(self, *args: Any, **kwargs: Any) -> List[Tuple[Any, Any]]:
-        """The wrapped optimizer's gradients, averaged across ranks (one grouped allreduce)."""
+        """The wrapped optimizer's gradients, averaged across ranks (one grouped allreduce); with
+        ``backward_passes_per_step``, this pass's local gradients except at the N-th pass."""
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
         if not pairs:
             return pairs
         grads, variables = zip(*pairs)
-        return list(zip(allreduce_gradients(grads, **self._hvd), variables))
+        if self._agg_helper is not None:
+            return list(zip(self._agg_helper.aggregate(grads, variables, self._reduce),
+                            variables))
+        return list(zip(self._reduce(grads, variables), variables))
 
-    def apply_gradients(self, *args: Any, **kwargs: Any) -> Any:
-        return self._optimizer.apply_gradients(*args, **kwargs)
+    def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped optimizer's step; with ``backward_passes_per_step``, only at the passes
+        that reduced (an op that does nothing on the others)."""
+        if self._agg_helper is None:
+            return self._optimizer.apply_gradients(grads_and_vars, *args, **kwargs)
+        pairs = list(grads_and_vars)
+
+        def apply_branch() -> tf.Tensor:
+            with tf.control_dependencies([self._optimizer.apply_gradients(pairs, *args, **kwargs)]):
+                return tf.constant(True)
+
+        applied = tf.cond(self._agg_helper.should_apply(after=[g for g, _ in pairs]),
+                          apply_branch, lambda: tf.constant(False))
+        return applied if tf.executing_eagerly() else applied.op
 
 
 class _DistributedAdasumOptimizer(_Wrapper):
@@ -123,10 +151,11 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
         if op == Adasum:
             return _DistributedAdasumOptimizer(optimizer, name, use_locking, compression,
                                                backward_passes_per_step, process_set)
-        if backward_passes_per_step != 1:
-            raise ValueError("backward_passes_per_step > 1 is supported for Keras optimizers only; "
-                             "accumulate the gradients yourself or use a Keras optimizer")
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got "
+                             f"{backward_passes_per_step}")
         return _DistributedOptimizer(optimizer, name, use_locking, compression, sparse_as_dense,
-                                     op, gradient_predivide_factor, process_set)
+                                     op, gradient_predivide_factor, process_set,
+                                     backward_passes_per_step, average_aggregated_gradients)
     raise ValueError(f"Provided optimizer doesn't inherit from either legacy TensorFlow or Keras "
                      f"optimizer: {optimizer!r}")

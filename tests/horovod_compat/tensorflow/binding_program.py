@@ -171,6 +171,22 @@ with graph.as_default():
             histories["graph"].append(sess.run(w_g).tolist())
         histories["graph_step"] = int(sess.run(step))
 put("adasum_optimizer", {"target": target.tolist(), **histories})
+# DistributedOptimizer(tf.compat.v1 optimizer, backward_passes_per_step=2) in a TF1 session:
+# gradients summed over 2 passes, averaged across ranks, applied every 2nd run (global step too)
+graph = tf.Graph()
+with graph.as_default():
+    w_p = tf.compat.v1.get_variable("w_p", initializer=[0.5, 0.5, 0.5], use_resource=True)
+    step = tf.compat.v1.train.get_or_create_global_step()
+    train = hvd.DistributedOptimizer(tf.compat.v1.train.MomentumOptimizer(0.25, 0.5),
+                                     backward_passes_per_step=2).minimize(
+        0.5 * tf.reduce_sum((w_p - target) ** 2), global_step=step)
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        passes = []
+        for _ in range(4):
+            sess.run(train)
+            passes.append([sess.run(w_p).tolist(), int(sess.run(step))])
+put("tf1_passes", passes)
 # horovod.tensorflow.keras' value allreduce takes the op too
 import horovod.tensorflow.keras as hvd_keras  # noqa: E402
 put("adasum_keras_allreduce", hvd_keras.allreduce(a32, op=hvd.Adasum))

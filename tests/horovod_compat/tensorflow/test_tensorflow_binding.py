@@ -201,6 +201,24 @@ def _replay_delta_optimizer(targets, steps, lr, momentum=0.0, passes=1):
     return history
 
 
+def test_tf1_optimizer_with_backward_passes_applies_the_averaged_sum_every_second_run(results):
+    """Momentum 0.5, lr 0.25, loss 0.5 |w - target_r|^2: each pass's gradient is w - target_r;
+    2 passes summed, averaged across ranks, applied (and the global step counted) every 2nd run."""
+    targets = np.array([results[rank]["adasum_optimizer"]["target"] for rank in (0, 1)])
+    w, velocity, expect = np.full(3, 0.5), np.zeros(3), []
+    for run in range(4):
+        if run % 2 == 1:
+            grad = (2 * (w - targets)).mean(axis=0)
+            velocity = 0.5 * velocity + grad
+            w = w - 0.25 * velocity
+        expect.append((w.copy(), (run + 1) // 2))
+    for rank in (0, 1):
+        got = results[rank]["tf1_passes"]
+        for (w_got, step_got), (w_want, step_want) in zip(got, expect):
+            np.testing.assert_allclose(w_got, w_want, rtol=1e-6, atol=1e-6)
+            assert step_got == step_want
+
+
 def test_adasum_tf1_optimizer_combines_weight_deltas(results):
     targets = [results[rank]["adasum_optimizer"]["target"] for rank in (0, 1)]
     expected = {"eager_momentum": _replay_delta_optimizer(targets, 3, 0.1, momentum=0.9),
