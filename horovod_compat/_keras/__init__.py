@@ -86,6 +86,12 @@ class _CallableList(list):
         return self
 
 
+def _initialize_in_keras_session(variable: tf.Variable) -> None:
+    """In a TF1 graph, initialize ``variable`` in Keras' session, which initializes only the
+    variables Keras made itself (``eval_in_session``); elsewhere nothing is needed."""
+    eval_in_session(variable.initializer)
+
+
 def _var_ids(var: Any) -> List[int]:
     """Identities under which ``var`` is known: itself and, for a Keras 3 variable, the
     ``tf.Variable`` it wraps (either may be registered or passed)."""
@@ -151,7 +157,8 @@ class _DistributedOptimizerMixin:
         self._hvd = _Settings(compression, sparse_as_dense, op, gradient_predivide_factor,
                               groups, process_set, scale_local_gradients)
         self._agg_helper = (LocalGradientAggregationHelper(backward_passes_per_step,
-                                                           average_aggregated_gradients)
+                                                           average_aggregated_gradients,
+                                                           _initialize_in_keras_session)
                             if backward_passes_per_step > 1 else None)
 
     # -- Horovod's API on the optimizer
@@ -226,18 +233,21 @@ class _DistributedOptimizerMixin:
         return list(zip(reduced, variables))
 
     def _hvd_gated(self, apply_fn: Callable[[], Any], iterations: Any,
-                   grads: Sequence[Any]) -> None:
+                   grads: Sequence[Any]) -> tf.Tensor:
         """Run ``apply_fn`` on the steps that reduced (``grads``: this pass's aggregated
-        gradients); count ``iterations`` on the others."""
+        gradients); count ``iterations`` on the others.  Returns whether it applied: the tensor
+        a TF1 graph must run (it runs only what is fetched; a ``tf.function`` runs every stateful
+        op anyway)."""
         def apply_branch() -> tf.Tensor:
-            apply_fn()
-            return tf.constant(True)
+            applied = apply_fn()
+            with tf.control_dependencies([applied] if applied is not None else []):
+                return tf.constant(True)
 
         def skip_branch() -> tf.Tensor:
-            iterations.assign_add(1)
-            return tf.constant(False)
+            with tf.control_dependencies([iterations.assign_add(1)]):
+                return tf.constant(False)
 
-        tf.cond(self._agg_helper.should_apply(after=grads), apply_branch, skip_branch)
+        return tf.cond(self._agg_helper.should_apply(after=grads), apply_branch, skip_branch)
 
 
 class _Keras3Mixin(_DistributedOptimizerMixin):
@@ -327,8 +337,9 @@ class _TfKerasApplyMixin(_DistributedOptimizerMixin):
             return super().apply_gradients(pairs, *args, **kwargs)
         self._hvd_build(pairs)
         parent = super().apply_gradients
-        self._hvd_gated(lambda: parent(pairs, *args, **kwargs), self.iterations, grads)
-        return self.iterations
+        applied = self._hvd_gated(lambda: parent(pairs, *args, **kwargs), self.iterations, grads)
+        # a TF1 graph (Keras' get_updates) runs what this returns: the gated step
+        return applied.op if in_tf1_graph() else self.iterations
 
 
 class _TfKerasMixin(_TfKerasApplyMixin):

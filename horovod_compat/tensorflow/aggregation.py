@@ -8,7 +8,7 @@ gradients then, and only then (on the other passes it applies nothing).  Works e
 ``tf.function`` and in a TF1 graph (``tf.cond``; the variables are made outside any function)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -25,12 +25,17 @@ class LocalGradientAggregationHelper:
     """``backward_passes_per_step``: per-variable accumulators and the pass ``counter``
     (``tf.Variable``s outside the optimizer's own variables, so checkpoints keep their layout)."""
 
-    def __init__(self, backward_passes_per_step: int, average_aggregated_gradients: bool) -> None:
+    def __init__(self, backward_passes_per_step: int, average_aggregated_gradients: bool,
+                 on_new_variable: Optional[Callable[[tf.Variable], None]] = None) -> None:
+        """``on_new_variable(v)`` is called for each variable made (e.g. to initialize it in a
+        session that only initializes the variables it knows: Keras' in a TF1 graph)."""
         self.backward_passes_per_step = int(backward_passes_per_step)
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
+        self._on_new_variable = on_new_variable
         with tf.init_scope():
             self.counter = tf.Variable(0, dtype=tf.int32, trainable=False,
                                        name="hvd_aggregation_counter")
+        self._made(self.counter)
         self._accumulators: Dict[int, Any] = {}
         self._keep: List[Any] = []  # keeps the keyed variables alive (ids stay unique)
 
@@ -43,7 +48,12 @@ class LocalGradientAggregationHelper:
                                   name="hvd_aggregated_gradient")
             self._accumulators[key] = acc
             self._keep.append(var)
+            self._made(acc)
         return acc
+
+    def _made(self, variable: tf.Variable) -> None:
+        if self._on_new_variable is not None:
+            self._on_new_variable(variable)
 
     @_not_converted
     def aggregate(self, grads: Sequence[Any], variables: Sequence[Any],

@@ -6,7 +6,8 @@ through that session -- ``hvd.broadcast(resume_from_epoch, 0, name=...)`` and
 (``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``, ``LearningRateWarmupCallback``
 with a momentum optimizer) read and set variables through ``keras.backend``;
 ``keras.optimizers.legacy.SGD(momentum=0.9)`` in ``hvd.DistributedOptimizer``;
-``model.fit(x, y, ...)`` on NumPy arrays; ``ModelCheckpoint`` on rank 0.
+``model.fit(x, y, ...)`` on NumPy arrays; ``ModelCheckpoint`` on rank 0; a second model that
+accumulates 2 batches per step (``backward_passes_per_step=2``).
 
 Keras: tf-keras (Keras 3 cannot train in a TF1 graph; ``keras.optimizers.legacy`` is Keras 2 API)
 """
@@ -76,8 +77,25 @@ momentum = float(keras.backend.get_value(model.optimizer.momentum))
 assert abs(momentum - 0.9) < 1e-6, momentum  # the correction was undone after each batch
 losses = [float(v) for v in history.history['loss']]
 assert losses[-1] < losses[0], losses
+
+# Gradient accumulation, as a program short of memory does it: 2 batches per applied step. In a
+# TF1 graph Keras runs only the update ops the optimizer returns, and initializes only its own
+# variables.
+small = keras.Sequential([keras.layers.Dense(2, activation='softmax', input_shape=(8,))])
+small_opt = hvd.DistributedOptimizer(keras.optimizers.legacy.SGD(learning_rate=0.1),
+                                     backward_passes_per_step=2)
+small.compile(loss=keras.losses.categorical_crossentropy, optimizer=small_opt)
+passes = small.fit(x_train, y_train, batch_size=64, epochs=2, verbose=0,
+                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+passes_losses = [float(v) for v in passes.history['loss']]
+passes_iterations = int(keras.backend.get_value(small_opt.iterations))
+small_weights = np.concatenate([w.ravel() for w in small.get_weights()])
+small_everyone = np.asarray(hvd.allgather(small_weights.reshape(1, -1), name='small_weights'))
+assert (small_everyone == small_everyone[0]).all(), 'accumulated: weights differ across ranks'
 if hvd.rank() == 0:
     print('RESULT ' + json.dumps({'losses': losses, 'score': [float(s) for s in score],
+                                  'passes_losses': passes_losses,
+                                  'passes_iterations': passes_iterations,
                                   'resumed_at': int(resume_from_epoch), 'lr': lr,
                                   'momentum': momentum, 'ranks_agree': True,
                                   'checkpoints': sorted(f for f in os.listdir(workdir)
