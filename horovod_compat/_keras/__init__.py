@@ -234,20 +234,8 @@ class _DistributedOptimizerMixin:
 
     def _hvd_gated(self, apply_fn: Callable[[], Any], iterations: Any,
                    grads: Sequence[Any]) -> tf.Tensor:
-        """Run ``apply_fn`` on the steps that reduced (``grads``: this pass's aggregated
-        gradients); count ``iterations`` on the others.  Returns whether it applied: the tensor
-        a TF1 graph must run (it runs only what is fetched; a ``tf.function`` runs every stateful
-        op anyway)."""
-        def apply_branch() -> tf.Tensor:
-            applied = apply_fn()
-            with tf.control_dependencies([applied] if applied is not None else []):
-                return tf.constant(True)
-
-        def skip_branch() -> tf.Tensor:
-            with tf.control_dependencies([iterations.assign_add(1)]):
-                return tf.constant(False)
-
-        return tf.cond(self._agg_helper.should_apply(after=grads), apply_branch, skip_branch)
+        """``apply_fn`` on the steps that reduced; ``iterations`` counted on the others."""
+        return self._agg_helper.gated(apply_fn, grads, lambda: iterations.assign_add(1))
 
 
 class _Keras3Mixin(_DistributedOptimizerMixin):

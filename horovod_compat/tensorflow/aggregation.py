@@ -95,6 +95,22 @@ class LocalGradientAggregationHelper:
             out[i] = r
         return out
 
+    def gated(self, apply_fn: Callable[[], Any], grads: Sequence[Any],
+              skip_fn: Optional[Callable[[], Any]] = None) -> tf.Tensor:
+        """Run ``apply_fn`` on the passes that reduced (``grads``: this pass's ``aggregate``
+        results), ``skip_fn`` (if any) on the others.  Returns whether it applied: the tensor a
+        TF1 graph must run (it runs only what is fetched; a ``tf.function`` runs every stateful
+        op anyway)."""
+        def branch(fn: Optional[Callable[[], Any]], value: bool) -> Callable[[], tf.Tensor]:
+            def run() -> tf.Tensor:
+                done = fn() if fn is not None else None
+                with tf.control_dependencies([done] if done is not None else []):
+                    return tf.constant(value)
+            return run
+
+        return tf.cond(self.should_apply(after=grads), branch(apply_fn, True),
+                       branch(skip_fn, False))
+
     def should_apply(self, after: Sequence[Any] = ()) -> tf.Tensor:
         """True right after a reduction (the counter went back to 0), read after ``after`` (this
         pass's ``aggregate`` results: a TF1 graph has no automatic control dependencies, and read

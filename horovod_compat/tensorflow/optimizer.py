@@ -78,13 +78,8 @@ class _DistributedOptimizer(_Wrapper):
         if self._agg_helper is None:
             return self._optimizer.apply_gradients(grads_and_vars, *args, **kwargs)
         pairs = list(grads_and_vars)
-
-        def apply_branch() -> tf.Tensor:
-            with tf.control_dependencies([self._optimizer.apply_gradients(pairs, *args, **kwargs)]):
-                return tf.constant(True)
-
-        applied = tf.cond(self._agg_helper.should_apply(after=[g for g, _ in pairs]),
-                          apply_branch, lambda: tf.constant(False))
+        applied = self._agg_helper.gated(
+            lambda: self._optimizer.apply_gradients(pairs, *args, **kwargs), [g for g, _ in pairs])
         return applied if tf.executing_eagerly() else applied.op
 
 
