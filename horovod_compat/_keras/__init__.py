@@ -29,12 +29,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import threading
 import warnings
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from horovod_compat.common.ops import Adasum, Average, Sum
@@ -42,7 +40,7 @@ from horovod_compat.common.process_sets import ProcessSet, global_process_set
 import horovod_compat.tensorflow.mpi_ops as _ops
 from horovod_compat.tensorflow.compression import Compression
 from horovod_compat.tensorflow.aggregation import LocalGradientAggregationHelper
-from horovod_compat.tensorflow.gradients import allreduce_gradients
+from horovod_compat.tensorflow.gradients import LocalVariables, reduce_gradients
 
 __all__ = ["create_distributed_optimizer", "is_distributed_optimizer", "optimizer_flavor",
            "broadcast_global_variables", "allreduce", "allgather", "broadcast", "reducescatter",
@@ -92,32 +90,6 @@ def _initialize_in_keras_session(variable: tf.Variable) -> None:
     eval_in_session(variable.initializer)
 
 
-def _var_ids(var: Any) -> List[int]:
-    """Identities under which ``var`` is known: itself and, for a Keras 3 variable, the
-    ``tf.Variable`` it wraps (either may be registered or passed)."""
-    ids = [id(var)]
-    inner = getattr(var, "_value", None)
-    if isinstance(inner, tf.Variable):
-        ids.append(id(inner))
-    return ids
-
-
-def _set_size(process_set: ProcessSet) -> Any:
-    """The set's size as a Python number, or (traced, in an elastic job, whose size can change
-    between calls of an already traced ``train_step``) as a tensor read at run time."""
-    if tf.executing_eagerly() or os.environ.get("HOROVOD_ELASTIC", "0") in ("", "0"):
-        return process_set.size()
-    return tf.numpy_function(lambda: np.float32(process_set.size()), [], tf.float32,
-                             stateful=True)
-
-
-def _divide(grad: Any, n: Any) -> Any:
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values / tf.cast(n, grad.values.dtype), grad.indices,
-                                grad.dense_shape)
-    return grad / tf.cast(n, grad.dtype)
-
-
 class _Settings:
     """The wrapper's Horovod parameters and bookkeeping.  A plain object on purpose: Keras 3 and
     TensorFlow track lists, dicts and variables assigned to an optimizer's attributes (they would
@@ -133,8 +105,7 @@ class _Settings:
         self.groups = groups
         self.process_set = process_set
         self.scale_local_gradients = scale_local_gradients
-        self.local_ids: set = set()       # ids of the variables registered as local
-        self.local_keep: List[Any] = []   # keeps them alive (ids stay unique)
+        self.local = LocalVariables()     # the variables registered as local
         self.pending = False              # gradients from our compute path: already reduced
 
 
@@ -173,40 +144,17 @@ class _DistributedOptimizerMixin:
 
     def register_local_var(self, var: Any) -> None:
         """Keep ``var``'s gradient on this worker (not reduced across ranks)."""
-        self._hvd.local_keep.append(var)
-        self._hvd.local_ids.update(_var_ids(var))
-
-    def _hvd_is_local(self, var: Any) -> bool:
-        return any(i in self._hvd.local_ids for i in _var_ids(var))
+        self._hvd.local.register(var)
 
     # -- reduction
 
     def _hvd_reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> List[Any]:
         """One grouped reduction of the global gradients; local ones scaled as configured."""
         s = self._hvd
-        local = [self._hvd_is_local(v) for v in variables]
-        global_idx = [i for i, is_local in enumerate(local) if not is_local]
-        out = list(grads)
-        if global_idx:
-            # scalars travel as shape [1] (the TensorFlow binding returns 0-d results as [1])
-            scalar = [grads[i] is not None and not isinstance(grads[i], tf.IndexedSlices) and
-                      tf.convert_to_tensor(grads[i]).shape.rank == 0 for i in global_idx]
-            sending = [tf.reshape(grads[i], [1]) if sc else grads[i]
-                       for i, sc in zip(global_idx, scalar)]
-            reduced = allreduce_gradients(sending, op=s.op,
-                                          compression=s.compression,
-                                          sparse_as_dense=s.sparse_as_dense,
-                                          gradient_predivide_factor=s.gradient_predivide_factor,
-                                          process_set=s.process_set)
-            for i, r, sc in zip(global_idx, reduced, scalar):
-                out[i] = tf.reshape(r, []) if sc else r
-        if s.scale_local_gradients and any(local):
-            n = _set_size(s.process_set)
-            if not isinstance(n, int) or n > 1:
-                for i, is_local in enumerate(local):
-                    if is_local and out[i] is not None:
-                        out[i] = _divide(out[i], n)
-        return out
+        return reduce_gradients(grads, variables, s.local, s.scale_local_gradients, op=s.op,
+                                compression=s.compression, sparse_as_dense=s.sparse_as_dense,
+                                gradient_predivide_factor=s.gradient_predivide_factor,
+                                process_set=s.process_set)
 
     @_not_converted
     def _allreduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> List[Any]:

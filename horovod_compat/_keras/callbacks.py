@@ -31,6 +31,7 @@ import tensorflow as tf
 from horovod_compat._keras import eval_in_session, in_tf1_graph
 from horovod_compat.common.lifecycle import rank, size
 from horovod_compat.tensorflow.functions import allgather_object, broadcast_variables
+from horovod_compat.tensorflow.gradients import LocalVariables
 
 __all__ = ["BroadcastGlobalVariablesCallbackImpl", "MetricAverageCallbackImpl",
            "LearningRateScheduleCallbackImpl", "LearningRateWarmupCallbackImpl",
@@ -104,8 +105,7 @@ class BroadcastGlobalVariablesCallbackImpl:
         self.root_rank = int(root_rank)
         self.device = device
         self.broadcast_done = False
-        self._local_ids: set = set()
-        self._local_keep: List[Any] = []
+        self._local = LocalVariables()
         if local_variables is None:
             local_variables = []
         elif is_variable(local_variables):
@@ -117,21 +117,13 @@ class BroadcastGlobalVariablesCallbackImpl:
 
     def register_local_var(self, var: Any) -> None:
         """Leave ``var`` out of the broadcasts (it stays as each rank has it)."""
-        self._local_keep.append(var)
-        self._local_ids.add(id(var))
-        inner = getattr(var, "_value", None)
-        if isinstance(inner, tf.Variable):
-            self._local_ids.add(id(inner))
-
-    def _is_local(self, var: Any) -> bool:
-        inner = getattr(var, "_value", None)
-        return id(var) in self._local_ids or (inner is not None and id(inner) in self._local_ids)
+        self._local.register(var)
 
     def _model_variables(self) -> List[Any]:
         weights = getattr(self.model, "weights", None)
         if weights is None:
             weights = getattr(self.model, "variables", [])
-        return [v for v in weights if not self._is_local(v)]
+        return [v for v in weights if v not in self._local]
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.broadcast_done:

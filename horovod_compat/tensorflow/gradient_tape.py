@@ -2,11 +2,9 @@
 
 The wrapper is an instance of a subclass of the user's own tape class (``isinstance`` still holds)
 that shares the recorded tape; ``gradient()`` computes the local gradients, then averages them
-across ranks in one grouped allreduce (``gradients.allreduce_gradients``).  Gradients of *local*
+across ranks in one grouped allreduce (``gradients``).  Gradients of *local*
 variables (``PartialDistributedGradientTape``'s ``local_layers``, or ``register_local_source``) are
-not reduced (Keras 3 variables included: sources are matched by identity); with
-``scale_local_gradients`` (the default) they are divided by the set's size, as in
-Horovod, so that a later global average keeps their scale."""
+not reduced (``gradients.reduce_gradients``)."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -17,7 +15,7 @@ from horovod_compat.common.ops import Average
 from horovod_compat.common.process_sets import ProcessSet, global_process_set
 
 from .compression import Compression
-from .gradients import allreduce_gradients
+from .gradients import LocalVariables, reduce_gradients
 
 __all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
@@ -34,12 +32,12 @@ class _DistributedGradientTape(tf.GradientTape):
         self._hvd_predivide = gradient_predivide_factor
         self._hvd_process_set = process_set
         self._hvd_scale_local = scale_local_gradients
-        self._hvd_local: Dict[int, Any] = {}  # id -> source (kept alive so that ids stay unique)
+        self._hvd_local = LocalVariables()
 
     def register_local_source(self, source: Any) -> None:
         """Keep the gradient of ``source`` (a variable or tensor) local: not reduced across ranks
         (Horovod's model-parallel API; ``PartialDistributedGradientTape`` uses it per layer)."""
-        self._hvd_local[id(source)] = source
+        self._hvd_local.register(source)
 
     def _local_gradients(self, target: Any, sources: Any, output_gradients: Any = None,
                          **kwargs: Any) -> Any:
@@ -54,27 +52,14 @@ class _DistributedGradientTape(tf.GradientTape):
         return tf.nest.pack_sequence_as(grads, reduced)
 
     def _is_local(self, source: Any) -> bool:
-        return self._hvd_local.get(id(source)) is source
+        return source in self._hvd_local
 
     def _reduce(self, flat_sources: Sequence[Any], flat_grads: Sequence[Any]) -> List[Any]:
-        local = [self._is_local(v) for v in flat_sources]
-        global_idx = [i for i, is_local in enumerate(local) if not is_local]
-        reduced = allreduce_gradients([flat_grads[i] for i in global_idx], op=self._hvd_op,
-                                      compression=self._hvd_compression,
-                                      sparse_as_dense=self._hvd_sparse_as_dense,
-                                      gradient_predivide_factor=self._hvd_predivide,
-                                      process_set=self._hvd_process_set)
-        out = list(flat_grads)
-        for i, g in zip(global_idx, reduced):
-            out[i] = g
-        if self._hvd_scale_local:
-            n = self._hvd_process_set.size()
-            for i, is_local in enumerate(local):
-                if is_local and out[i] is not None and n > 1:
-                    g = out[i]
-                    out[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
-                              if isinstance(g, tf.IndexedSlices) else g / n)
-        return out
+        return reduce_gradients(flat_grads, flat_sources, self._hvd_local, self._hvd_scale_local,
+                                op=self._hvd_op, compression=self._hvd_compression,
+                                sparse_as_dense=self._hvd_sparse_as_dense,
+                                gradient_predivide_factor=self._hvd_predivide,
+                                process_set=self._hvd_process_set)
 
     def get_local_and_global_gradients(self, target: Any, sources: Any,
                                        output_gradients: Any = None
