@@ -15,7 +15,7 @@ from horovod_compat.common.process_sets import ProcessSet, global_process_set
 from ._adasum import DeltaReducer
 from .aggregation import LocalGradientAggregationHelper
 from .compression import Compression
-from .gradients import allreduce_gradients
+from .gradients import LocalVariables, reduce_gradients
 
 __all__ = ["DistributedOptimizer"]
 
@@ -40,25 +40,40 @@ class _DistributedOptimizer(_Wrapper):
     """A TF1 optimizer whose gradients are averaged across ranks before they are applied; with
     ``backward_passes_per_step=N``, summed locally over N passes (averaged with
     ``average_aggregated_gradients``), averaged across ranks at the N-th, and applied only then,
-    as Horovod's (the global step, too, counts applied steps)."""
+    as Horovod's (the global step, too, counts applied steps).  The gradients of variables given
+    to ``register_local_var`` stay this rank's (divided by the set's size with
+    ``scale_local_gradients``)."""
 
     def __init__(self, optimizer: tf.compat.v1.train.Optimizer, name: Optional[str],
                  use_locking: bool, compression: Any, sparse_as_dense: bool, op: int,
                  gradient_predivide_factor: float, process_set: ProcessSet,
                  backward_passes_per_step: int = 1,
-                 average_aggregated_gradients: bool = False) -> None:
+                 average_aggregated_gradients: bool = False,
+                 scale_local_gradients: bool = True) -> None:
         super().__init__(name=name or f"Distributed{type(optimizer).__name__}",
                          use_locking=use_locking)
         self._optimizer = optimizer
         self._hvd = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                          gradient_predivide_factor=gradient_predivide_factor,
                          process_set=process_set)
+        self._local = LocalVariables()
+        self._scale_local_gradients = scale_local_gradients
         self._agg_helper = (LocalGradientAggregationHelper(backward_passes_per_step,
                                                            average_aggregated_gradients)
                             if backward_passes_per_step > 1 else None)
 
+    @property
+    def scale_local_gradients(self) -> bool:
+        return self._scale_local_gradients
+
+    def register_local_var(self, var: Any) -> None:
+        """Keep ``var``'s gradient on this rank (not reduced across ranks), as Horovod's
+        model-parallel API; call it before ``compute_gradients``/``minimize`` builds the step."""
+        self._local.register(var)
+
     def _reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> List[Any]:
-        return allreduce_gradients(list(grads), **self._hvd)
+        return reduce_gradients(grads, variables, self._local, self._scale_local_gradients,
+                                **self._hvd)
 
     def compute_gradients(self, *args: Any, **kwargs: Any) -> List[Tuple[Any, Any]]:
         """The wrapped optimizer's gradients, averaged across ranks (one grouped allreduce); with
@@ -151,6 +166,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
                              f"{backward_passes_per_step}")
         return _DistributedOptimizer(optimizer, name, use_locking, compression, sparse_as_dense,
                                      op, gradient_predivide_factor, process_set,
-                                     backward_passes_per_step, average_aggregated_gradients)
+                                     backward_passes_per_step, average_aggregated_gradients,
+                                     scale_local_gradients)
     raise ValueError(f"Provided optimizer doesn't inherit from either legacy TensorFlow or Keras "
                      f"optimizer: {optimizer!r}")

@@ -187,6 +187,27 @@ with graph.as_default():
             sess.run(train)
             passes.append([sess.run(w_p).tolist(), int(sess.run(step))])
 put("tf1_passes", passes)
+# register_local_var on a TF1 DistributedOptimizer (Horovod's model-parallel API): the local
+# variable's gradient stays this rank's, divided by the set's size (scale_local_gradients, the
+# default) or not; the global one is averaged
+tf1_local = {}
+for scale in (True, False):
+    graph = tf.Graph()
+    with graph.as_default():
+        w_glob = tf.compat.v1.get_variable("w_glob", initializer=[0.5, 0.5, 0.5], use_resource=True)
+        w_loc = tf.compat.v1.get_variable("w_loc", initializer=[0.5, 0.5, 0.5], use_resource=True)
+        opt_l = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.25),
+                                         scale_local_gradients=scale)
+        opt_l.register_local_var(w_loc)
+        train = opt_l.minimize(0.5 * tf.reduce_sum((w_glob - target) ** 2)
+                               + 0.5 * tf.reduce_sum((w_loc - target) ** 2))
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            tf1_local[str(scale)] = {"global": sess.run(w_glob).tolist(),
+                                     "local": sess.run(w_loc).tolist(),
+                                     "scale_local_gradients": opt_l.scale_local_gradients}
+put("tf1_local_var", tf1_local)
 # horovod.tensorflow.keras' value allreduce takes the op too
 import horovod.tensorflow.keras as hvd_keras  # noqa: E402
 put("adasum_keras_allreduce", hvd_keras.allreduce(a32, op=hvd.Adasum))

@@ -219,6 +219,24 @@ def test_tf1_optimizer_with_backward_passes_applies_the_averaged_sum_every_secon
             assert step_got == step_want
 
 
+def test_tf1_optimizer_keeps_a_registered_local_variable_local(results):
+    """One SGD step (lr 0.25) on 0.5 |w - target_r|^2 for a global and a local variable: the
+    global gradient is averaged across ranks, the local one stays this rank's (divided by the
+    set's size with scale_local_gradients, the default)."""
+    targets = np.array([results[rank]["adasum_optimizer"]["target"] for rank in (0, 1)])
+    w0 = np.full(3, 0.5)
+    mean_grad = (w0 - targets).mean(axis=0)
+    for rank in (0, 1):
+        own_grad = w0 - targets[rank]
+        for scale, divisor in (("True", 2), ("False", 1)):
+            got = results[rank]["tf1_local_var"][scale]
+            assert got["scale_local_gradients"] is (scale == "True")
+            np.testing.assert_allclose(got["global"], w0 - 0.25 * mean_grad, rtol=1e-6)
+            np.testing.assert_allclose(got["local"], w0 - 0.25 * own_grad / divisor, rtol=1e-6)
+    assert results[0]["tf1_local_var"]["False"]["local"] != \
+        results[1]["tf1_local_var"]["False"]["local"]
+
+
 def test_adasum_tf1_optimizer_combines_weight_deltas(results):
     targets = [results[rank]["adasum_optimizer"]["target"] for rank in (0, 1)]
     expected = {"eager_momentum": _replay_delta_optimizer(targets, 3, 0.1, momentum=0.9),
