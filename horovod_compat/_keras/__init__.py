@@ -8,10 +8,11 @@ as Horovod does, whose gradients are reduced across ranks before they are applie
 
 * where they are reduced: in the gradient-computing methods Keras' ``minimize`` calls
   (tf-keras: ``compute_gradients``/``_compute_gradients``, ``get_gradients``; also
-  ``_compute_gradients`` on Keras 3), as Horovod does -- which keeps a tf-keras
-  ``LossScaleOptimizer`` consistent across ranks; gradients handed straight to
+  ``_compute_gradients`` on Keras 3), as Horovod does; gradients handed straight to
   ``apply_gradients`` (Keras 3's ``model.fit``, custom loops) are reduced there (Keras 3: in
-  ``apply``).  Gradients are reduced once per step either way.
+  ``apply``), and a loss scale optimizer around ours (Keras 3 or tf-keras) has them reduced
+  before it checks that they are finite (``_reduced_before_loss_scaling``), so that every rank
+  skips an overflow step together.  Gradients are reduced once per step either way.
 * how: one grouped allreduce of the step's gradients (``horovod_compat.tensorflow.gradients``),
   traced into ``model.fit``'s ``tf.function`` like any other op; gradients of variables given to
   ``register_local_var`` stay local (divided by the set's size with ``scale_local_gradients``).
@@ -27,11 +28,12 @@ optimizer is distributed with ``jit_compile=False`` (XLA cannot compile the coll
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
 import warnings
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -360,6 +362,8 @@ def create_distributed_optimizer(optimizer: Any, name: Optional[str] = None,
         raise ValueError("groups should be a non-negative integer or a list of list of "
                          "tf.Variable.")
     flavor = optimizer_flavor(optimizer)
+    if flavor != KERAS3:
+        _install_tf_keras_loss_scale_patch()
     base = type(optimizer)
     if is_distributed_optimizer(optimizer):
         # wrapping twice would reduce twice: rewrap the original class instead
@@ -429,19 +433,34 @@ def _install_keras3_compile_patch() -> None:
 _install_keras3_compile_patch()
 
 
+@contextlib.contextmanager
+def _reduced_before_loss_scaling(inner: Any, grads: Sequence[Any],
+                                 variables: Sequence[Any]) -> Iterator[List[Any]]:
+    """A loss scale optimizer around a distributed one (``inner``) applies a step, or skips it and
+    lowers the scale, as its gradients are finite or not, and only then calls ``inner``, which
+    reduces: a rank whose own gradients overflowed would skip a reduction that the others made,
+    and from then on the ranks' reductions would pair different steps (and their loss scales
+    differ).  So the gradients are reduced here, before the check -- unless ``inner`` already
+    reduced them (``minimize`` -> ``compute_gradients``) -- and ``inner`` applies them as they
+    come; its "already reduced" mark is cleared afterwards, also when the step was skipped."""
+    try:
+        if inner._hvd.pending:  # reduced when they were computed
+            yield list(grads)
+        else:
+            reduced = inner._allreduce(list(grads), list(variables))
+            inner._hvd.pending = True  # the inner optimizer's apply: already reduced
+            yield reduced
+    finally:
+        inner._hvd.pending = False  # (a skipped step never reached the inner apply)
+
+
 def _install_keras3_loss_scale_patch() -> None:
     """Keras 3's ``LossScaleOptimizer`` around a distributed optimizer -- what ``compile`` makes of
     ``hvd.DistributedOptimizer(...)`` under the ``mixed_float16`` policy, or
     ``LossScaleOptimizer(hvd.DistributedOptimizer(...))``: reduce the (scaled) gradients before
-    it checks that they are finite.
-
-    The loss scale optimizer applies a step, or skips it and halves the scale, as its gradients are
-    finite or not, and only then calls the inner optimizer, which reduces: a rank whose own
-    gradients overflowed would skip a reduction that the others made, and from then on the ranks'
-    reductions would pair different steps (and their loss scales differ).  Keras expects them
-    reduced before the check (its comment for ``tf.distribute``: "each replica computed the same
-    `finite` value, since `grads` is all-reduced across replicas"), as tf-keras' loss scale
-    optimizer, which aggregates first; the inner optimizer then applies them as they come."""
+    it checks that they are finite (``_reduced_before_loss_scaling``).  Keras expects them so (its
+    comment for ``tf.distribute``: "each replica computed the same `finite` value, since `grads`
+    is all-reduced across replicas")."""
     try:
         from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
     except ImportError:  # pragma: no cover - not Keras 3
@@ -457,17 +476,46 @@ def _install_keras3_loss_scale_patch() -> None:
             if not is_distributed_optimizer(inner) or (
                     trainable_variables is None and not self.built):
                 return original(self, grads, trainable_variables)
-            variables = list(trainable_variables if trainable_variables is not None
-                             else self._trainable_variables)
-            reduced = inner._allreduce(list(grads), variables)
-            inner._hvd.pending = True  # the inner optimizer's apply: already reduced
-            try:
+            variables = (trainable_variables if trainable_variables is not None
+                         else self._trainable_variables)
+            with _reduced_before_loss_scaling(inner, grads, variables) as reduced:
                 return original(self, reduced, trainable_variables)
-            finally:
-                inner._hvd.pending = False  # (a skipped step never reached the inner apply)
 
         apply._hvd_patched = True  # type: ignore[attr-defined]
         setattr(LossScaleOptimizer, "apply", apply)
+
+
+def _install_tf_keras_loss_scale_patch() -> None:
+    """tf-keras' loss scale optimizers (``LossScaleOptimizer`` for ``optimizers.legacy``,
+    ``LossScaleOptimizerV3`` for the others) around a distributed optimizer, whose
+    ``apply_gradients`` a custom loop calls with the tape's gradients: reduce them before the
+    finiteness check, as for Keras 3 (``model.fit`` and ``minimize`` reduce them earlier, in
+    ``compute_gradients``).  Installed when the first tf-keras distributed optimizer is made."""
+    try:
+        from tf_keras.src.mixed_precision import loss_scale_optimizer as lso
+    except ImportError:  # pragma: no cover - tf-keras is not installed
+        return
+    with _compile_patch_lock:
+        for cls in (lso.LossScaleOptimizer, lso.LossScaleOptimizerV3):
+            original = vars(cls)["apply_gradients"]
+            if getattr(original, "_hvd_patched", False):
+                continue
+            setattr(cls, "apply_gradients", _tf_keras_apply_gradients(original))
+
+
+def _tf_keras_apply_gradients(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        inner = self.inner_optimizer
+        pairs = list(grads_and_vars)
+        if not is_distributed_optimizer(inner) or not pairs:
+            return original(self, pairs, *args, **kwargs)
+        grads, variables = zip(*pairs)
+        with _reduced_before_loss_scaling(inner, grads, variables) as reduced:
+            return original(self, list(zip(reduced, variables)), *args, **kwargs)
+
+    apply_gradients._hvd_patched = True  # type: ignore[attr-defined]
+    return apply_gradients
 
 
 _install_keras3_loss_scale_patch()

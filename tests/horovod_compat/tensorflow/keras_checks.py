@@ -233,6 +233,44 @@ def check_inf_gradient_cycle():
                                 "counter": int(opt._agg_helper.counter.numpy())})
 
 
+def check_loss_scale_custom_loop():
+    """A custom loop with ``LossScaleOptimizer(hvd.DistributedOptimizer(SGD))`` and its own
+    ``apply_gradients`` (the tape's gradients, not reduced yet): rank 1's gradients overflow at
+    step 1, so both ranks must skip that step and lower the loss scale together, and keep pairing
+    their reductions afterwards -- eagerly, in a tf.function, and (tf-keras) with a legacy
+    optimizer.  Reported: each rank's weights, loss scale and iterations."""
+    out = {}
+    kinds = ["new", "legacy"] if LEGACY else ["new"]
+    x, y = data(16, seed=7)
+    for kind in kinds:
+        for traced in (False, True):
+            model = make_model(91)
+            inner = (K.optimizers.legacy.SGD(0.05) if kind == "legacy" else K.optimizers.SGD(0.05))
+            opt = K.mixed_precision.LossScaleOptimizer(hvd.DistributedOptimizer(inner))
+            blow_up = tf.Variable(1.0, trainable=False)
+
+            def step(features, labels):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean((model(features) - labels) ** 2) * blow_up
+                    scaled = opt.get_scaled_loss(loss) if LEGACY else opt.scale_loss(loss)
+                grads = tape.gradient(scaled, model.trainable_variables)
+                if LEGACY:  # (Keras 3's apply unscales them itself)
+                    grads = opt.get_unscaled_gradients(grads)
+                opt.apply_gradients(zip(grads, model.trainable_variables))
+                return loss
+
+            run = tf.function(step) if traced else step
+            initial_scale = float(opt.loss_scale if LEGACY else opt.initial_scale)
+            for i in range(4):
+                blow_up.assign(float("inf") if (i == 1 and RANK == 1) else 1.0)
+                run(half(x), half(y))
+            scale = float(opt.loss_scale if LEGACY else opt.dynamic_scale)
+            out[f"{kind}-{'traced' if traced else 'eager'}"] = {
+                "weights": flat(model).tolist(), "initial_scale": initial_scale,
+                "scale": scale, "iterations": int(opt.iterations.numpy())}
+    emit("loss_scale_custom_loop", {"initial_weights": flat(make_model(91)).tolist(), **out})
+
+
 def check_partial_and_sparse():
     # PartialDistributedOptimizer: local layers' gradients are this rank's, divided by the size
     model = make_model(10 + RANK)
@@ -571,6 +609,7 @@ def check_api_surface():
 
 CHECKS = [check_api_surface, check_numerics, check_backward_passes,
           check_gradient_aggregation_with_local_vars, check_inf_gradient_cycle,
+          check_loss_scale_custom_loop,
           check_partial_and_sparse, check_process_set, check_broadcast_callback, check_metric_average,
           check_learning_rate_callbacks, check_best_model_checkpoint, check_load_model,
           check_elastic_state]

@@ -148,6 +148,25 @@ def test_infinite_gradient_does_not_leak_into_the_next_cycle(results):
         assert res == {"last_grad_finite": True, "counter": 0}
 
 
+def test_loss_scale_optimizer_in_a_custom_loop_skips_an_overflow_on_every_rank(results):
+    """LossScaleOptimizer(DistributedOptimizer) with apply_gradients in a custom loop, rank 1
+    overflowing at the second of 4 steps: both ranks skip it (the scale halves once on both),
+    apply the other 3 with the same averaged gradients (equal weights that moved), and the job
+    neither hangs nor pairs different steps' reductions."""
+    per_rank = [dict(r) for r in both(results, "loss_scale_custom_loop")]
+    initial = [r.pop("initial_weights") for r in per_rank][0]
+    assert per_rank[0].keys() == per_rank[1].keys() and per_rank[0], per_rank
+    first = next(iter(per_rank[0].values()))
+    for case in per_rank[0]:
+        a, b = per_rank[0][case], per_rank[1][case]
+        assert a["scale"] == b["scale"] == a["initial_scale"] / 2, (case, a, b)
+        assert a["iterations"] == b["iterations"], (case, a, b)
+        assert a["weights"] == b["weights"], case
+        assert not close(a["weights"], initial, 1e-4), f"{case}: nothing was applied"
+        # eager and traced (and legacy) runs of the same steps agree
+        assert close(a["weights"], first["weights"], 1e-6), case
+
+
 def test_partial_distributed_optimizer_and_sparse_gradients(results):
     for res in both(results, "partial_optimizer"):
         assert [g["local"] for g in res] == [True, True, False, False]
