@@ -111,16 +111,27 @@ def _from_buffer(t: torch.Tensor, dtype: np.dtype, reduce: bool = False) -> np.n
 
 
 def _to_tf(a: np.ndarray, dtype: tf.DType) -> tf.Tensor:
-    """An eager TensorFlow tensor of the NumPy array ``a``: its memory handed over through DLPack
-    (no copy), or copied where DLPack cannot carry it (e.g. bfloat16 through NumPy)."""
+    """An eager TensorFlow tensor of the NumPy array ``a`` (``_tf_of`` its torch view), or a copy
+    where torch cannot view it (e.g. bfloat16)."""
     a = np.asarray(a)  # (a NumPy scalar, e.g. barrier's result, has no buffer of its own)
-    if a.ctypes.data % 64:  # TF kernels (Eigen) abort on a buffer not 64-byte aligned: copy it
-        return tf.convert_to_tensor(a, dtype=dtype)
     try:
-        out = tf.experimental.dlpack.from_dlpack(to_dlpack(torch.from_numpy(a)))
-    except (TypeError, RuntimeError, ValueError, tf.errors.OpError):
+        t = torch.from_numpy(a)
+    except TypeError:
         return tf.convert_to_tensor(a, dtype=dtype)
-    return out if out.dtype == dtype else tf.convert_to_tensor(a, dtype=dtype)
+    return _tf_of(t, dtype)
+
+
+def _tf_of(t: torch.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """An eager TensorFlow tensor of the torch tensor ``t``: its memory handed over through DLPack
+    (no copy), or copied where DLPack cannot carry it."""
+    if t.data_ptr() % 64 == 0:  # TF kernels (Eigen) abort on a buffer not 64-byte aligned
+        try:
+            out = tf.experimental.dlpack.from_dlpack(to_dlpack(t))
+        except (TypeError, RuntimeError, ValueError, tf.errors.OpError):
+            out = None
+        if out is not None and out.dtype == dtype:
+            return out
+    return tf.convert_to_tensor(t.numpy(), dtype=dtype)
 
 
 def _wait(pending: Any, process_set: ProcessSet) -> Any:
@@ -351,6 +362,12 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     (Average divides the values by the set's size), giving an ``IndexedSlices`` with every rank's
     rows.  Differentiable; ``compression`` applies on the wire (``Compression.fp16``)."""
     op = _resolve(average, op)
+    # the common case first, checked cheapest first (a small allreduce costs little more)
+    if type(tensor) is _EAGER and compression is Compression.none \
+            and tensor._datatype_enum() in _DIRECT and not _record.could_possibly_record():
+        if op == Adasum:
+            _check_adasum(process_set)
+        return _allreduce_eager(tensor, op, prescale_factor, postscale_factor, name, process_set)
     if isinstance(tensor, tf.IndexedSlices):
         if op == Adasum:
             raise NotImplementedError(ADASUM_SPARSE)
@@ -360,20 +377,17 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
         return _allreduce_indexed_slices(tensor, op, name, process_set)
     if op == Adasum:
         _check_adasum(process_set)
-    if compression is Compression.none and type(tensor) is _EAGER \
-            and tensor.dtype in _DIRECT and not _record.could_possibly_record():
-        return _allreduce_eager(tensor, op, prescale_factor, postscale_factor, name, process_set)
     compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
     out = _grouped_allreduce_diff([compressed], op, prescale_factor, postscale_factor, name,
                                   process_set)[0]
     return compression.decompress(out, ctx)
 
 
-#: Eager tensors of these dtypes are reduced by ``_allreduce_eager``.
+#: Eager tensors of these dtypes (their ``_datatype_enum()``) are reduced by ``_allreduce_eager``.
 _EAGER = EagerTensor  # (not type(tf.constant(0)): that would start TensorFlow's context at import,
 #                       after which a program can no longer set its thread pools)
-_DIRECT = frozenset((tf.float16, tf.float32, tf.float64, tf.int8, tf.uint8, tf.int16, tf.int32,
-                     tf.int64))
+_DIRECT = frozenset(d.as_datatype_enum for d in (tf.float16, tf.float32, tf.float64, tf.int8,
+                                                  tf.uint8, tf.int16, tf.int32, tf.int64))
 
 
 def _allreduce_eager(tensor: tf.Tensor, op: int, prescale: float, postscale: float,
@@ -390,7 +404,7 @@ def _allreduce_eager(tensor: tf.Tensor, op: int, prescale: float, postscale: flo
                                        prescale, postscale, process_set, "allreduce")
     except ValueError as exc:
         raise tf.errors.InvalidArgumentError(None, None, str(exc)) from exc
-    return _to_tf(_wait(pending, process_set).numpy(), tensor.dtype)
+    return _tf_of(_wait(pending, process_set), tensor.dtype)
 
 
 def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: int, name: Optional[str],
