@@ -5,7 +5,7 @@
 Issue 26's target: the TensorFlow binding's ``hvd.allreduce`` costs <= 1.1x ``horovod.torch``'s on
 the same bytes (1 MB and 64 MB, float32). Both bindings run in the same two rank processes on the
 same runtime (one ``hvd.init()``), interleaved in the same rounds, each call timed after a barrier,
-so machine noise hits them alike; the order of the calls rotates from round to round. Printed per
+so machine noise hits them alike; each round runs the calls in a new random order. Printed per
 size: the median time of torch's ``hvd.allreduce(x)``, TensorFlow's eager ``hvd.allreduce(x)``,
 TensorFlow's inside a ``tf.function`` (one ``tf.numpy_function`` node), a ``tf.function`` returning
 ``tf.identity(x)`` (TensorFlow's own call cost, which the allreduce inside a training step does not
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import time
 from typing import Dict, List
@@ -72,10 +73,11 @@ def _measure(sizes: List[int], iters: int) -> Dict[int, Dict[str, float]]:
         times: Dict[str, List[float]] = {k: [] for k in calls}
         order = list(calls.items())
         for i in range(iters):
-            # each round starts one call later: a call's time depends on the call before it (the
-            # first after a traced function's node ran ~15% slower), so every kind follows each
-            # other kind equally often
-            for k, fn in order[i % len(order):] + order[:i % len(order)]:
+            # a call's time depends on the call before it (the first after a traced function's
+            # node ran ~15% slower), so each round runs the calls in another order (the same on
+            # both ranks: seeded by the round), and each kind follows each other kind alike
+            random.Random(i).shuffle(order)
+            for k, fn in order:
                 hvd_torch.barrier()
                 t0 = time.perf_counter()
                 fn()
