@@ -6,4 +6,6 @@ python=$(bash "$root/scripts/bootstrap.sh" | tail -n 1)
 cd "$root"
 # Test environment only: Horovod's upstream examples import torchvision (see the script).
 "$python" scripts/test_torchvision.py
-exec "$python" -m pytest tests "$@"
+# Two workers (pytest-xdist), one test file at a time each (tests/conftest.py groups them);
+# HOROVOD_COMPAT_TEST_WORKERS=0 runs everything in this process, one test after another.
+exec "$python" -m pytest -n "${HOROVOD_COMPAT_TEST_WORKERS:-2}" --dist loadgroup tests "$@"

@@ -34,3 +34,15 @@ def no_leftover_processes():
             break
         time.sleep(0.1)
     assert not left, f"test left child processes behind: {sorted(left)}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """scripts/test.sh runs the suite on two pytest-xdist workers (``--dist loadgroup``): each test
+    file is one group, so it runs whole on one worker and its module fixtures (a Spark cluster, a
+    binding program's run) start once; the multi-host tier is one group, because its session
+    fixture brings up one set of network namespaces for the whole run."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            parts = item.nodeid.split("::", 1)[0].split("/")
+            group = "tests/multihost" if parts[:2] == ["tests", "multihost"] else "/".join(parts)
+            item.add_marker(pytest.mark.xdist_group(group))
