@@ -564,23 +564,15 @@ def broadcast_global_variables(backend: Any, root_rank: int) -> Any:
     return eval_in_session(_bgv(root_rank))
 
 
-def _keep_scalar(fn: Callable[[tf.Tensor], tf.Tensor], tensor: tf.Tensor) -> tf.Tensor:
-    """``fn(tensor)``, a 0-d tensor travelling as shape [1] (the TensorFlow binding gives 0-d
-    tensors back as [1])."""
-    if tensor.shape.rank == 0:
-        return tf.reshape(fn(tf.reshape(tensor, [1])), [])
-    return fn(tensor)
-
-
 # The value collectives return a tensor eagerly, and the value (run in Keras' session) in a TF1
 # graph, as Horovod's (``eval_in_session``).
 
 def allreduce(backend: Any, value: Any, name: Optional[str], average: Optional[bool],
               prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Optional[int] = None,
               compression: Any = Compression.none) -> Any:
-    return eval_in_session(_keep_scalar(lambda t: _ops.allreduce(
-        t, average=average, op=op, prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor, compression=compression), _as_tensor(value, name)))
+    return eval_in_session(_ops.allreduce(
+        _as_tensor(value, name), average=average, op=op, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, compression=compression))
 
 
 def allgather(backend: Any, value: Any, name: Optional[str]) -> Any:
@@ -588,8 +580,7 @@ def allgather(backend: Any, value: Any, name: Optional[str]) -> Any:
 
 
 def broadcast(backend: Any, value: Any, root_rank: int, name: Optional[str]) -> Any:
-    return eval_in_session(_keep_scalar(lambda t: _ops.broadcast(t, root_rank),
-                                        _as_tensor(value, name)))
+    return eval_in_session(_ops.broadcast(_as_tensor(value, name), root_rank))
 
 
 def reducescatter(backend: Any, value: Any, name: Optional[str], op: int = Average) -> Any:
