@@ -8,4 +8,4 @@ cd "$root"
 "$python" scripts/test_torchvision.py
 # Two workers (pytest-xdist), one test file at a time each (tests/conftest.py groups them);
 # HOROVOD_COMPAT_TEST_WORKERS=0 runs everything in this process, one test after another.
-exec "$python" -m pytest -n "${HOROVOD_COMPAT_TEST_WORKERS:-2}" --dist loadgroup tests "$@"
+exec "$python" -m pytest -n "${HOROVOD_COMPAT_TEST_WORKERS:-2}" --dist loadfile tests "$@"

@@ -36,13 +36,20 @@ def no_leftover_processes():
     assert not left, f"test left child processes behind: {sorted(left)}"
 
 
-def pytest_collection_modifyitems(config, items):
-    """scripts/test.sh runs the suite on two pytest-xdist workers (``--dist loadgroup``): each test
-    file is one group, so it runs whole on one worker and its module fixtures (a Spark cluster, a
-    binding program's run) start once; the multi-host tier is one group, because its session
-    fixture brings up one set of network namespaces for the whole run."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            parts = item.nodeid.split("::", 1)[0].split("/")
-            group = "tests/multihost" if parts[:2] == ["tests", "multihost"] else "/".join(parts)
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config, log):
+    """scripts/test.sh runs the suite on two pytest-xdist workers with ``--dist loadfile``: each
+    test file runs whole on one worker, so that its module fixtures (a Spark cluster, a binding
+    program's run) start once. Here the multi-host tier counts as one file: its session fixture
+    brings up one set of network namespaces for the whole run, which a second worker must not
+    bring up beside it. (``--dist loadgroup`` with markers would say the same, but pytest 9 ignores
+    the node ids it rewrites.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/multihost" if path.startswith("tests/multihost/") else path
+
+    return ByFile(config, log)
