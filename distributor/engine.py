@@ -40,11 +40,14 @@ log = logging.getLogger(__name__)
 #: How long after the first failure the engine waits for other failures before choosing the root
 #: cause (a rank that dies takes its peers' collectives down with it a moment later).
 FAILURE_SETTLE_SECONDS = 0.5
-#: The most it waits after the first failure: while every failure so far is a knock-on (a rank
-#: whose collective failed because a peer died or left), for the cause to report; once a cause
-#: has reported (a command reports before it exits), for the failed ranks to exit on their own,
-#: so that they are shown with their own exit status rather than stopped.
+#: The most it waits after the first failure while every failure so far is a knock-on (a rank
+#: whose collective failed because a peer died or left) for the cause to report.
 KNOCK_ON_SETTLE_SECONDS = 3.0
+#: The most it waits after the first failure, once a cause has reported (a command reports before
+#: it exits), for the failed ranks to exit on their own, so that they are shown with their own
+#: exit status rather than stopped: an interpreter that loaded torch and TensorFlow can take
+#: several seconds to tear down on a loaded machine.
+FAILED_EXIT_SECONDS = 10.0
 #: How long a rank that already sent its result may take to exit before it is stopped.
 EXIT_GRACE_SECONDS = 30.0
 OUTPUT_TAIL_LINES = 200
@@ -454,17 +457,16 @@ class Job:
     def _settled(cls, states: List[WorkerRecord], failed: List[WorkerRecord], elapsed: float) -> bool:
         """Whether, `elapsed` seconds after the first failure, the root cause is known and the
         others may be stopped: `FAILURE_SETTLE_SECONDS` after it once a cause has failed (or
-        every rank has, each a knock-on) and the failed ranks have exited; at the latest
-        `KNOCK_ON_SETTLE_SECONDS` after it."""
-        if elapsed >= KNOCK_ON_SETTLE_SECONDS:
-            return True
+        every rank has, each a knock-on) and the failed ranks have exited, at the latest
+        `FAILED_EXIT_SECONDS` after it; with no cause known, `KNOCK_ON_SETTLE_SECONDS` after it."""
         if elapsed < FAILURE_SETTLE_SECONDS:
             return False
         # with no cause yet, one can still report unless every rank has failed already
         if len(failed) < len(states) and not any(cls._classify(s).cause for s in failed):
-            return False
+            return elapsed >= KNOCK_ON_SETTLE_SECONDS
         # the failed ranks are exiting: let them, so that each is shown with its own exit status
-        return all(s.returncode is not None or s.disconnected for s in failed)
+        return elapsed >= FAILED_EXIT_SECONDS or all(
+            s.returncode is not None or s.disconnected for s in failed)
 
     def _stop_all(self) -> None:
         """Stop every rank that is still running; only the first call acts."""

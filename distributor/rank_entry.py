@@ -298,12 +298,20 @@ def main() -> int:
     if exit_code == 0:
         channel.send(Kind.RESULT, data or b"", raw=True)  # empty: done, no value asked for
     link.finished.set()
-    channel.close()
+    global _channel
+    _channel = channel  # closed by _exit, after the atexit handlers
     return exit_code
 
 
+#: The hub connection of a rank whose target has ended, kept open until its atexit handlers have
+#: run: the driver takes its end for the rank's exit (it then stops the job after a failure, and
+#: a failed rank still in a slow handler would be shown killed instead of with its exit status).
+_channel: Optional[Channel] = None
+
+
 def _exit(code: int) -> None:
-    """Run atexit handlers and flush, then leave without the interpreter's teardown.
+    """Run atexit handlers and flush, close the hub connection, then leave without the
+    interpreter's teardown.
 
     Native libraries (gloo, NCCL, DDP's reducer) can abort while their static objects are torn
     down after the job already succeeded; `multiprocessing` children exit the same way.
@@ -315,6 +323,11 @@ def _exit(code: int) -> None:
             try:
                 stream.flush()
             except (OSError, ValueError):
+                pass
+        if _channel is not None:
+            try:
+                _channel.close()
+            except OSError:
                 pass
         os._exit(code)
 

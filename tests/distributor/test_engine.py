@@ -160,6 +160,28 @@ def test_exception_in_rank1_names_rank_and_traceback_and_stops_others():
     assert time.monotonic() - started < 20, "rank 0 must be stopped within seconds, not after its sleep"
 
 
+def _raise_in_rank1_then_exit_slowly():
+    import atexit
+    import time
+
+    if os.environ["RANK"] == "1":
+        atexit.register(time.sleep, 6)  # a teardown as slow as a loaded machine's
+        raise KeyError("slow-exit")
+    time.sleep(60)
+
+
+def test_a_failed_rank_that_takes_seconds_to_exit_is_shown_with_its_own_exit_status():
+    """The driver waits (up to FAILED_EXIT_SECONDS) for the rank that reported the cause to exit
+    before it stops the job: not "still running when stopped"."""
+    with pytest.raises(RankFailedError) as info:
+        run_function(_raise_in_rank1_then_exit_slowly, num_processes=2, output=lambda *a: None)
+    err = info.value
+    assert err.rank == 1 and err.exc_type == "KeyError"
+    assert err.exit_code == 1, str(err)
+    assert str(err).startswith("Rank 1 failed (exit status 1): KeyError"), str(err)
+    assert [r for r, _ in err.other_failures] == [0]
+
+
 def _exit3_in_rank1():
     import time
 
