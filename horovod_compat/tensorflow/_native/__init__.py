@@ -9,12 +9,15 @@ or forwards the node's results unchanged.
 The op is compiled on first use, against the TensorFlow that is installed, with the C++ compiler
 (``$CXX``, else ``c++``), into ``$HOROVOD_COMPAT_CACHE_DIR`` (default
 ``$XDG_CACHE_HOME/horovod_compat``, else ``~/.cache/horovod_compat``), once per TensorFlow version,
-compiler flags and source: about 4 s, after which every process loads the cached library.  Where it
+compiler flags and source: 4-20 s, by one process at a time (the ranks of a host start together:
+one compiles, the others wait for its library), after which every process loads the cached
+library.  Where it
 cannot be built (no compiler, no TensorFlow headers) or ``HOROVOD_COMPAT_TF_NATIVE=0``, graph nodes
 raise as before (``UnknownError`` carrying Horovod's message) and ``status()`` says why.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -53,6 +56,15 @@ def _build() -> Path:
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    # one process builds, the others (the ranks of a host start together) wait for its library
+    with open(target.with_name(".build.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.is_file():
+            return target
+        return _compile(compiler, flags, target)
+
+
+def _compile(compiler: str, flags: list, target: Path) -> Path:
     partial = target.with_name(f".check_op.{os.getpid()}.{threading.get_ident()}.so")
     cmd = [compiler, "-shared", "-fPIC", "-O2", "-w", str(_SOURCE), "-o", str(partial), *flags]
     try:
@@ -62,7 +74,7 @@ def _build() -> Path:
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
-    os.replace(partial, target)  # atomic: ranks that build at the same time each publish a whole file
+    os.replace(partial, target)  # atomic: a process never loads a partly written file
     return target
 
 

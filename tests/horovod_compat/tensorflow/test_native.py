@@ -16,26 +16,46 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
                                        "'horovod-compat[tensorflow]')")
 
 
-def _status_in_fresh_process(env):
-    code = ("import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
-            "from horovod_compat.tensorflow import _native\n"
-            "print('STATUS', _native.status())\n")
-    done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env),
-                          capture_output=True, text=True, timeout=300)
+_STATUS_CODE = ("import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
+                "from horovod_compat.tensorflow import _native\n"
+                "print('STATUS', _native.status())\n")
+
+
+def _status_of(done):
     assert done.returncode == 0, done.stderr[-3000:]
     return next(l for l in done.stdout.splitlines() if l.startswith("STATUS ")), done.stderr
 
 
+def _status_in_fresh_process(env):
+    return _status_of(subprocess.run([sys.executable, "-c", _STATUS_CODE],
+                                     env=dict(os.environ, **env), capture_output=True, text=True,
+                                     timeout=300))
+
+
 def test_the_op_is_built_once_into_the_cache_and_loaded_from_it(tmp_path):
-    status, _ = _status_in_fresh_process({"HOROVOD_COMPAT_CACHE_DIR": str(tmp_path)})
-    assert status == "STATUS compiled error-status op loaded"
-    built = list(tmp_path.glob("tf-*/check_op.so"))
-    assert len(built) == 1, list(tmp_path.rglob("*"))
+    """Two processes that start together (the ranks of a host) build the op once: one compiles,
+    the other waits for its library; a later process loads it without compiling."""
+    cache, log = tmp_path / "cache", tmp_path / "compiler-runs"
+    compiler = tmp_path / "cxx"  # the real compiler, each run logged
+    compiler.write_text(f'#!/bin/sh\necho run >> "{log}"\nexec c++ "$@"\n')
+    compiler.chmod(0o755)
+    env = dict(os.environ, HOROVOD_COMPAT_CACHE_DIR=str(cache), CXX=str(compiler))
+    together = [subprocess.Popen([sys.executable, "-c", _STATUS_CODE], env=env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    for proc in together:
+        out, err = proc.communicate(timeout=300)
+        status, _ = _status_of(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        assert status == "STATUS compiled error-status op loaded"
+    assert log.read_text().split() == ["run"]
+    built = list(cache.glob("tf-*/check_op.so"))
+    assert len(built) == 1, list(cache.rglob("*"))
     first = built[0].stat().st_mtime_ns
-    status, _ = _status_in_fresh_process({"HOROVOD_COMPAT_CACHE_DIR": str(tmp_path)})
+    status, _ = _status_in_fresh_process({"HOROVOD_COMPAT_CACHE_DIR": str(cache),
+                                          "CXX": str(compiler)})
     assert status == "STATUS compiled error-status op loaded"
-    assert built[0].stat().st_mtime_ns == first  # loaded, not built again
-    assert [p.name for p in built[0].parent.iterdir()] == ["check_op.so"]  # no partial files left
+    assert built[0].stat().st_mtime_ns == first and log.read_text().split() == ["run"]  # loaded
+    # no partial files left: the library and the lock the builders took turns on
+    assert sorted(p.name for p in built[0].parent.iterdir()) == [".build.lock", "check_op.so"]
 
 
 def test_without_a_compiler_the_binding_still_works_and_says_why(tmp_path):
