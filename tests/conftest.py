@@ -1,7 +1,10 @@
-"""Suite-wide checks: no test may leave a process it started behind."""
+"""Suite-wide checks: no test may leave a process it started behind.  Suite-wide set-up: one
+cache of the TensorFlow binding's compiled op for the whole run (see ``pytest_configure``)."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 
 import pytest
@@ -53,3 +56,40 @@ def pytest_xdist_make_scheduler(config, log):
             return "tests/multihost" if path.startswith("tests/multihost/") else path
 
     return ByFile(config, log)
+
+
+CACHE_VARIABLE = "HOROVOD_COMPAT_CACHE_DIR"
+_CACHE_KEY = "horovod_compat_cache_dir"
+_cache_dir = pytest.StashKey[str]()
+
+
+def pytest_configure(config):
+    """The TensorFlow binding compiles its op into ``$HOROVOD_COMPAT_CACHE_DIR`` (default under
+    ``$HOME``) on first use.  Many tests give their jobs a HOME of their own (Keras' offline MNIST
+    is found there), and each of their ranks then compiled the op again (~10-20 s of CPU each on a
+    2-core machine); so every process of the run gets one cache, made fresh for the run (as on a
+    fresh machine: the first TensorFlow job of the run compiles, the others load) and removed after
+    it.  The xdist workers get the controller's (``pytest_configure_node``).  Tests of the cache
+    itself set their own.  A cache chosen outside the suite is kept."""
+    if os.environ.get(CACHE_VARIABLE):
+        return
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and _CACHE_KEY in workerinput:
+        os.environ[CACHE_VARIABLE] = workerinput[_CACHE_KEY]
+        return
+    path = tempfile.mkdtemp(prefix="horovod_compat-test-cache-")
+    config.stash[_cache_dir] = path
+    os.environ[CACHE_VARIABLE] = path
+
+
+def pytest_configure_node(node):
+    """(pytest-xdist) A worker uses the controller's cache."""
+    path = node.config.stash.get(_cache_dir, None)
+    if path is not None:
+        node.workerinput[_CACHE_KEY] = path
+
+
+def pytest_unconfigure(config):
+    path = config.stash.get(_cache_dir, None)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
