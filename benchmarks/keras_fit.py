@@ -23,11 +23,14 @@ data, the same global batch everywhere) of
 and the ratios hvd / mwms (target >= 1.0) and hvd / ideal (target >= 0.97).  For diagnosis also
 (e) ``both``: both ranks fit (c)'s model at the same time, each on its own (one rank's compute while
 the other rank computes too: what the 2 ranks' steps cost without any communication), and
-hvd / (e + allreduce).
+hvd / (e + allreduce); and (f) ``lockstep``: (e)'s step times of both ranks as if they waited for
+each other every step (step i costs the slower rank's i-th step) -- a synchronous job's compute,
+which (e)'s mean does not include: what each step loses to the ranks' step-to-step variation --
+and hvd / (f + allreduce), what is left for the binding to lose.
 
 All of it runs in ONE job of 2 ranks (the project's engine, ``distributor.run_function``), in
-interleaved rounds -- per round: (a), (b), (c), (e), the allreduce -- so that load from other jobs on the
-host hits every figure alike.  The steps/s printed are each figure's best round; the ratios are
+interleaved rounds -- per round: (a), (b), (c), (e) and (f), the allreduce -- so that load from
+other jobs on the host hits every figure alike.  The steps/s printed are each figure's best round; the ratios are
 the median over the rounds of each round's ratio; every round is printed too.
 The Horovod and the MWMS model live side by side in each process (the strategy is created first,
 the Horovod model outside its scope).  A step's time is the mean interval between consecutive
@@ -35,10 +38,10 @@ the Horovod model outside its scope).  A step's time is the mean interval betwee
 ``--warmup`` untimed steps of each model.  One TensorFlow intra-op thread per process,
 ``OMP_NUM_THREADS=1``; ranks are not bound to cores (as ``horovodrun`` starts them), so (c) runs
 TensorFlow's inter-op threads on both cores while the other rank idles: the whole machine for one
-rank's work, which a 2-rank job cannot have.  (e) measures what two ranks computing at once get,
-and hvd / (e + allreduce) is what is left for the binding to lose.  ``--pin`` binds each rank
-(every thread of it) to a core of its own, as Open MPI's ``mpirun`` does for 2 ranks by default; then
-(c) is one rank's share of the host, one core.  Prints figures, no asserts.
+rank's work, which a 2-rank job cannot have; (e) measures what two ranks computing at once get.
+``--pin`` binds each rank (every thread of it) to a core of its own, as Open MPI's ``mpirun`` does
+for 2 ranks by default; then (c) is one rank's share of the host, one core.  Prints figures, no
+asserts.
 """
 from __future__ import annotations
 
@@ -101,18 +104,29 @@ def _step_timer(tf: Any) -> Any:
     return StepTimer()
 
 
-def _intervals(ends: List[float]) -> float:
-    """Mean time between consecutive step ends (the first step of a ``fit`` call, which also
+def _intervals(ends: List[float]) -> List[float]:
+    """The times between consecutive step ends (the first step of a ``fit`` call, which also
     sets up its iterator, ends before the first interval starts)."""
-    return statistics.fmean(b - a for a, b in zip(ends, ends[1:]))
+    return [b - a for a, b in zip(ends, ends[1:])]
 
 
-def _fit(tf: Any, model: Any, dataset: Any, steps: int, callbacks: Any = ()) -> float:
-    """Mean step time of ``steps`` steps of one ``model.fit`` call."""
+def _fit_steps(tf: Any, model: Any, dataset: Any, steps: int, callbacks: Any = ()) -> List[float]:
+    """The step times of ``steps`` steps of one ``model.fit`` call."""
     timer = _step_timer(tf)
     model.fit(dataset, epochs=1, steps_per_epoch=steps + 1, verbose=0,
               callbacks=[*callbacks, timer])
     return _intervals(timer.ends)
+
+
+def _fit(tf: Any, model: Any, dataset: Any, steps: int, callbacks: Any = ()) -> float:
+    """Mean step time of ``steps`` steps of one ``model.fit`` call."""
+    return statistics.fmean(_fit_steps(tf, model, dataset, steps, callbacks))
+
+
+def _lockstep(per_rank: List[List[float]]) -> float:
+    """The mean step time of ranks that wait for each other every step, estimated from their
+    free-running step times: step i costs the slowest rank's i-th step."""
+    return statistics.fmean(max(steps) for steps in zip(*per_rank))
 
 
 def _compile(tf: Any, model: Any, optimizer: Any) -> None:
@@ -220,14 +234,16 @@ def _rank(names: List[str], batches: Dict[str, int], steps: int, warmup: int, ro
         reduce(grads)
 
         res: Dict[str, List[float]] = {"hvd": [], "mwms": [], "one": [], "both": [],
-                                       "allreduce": []}
+                                       "lockstep": [], "allreduce": []}
         for _ in range(rounds):
             res["hvd"].append(_fit(tf, hvd_model, hvd_data, steps))
             res["mwms"].append(_fit(tf, mwms_model, mwms_data, steps))
             if hvd.rank() == 0:
                 res["one"].append(_fit(tf, one_model, one_data, steps))
             hvd_tf.barrier()
-            res["both"].append(_fit(tf, one_model, one_data, steps))
+            both = _fit_steps(tf, one_model, one_data, steps)
+            res["both"].append(statistics.fmean(both))
+            res["lockstep"].append(_lockstep(hvd_tf.allgather_object(both)))
             times = []
             for _ in range(allreduce_iters):
                 hvd_tf.barrier()
@@ -272,35 +288,39 @@ def main() -> None:
     print("steps/s: the best round's (1 / mean step time); ratios: the median over the rounds of "
           "each round's ratio (figures of one round were measured seconds apart)")
     print(f"{'model':<5} {'params':>7} {'grad MB':>8} {'batch':>6} {'(a) hvd':>8} {'(b) mwms':>9} "
-          f"{'(c) one':>8} {'allreduce':>10} {'(d) ideal':>10} {'(e) both':>9} {'hvd/mwms':>9} "
-          f"{'hvd/ideal':>10} {'hvd/(e+ar)':>11}")
+          f"{'(c) one':>8} {'allreduce':>10} {'(d) ideal':>10} {'(e) both':>9} {'(f) lockstep':>13} "
+          f"{'hvd/mwms':>9} {'hvd/ideal':>10} {'hvd/(e+ar)':>11} {'hvd/(f+ar)':>11}")
     ratios: Dict[str, Dict[str, List[float]]] = {}
     for name in names:
         r = res[name]
-        rounds = list(zip(r["hvd"], r["mwms"], r["one"], r["both"], r["allreduce"]))
+        rounds = list(zip(r["hvd"], r["mwms"], r["one"], r["both"], r["lockstep"],
+                          r["allreduce"]))
         ratios[name] = {
-            "hvd/mwms": [m / h for h, m, _, _, _ in rounds],
-            "hvd/ideal": [(o + a) / h for h, _, o, _, a in rounds],
-            "hvd/(e+ar)": [(b + a) / h for h, _, _, b, a in rounds],
+            "hvd/mwms": [m / h for h, m, _, _, _, _ in rounds],
+            "hvd/ideal": [(o + a) / h for h, _, o, _, _, a in rounds],
+            "hvd/(e+ar)": [(b + a) / h for h, _, _, b, _, a in rounds],
+            "hvd/(f+ar)": [(f + a) / h for h, _, _, _, f, a in rounds],
         }
         med = {k: statistics.median(v) for k, v in ratios[name].items()}
-        best = {k: min(r[k]) for k in ("hvd", "mwms", "one", "both", "allreduce")}
+        best = {k: min(r[k]) for k in ("hvd", "mwms", "one", "both", "lockstep", "allreduce")}
         ideal_step = best["one"] + best["allreduce"]
         print(f"{name:<5} {r['params'][0] / 1e6:>6.1f}M {r['grad_bytes'][0] / 1e6:>8.1f} "
               f"{batches[name]:>6} {1 / best['hvd']:>8.2f} {1 / best['mwms']:>9.2f} "
               f"{1 / best['one']:>8.2f} {best['allreduce'] * 1e3:>8.1f}ms {1 / ideal_step:>10.2f} "
-              f"{1 / best['both']:>9.2f} {med['hvd/mwms']:>9.2f} {med['hvd/ideal']:>10.2f} "
-              f"{med['hvd/(e+ar)']:>11.2f}")
+              f"{1 / best['both']:>9.2f} {1 / best['lockstep']:>13.2f} {med['hvd/mwms']:>9.2f} "
+              f"{med['hvd/ideal']:>10.2f} {med['hvd/(e+ar)']:>11.2f} {med['hvd/(f+ar)']:>11.2f}")
     print("batch: the global batch (hvd: half per rank; mwms: split by the strategy).  (c): one "
           "process fitting half the global batch\n(one rank's compute; the other rank waits).  "
           "(d) = 1 / ((c)'s step time + the allreduce of the gradient bytes).  (e): both ranks fit "
           "(c)'s model at once,\neach on its own (no communication: one rank's compute while "
-          "the other computes too).  Per round:")
+          "the other computes too).  (f): (e)'s steps as if the ranks waited for each other every "
+          "step\n(step i costs the slower rank's i-th step): what any synchronous data-parallel "
+          "job of these ranks gets before communicating.  Per round:")
     for name in names:
         r = res[name]
         print(f"  {name}: steps/s " + "; ".join(
             f"{k} " + " ".join(f"{1 / t:.2f}" for t in r[k])
-            for k in ("hvd", "mwms", "one", "both"))
+            for k in ("hvd", "mwms", "one", "both", "lockstep"))
             + "; allreduce ms " + " ".join(f"{t * 1e3:.1f}" for t in r["allreduce"]))
         print(f"  {name}: " + "; ".join(
             f"{k} " + " ".join(f"{x:.2f}" for x in v) for k, v in ratios[name].items()))
