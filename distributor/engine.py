@@ -458,15 +458,24 @@ class Job:
         """Whether, `elapsed` seconds after the first failure, the root cause is known and the
         others may be stopped: `FAILURE_SETTLE_SECONDS` after it once a cause has failed (or
         every rank has, each a knock-on) and the failed ranks have exited, at the latest
-        `FAILED_EXIT_SECONDS` after it; with no cause known, `KNOCK_ON_SETTLE_SECONDS` after it."""
+        `FAILED_EXIT_SECONDS` after it; with no cause known, `KNOCK_ON_SETTLE_SECONDS` after it.
+        Knock-ons are not waited for longer than that once the causes have exited (a rank whose
+        peer broke its connection can hang in its exit: the job must still end soon after the
+        fault)."""
         if elapsed < FAILURE_SETTLE_SECONDS:
             return False
+        causes = [s for s in failed if cls._classify(s).cause]
         # with no cause yet, one can still report unless every rank has failed already
-        if len(failed) < len(states) and not any(cls._classify(s).cause for s in failed):
+        if len(failed) < len(states) and not causes:
             return elapsed >= KNOCK_ON_SETTLE_SECONDS
         # the failed ranks are exiting: let them, so that each is shown with its own exit status
-        return elapsed >= FAILED_EXIT_SECONDS or all(
-            s.returncode is not None or s.disconnected for s in failed)
+
+        def exited(s: WorkerRecord) -> bool:
+            return s.returncode is not None or s.disconnected
+
+        if elapsed >= FAILED_EXIT_SECONDS or all(exited(s) for s in failed):
+            return True
+        return elapsed >= KNOCK_ON_SETTLE_SECONDS and all(exited(s) for s in causes)
 
     def _stop_all(self) -> None:
         """Stop every rank that is still running; only the first call acts."""
