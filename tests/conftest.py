@@ -39,6 +39,7 @@ def no_leftover_processes():
     assert not left, f"test left child processes behind: {sorted(left)}"
 
 
+@pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hooks: a run without xdist has none)
 def pytest_xdist_make_scheduler(config, log):
     """scripts/test.sh runs the suite on two pytest-xdist workers with ``--dist loadfile``: each
     test file runs whole on one worker, so that its module fixtures (a Spark cluster, a binding
@@ -82,6 +83,7 @@ def pytest_configure(config):
     os.environ[CACHE_VARIABLE] = path
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     """(pytest-xdist) A worker uses the controller's cache."""
     path = node.config.stash.get(_cache_dir, None)
