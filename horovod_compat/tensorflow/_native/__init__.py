@@ -11,9 +11,9 @@ The op is compiled on first use, against the TensorFlow that is installed, with 
 ``$XDG_CACHE_HOME/horovod_compat``, else ``~/.cache/horovod_compat``), once per TensorFlow version,
 compiler flags and source: 4-20 s, by one process at a time (the ranks of a host start together:
 one compiles, the others wait for its library), after which every process loads the cached
-library.  Where it
-cannot be built (no compiler, no TensorFlow headers) or ``HOROVOD_COMPAT_TF_NATIVE=0``, graph nodes
-raise as before (``UnknownError`` carrying Horovod's message) and ``status()`` says why.
+library.  Where it cannot be built (no compiler, no TensorFlow headers) or
+``HOROVOD_COMPAT_TF_NATIVE=0``, graph nodes raise as before (``UnknownError`` carrying Horovod's
+message) and ``status()`` says why.
 """
 from __future__ import annotations
 
