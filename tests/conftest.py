@@ -60,7 +60,6 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 CACHE_VARIABLE = "HOROVOD_COMPAT_CACHE_DIR"
-_CACHE_KEY = "horovod_compat_cache_dir"
 _cache_dir = pytest.StashKey[str]()
 
 
@@ -70,25 +69,13 @@ def pytest_configure(config):
     is found there), and each of their ranks then compiled the op again (~10-20 s of CPU each on a
     2-core machine); so every process of the run gets one cache, made fresh for the run (as on a
     fresh machine: the first TensorFlow job of the run compiles, the others load) and removed after
-    it.  The xdist workers get the controller's (``pytest_configure_node``).  Tests of the cache
-    itself set their own.  A cache chosen outside the suite is kept."""
+    it.  The xdist workers, started after this, inherit it with the environment.  Tests of the
+    cache itself set their own.  A cache chosen outside the suite is kept."""
     if os.environ.get(CACHE_VARIABLE):
-        return
-    workerinput = getattr(config, "workerinput", None)
-    if workerinput is not None and _CACHE_KEY in workerinput:
-        os.environ[CACHE_VARIABLE] = workerinput[_CACHE_KEY]
         return
     path = tempfile.mkdtemp(prefix="horovod_compat-test-cache-")
     config.stash[_cache_dir] = path
     os.environ[CACHE_VARIABLE] = path
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node):
-    """(pytest-xdist) A worker uses the controller's cache."""
-    path = node.config.stash.get(_cache_dir, None)
-    if path is not None:
-        node.workerinput[_CACHE_KEY] = path
 
 
 def pytest_unconfigure(config):
