@@ -30,8 +30,8 @@ and hvd / (f + allreduce), what is left for the binding to lose.
 
 All of it runs in ONE job of 2 ranks (the project's engine, ``distributor.run_function``), in
 interleaved rounds -- per round: (a), (b), (c), (e) and (f), the allreduce -- so that load from
-other jobs on the host hits every figure alike.  The steps/s printed are each figure's best round; the ratios are
-the median over the rounds of each round's ratio; every round is printed too.
+other jobs on the host hits every figure alike.  The steps/s printed are each figure's best round;
+the ratios are the median over the rounds of each round's ratio; every round is printed too.
 The Horovod and the MWMS model live side by side in each process (the strategy is created first,
 the Horovod model outside its scope).  A step's time is the mean interval between consecutive
 ``on_train_batch_end`` calls of one ``fit`` call (rank 0's; the ranks move in lock-step), after
@@ -52,6 +52,8 @@ import time
 from typing import Any, Dict, List
 
 ENV = {"OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+#: Each round's figures (seconds a step; the allreduce's seconds), in the order they are printed.
+FIGURES = ("hvd", "mwms", "one", "both", "lockstep", "allreduce")
 
 
 # ------------------------------------------------------------------------------ inside the ranks
@@ -233,8 +235,7 @@ def _rank(names: List[str], batches: Dict[str, int], steps: int, warmup: int, ro
         hvd_tf.barrier()
         reduce(grads)
 
-        res: Dict[str, List[float]] = {"hvd": [], "mwms": [], "one": [], "both": [],
-                                       "lockstep": [], "allreduce": []}
+        res: Dict[str, List[float]] = {k: [] for k in FIGURES}
         for _ in range(rounds):
             res["hvd"].append(_fit(tf, hvd_model, hvd_data, steps))
             res["mwms"].append(_fit(tf, mwms_model, mwms_data, steps))
@@ -293,16 +294,15 @@ def main() -> None:
     ratios: Dict[str, Dict[str, List[float]]] = {}
     for name in names:
         r = res[name]
-        rounds = list(zip(r["hvd"], r["mwms"], r["one"], r["both"], r["lockstep"],
-                          r["allreduce"]))
-        ratios[name] = {
-            "hvd/mwms": [m / h for h, m, _, _, _, _ in rounds],
-            "hvd/ideal": [(o + a) / h for h, _, o, _, _, a in rounds],
-            "hvd/(e+ar)": [(b + a) / h for h, _, _, b, _, a in rounds],
-            "hvd/(f+ar)": [(f + a) / h for h, _, _, _, f, a in rounds],
+        rounds = [dict(zip(FIGURES, round_)) for round_ in zip(*(r[k] for k in FIGURES))]
+        ratios[name] = {  # each a ratio of steps/s: the other's step time over hvd's
+            "hvd/mwms": [x["mwms"] / x["hvd"] for x in rounds],
+            "hvd/ideal": [(x["one"] + x["allreduce"]) / x["hvd"] for x in rounds],
+            "hvd/(e+ar)": [(x["both"] + x["allreduce"]) / x["hvd"] for x in rounds],
+            "hvd/(f+ar)": [(x["lockstep"] + x["allreduce"]) / x["hvd"] for x in rounds],
         }
         med = {k: statistics.median(v) for k, v in ratios[name].items()}
-        best = {k: min(r[k]) for k in ("hvd", "mwms", "one", "both", "lockstep", "allreduce")}
+        best = {k: min(r[k]) for k in FIGURES}
         ideal_step = best["one"] + best["allreduce"]
         print(f"{name:<5} {r['params'][0] / 1e6:>6.1f}M {r['grad_bytes'][0] / 1e6:>8.1f} "
               f"{batches[name]:>6} {1 / best['hvd']:>8.2f} {1 / best['mwms']:>9.2f} "
@@ -320,7 +320,7 @@ def main() -> None:
         r = res[name]
         print(f"  {name}: steps/s " + "; ".join(
             f"{k} " + " ".join(f"{1 / t:.2f}" for t in r[k])
-            for k in ("hvd", "mwms", "one", "both", "lockstep"))
+            for k in FIGURES[:-1])
             + "; allreduce ms " + " ".join(f"{t * 1e3:.1f}" for t in r["allreduce"]))
         print(f"  {name}: " + "; ".join(
             f"{k} " + " ".join(f"{x:.2f}" for x in v) for k, v in ratios[name].items()))
