@@ -32,7 +32,6 @@ import atexit
 import ctypes
 import os
 import socket
-import sys
 import threading
 from datetime import timedelta
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
@@ -68,7 +67,6 @@ _base_store: Optional[dist.Store] = None
 _base_store_key: Optional[tuple] = None
 _malloc_tuned = False
 _atexit_registered = False
-_excepthook_installed = False
 #: an env-started timeline paused by shutdown(), handed to the next init's runtime
 _paused_timeline: Optional[Session] = None
 #: elastic jobs: one client of the job's store per process, reused by every round
@@ -289,25 +287,6 @@ def _resolve_comm(comm: Any, world_size: int) -> Optional[List[int]]:
     return ranks
 
 
-def _report_uncaught_failures() -> None:
-    """Under a launcher that asks for it (``DISTRIBUTOR_FAILURE_FILE``, see
-    `distributor.failure_report`), chain a ``sys.excepthook`` that first writes the uncaught
-    exception's typed report -- a ``HorovodInternalError`` of a peer's failure says so
-    (``knock_on``, ``peer``), any other exception is a cause -- so that the driver names the rank
-    whose failure came first. Once per process."""
-    global _excepthook_installed
-    if _excepthook_installed or not os.environ.get(_failure_report.FAILURE_FILE_VAR):
-        return
-    previous = sys.excepthook
-
-    def report_then_print(exc_type: Any, exc: BaseException, tb: Any) -> None:
-        _failure_report.write(exc)
-        previous(exc_type, exc, tb)
-
-    sys.excepthook = report_then_print
-    _excepthook_installed = True
-
-
 def init(comm: Any = None, process_sets: Union[None, str, Sequence[ProcessSet]] = None) -> None:
     """Initialise Horovod: join the job's process group and register process sets.
 
@@ -321,7 +300,8 @@ def init(comm: Any = None, process_sets: Union[None, str, Sequence[ProcessSet]] 
         if runtime.active() is not None:
             return
         _tune_malloc()
-        _report_uncaught_failures()
+        # the driver names the rank whose failure came first, and the job ends soon after it
+        _failure_report.install_excepthook()
         elastic = not dist.is_initialized() and _worker.is_elastic()
         info, store = _join_round() if elastic else (discover(), None)
         owns = False
