@@ -8,6 +8,7 @@ are forwarded to the driver hub.
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -15,6 +16,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import IO, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
+
+log = logging.getLogger(__name__)
 
 #: Maps (stream, line) of a multi-rank process to (rank or None for the launcher, stream, text).
 Demux = Callable[[str, str], Tuple[Optional[int], str, str]]
@@ -47,6 +50,7 @@ class _RankProcess:
     popen: Process
     pumps: List[threading.Thread] = field(default_factory=list)
     group: Tuple[int, ...] = ()  # every rank this process runs, when it runs several
+    on_exit: Optional[Callable[[int], None]] = None  # called with its pid once it has exited
 
 
 class Supervisor:
@@ -86,19 +90,21 @@ class Supervisor:
         return popen.pid
 
     def start_group(
-        self, ranks: Sequence[int], argv: Sequence[str], env: Mapping[str, str], demux: "Demux"
+        self, ranks: Sequence[int], argv: Sequence[str], env: Mapping[str, str], demux: "Demux",
+        on_exit: Optional[Callable[[int], None]] = None,
     ) -> int:
         """Start one process that runs several ranks (e.g. `mpirun`) and tags their output.
 
         `demux` maps each output line to (rank, stream, text); rank None marks a line of the
-        launcher itself. When the process exits, every rank of the group is reported as exited
-        with its status.
+        launcher itself. When the process exits, `on_exit` is called with its pid (e.g. to remove
+        what the process leaves behind when it is killed), then every rank of the group is
+        reported as exited with its status.
         """
         popen = subprocess.Popen(
             list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True,
         )
-        proc = _RankProcess(ranks[0], popen, group=tuple(ranks))
+        proc = _RankProcess(ranks[0], popen, group=tuple(ranks), on_exit=on_exit)
         for stream, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
             pump = threading.Thread(
                 target=self._pump, args=(None, stream, pipe, demux), name=f"group-{stream}", daemon=True
@@ -126,6 +132,11 @@ class Supervisor:
         for pump in proc.pumps:
             # Pipes stay open while a grandchild holds them; don't let one block the report.
             pump.join(timeout=None if returncode == 0 else 5.0)
+        if proc.on_exit is not None:
+            try:
+                proc.on_exit(proc.popen.pid)
+            except Exception:  # noqa: BLE001 - the exit is reported whatever the clean-up did
+                log.exception("clean-up after the exit of rank %s's process failed", proc.rank)
         for rank in proc.group or (proc.rank,):
             self._sink.on_exit(rank, returncode)
 

@@ -7,11 +7,13 @@ beside this Python's executable.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
 import sys
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+import tempfile
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import LaunchValidationError
 from ..rank_env import (
@@ -42,6 +44,31 @@ def find_mpirun() -> str:
         f"`{sys.executable} -m pip install 'horovod-compat[mpi]'` (or your system's openmpi "
         "package)."
     )
+
+
+def private_session_dir() -> str:
+    """A new directory for one mpirun's session directory (``--prtemca prte_tmpdir_base``).
+
+    By default mpirun keeps its session in ``$TMPDIR/ompi.<its pid>`` and removes it when it
+    ends; a killed mpirun leaves it behind (a job stopped after a failure ends with SIGKILL). A
+    later mpirun that gets the same pid (process ids wrap at 32768 on many machines) finds it
+    and stops at once: "The PMIx server's listener thread failed to start". A directory of the
+    job's own cannot be found by another mpirun. Only where every rank is on this host: mpirun's
+    daemons on other hosts would each create the same path there, and nothing would remove it;
+    an mpirun over several hosts has its session directory on this host removed after it
+    (`remove_session_dir`).
+    """
+    return tempfile.mkdtemp(prefix="horovod-compat-mpirun-")
+
+
+def _remove_private_session_dir(path: str, _pid: int) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_session_dir(env: Mapping[str, str], pid: int) -> None:
+    """Remove the default session directory of the mpirun with `pid` and environment `env`
+    from this host, when a killed mpirun left it (see `private_session_dir`)."""
+    shutil.rmtree(os.path.join(env.get("TMPDIR") or "/tmp", f"ompi.{pid}"), ignore_errors=True)
 
 
 def demux_tagged(stream: str, line: str) -> Tuple[Optional[int], str, str]:
@@ -99,12 +126,20 @@ class MpirunLauncher(Launcher):
         self.mpirun = find_mpirun()
 
     def start(self, ranks: Sequence[RankSpec], env_for: EnvFactory, supervisor: Supervisor) -> None:
+        """Every rank on this host, under one mpirun with a session directory of its own
+        (`private_session_dir`), removed when mpirun has exited."""
         env = self.shared_env(ranks, env_for)
+        session_args: List[str] = []
+        on_exit: Optional[Callable[[int], None]] = None
+        if "prte_tmpdir_base" not in " ".join(self.extra_args):
+            session = private_session_dir()
+            session_args = ["--prtemca", "prte_tmpdir_base", session]
+            on_exit = functools.partial(_remove_private_session_dir, session)
         argv = mpirun_command(
             len(ranks), [self.python, "-m", "distributor.rank_entry"],
-            extra_args=self.extra_args, mpirun=self.mpirun, binding=self.binding,
+            extra_args=[*session_args, *self.extra_args], mpirun=self.mpirun, binding=self.binding,
         )
-        supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged)
+        supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged, on_exit=on_exit)
 
     def on_executor(self, python: str, driver_python: str) -> None:
         if self.python == driver_python:  # the default: run the executor's interpreter
@@ -158,7 +193,8 @@ class MpirunLauncher(Launcher):
             len(ranks), [self.python, "-m", "distributor.rank_entry"], hosts=hosts, export=exports,
             extra_args=[*agent_args, *self.extra_args], mpirun=self.mpirun, binding=self.binding,
         )
-        supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged)
+        supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged,
+                               on_exit=functools.partial(remove_session_dir, env))
 
     @staticmethod
     def task_hosts(task_ranks: Sequence[Sequence[RankSpec]]) -> List[Tuple[str, int]]:

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import tempfile
 import time
 
 import pytest
 
 from distributor import FunctionTarget, Job, LaunchRequest, RankFailedError, run_function
 from distributor.launchers import MpirunLauncher
-from distributor.launchers.mpirun import demux_tagged, mpirun_command
+from distributor.launchers.mpirun import demux_tagged, find_mpirun, mpirun_command
 from distributor.rank_env import from_mpi_environment
 
 
@@ -119,7 +121,7 @@ def test_an_mpirun_over_other_hosts_exports_the_drivers_whole_environment(monkey
     started = {}
 
     class Capture:
-        def start_group(self, ranks, argv, env, demux):
+        def start_group(self, ranks, argv, env, demux, on_exit=None):
             started.update(argv=argv, env=env)
 
     specs = [RankSpec(0, 2, 0, 1, 0, 2), RankSpec(1, 2, 0, 1, 1, 2)]
@@ -132,3 +134,33 @@ def test_an_mpirun_over_other_hosts_exports_the_drivers_whole_environment(monkey
     assert {"HOROVOD_COMPAT_FROZEN_SECONDS", "HOROVOD_JOB_VAR", "PATH", "MASTER_ADDR"} <= exported
     assert "OLDPWD" not in exported and "RANK" not in exported
     assert started["env"]["HOROVOD_COMPAT_FROZEN_SECONDS"] == "5"
+
+
+def _rank() -> int:
+    return int(os.environ["RANK"])
+
+
+def test_a_session_directory_left_by_a_killed_mpirun_does_not_stop_a_later_one(tmp_path, monkeypatch):
+    """mpirun keeps its session in ``$TMPDIR/ompi.<pid>``; a killed one leaves it there, and a
+    later mpirun with the same pid (ids wrap at 32768 on CI's machines) used to stop at once with
+    "The PMIx server's listener thread failed to start" (a flaky CI failure). The launcher gives
+    each mpirun a session directory of its own, and removes it."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile reads TMPDIR again
+    real = find_mpirun()
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    # what a killed mpirun leaves: a copy of a running one's session directory
+    subprocess.run([real, *root, "-np", "1", "sh", "-c", 'cp -a "$PMIX_SERVER_TMPDIR" "$TMPDIR/left"'],
+                   check=True, timeout=120, capture_output=True)
+    assert (tmp_path / "left").is_dir()
+    # an mpirun whose pid is the killed one's: the wrapper puts it there, then becomes mpirun
+    wrapper = tmp_path / "mpirun"
+    wrapper.write_text(f'#!/bin/sh\ncp -a "$TMPDIR/left" "$TMPDIR/ompi.$$"\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    launcher = MpirunLauncher()
+    launcher.mpirun = str(wrapper)
+    job = Job(LaunchRequest(FunctionTarget(_rank), 2, return_all=True), launcher=launcher,
+              output=lambda *a: None)
+    assert job.run() == [0, 1]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("ompi.")], "the wrapper did not run"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("horovod-compat-mpirun-")]
