@@ -165,7 +165,9 @@ def _teardown_after_failure() -> None:
     if not _failed:
         return
     try:
-        for handle in [obj for obj in gc.get_objects() if isinstance(obj, _FILE_TYPES)]:
+        # type(), not isinstance(): that would read the ``__class__`` of every object, and a
+        # proxy's (torch.distributed.reduce_op) warns when read
+        for handle in [obj for obj in gc.get_objects() if issubclass(type(obj), _FILE_TYPES)]:
             try:
                 if not handle.closed and handle.writable():
                     handle.flush()
