@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import socket
 from typing import Dict, Mapping, Sequence, Tuple
 
@@ -50,11 +51,39 @@ def travels_to_other_hosts(name: str) -> bool:
     return bool(_SHELL_NAME.match(name)) and not _SHELL_ONLY.match(name)
 
 
+#: Linux's range of ports it gives to sockets bound to port 0 and to outgoing connections.
+_EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on `host`."""
+    """A TCP port that was free a moment ago on `host`, which a process started later binds.
+
+    Outside the range of ephemeral ports where the system has one below it: a port the kernel
+    handed out (bind to port 0) is taken again by the next outgoing connection that gets it as
+    its local port, and a busy machine opens thousands between the choice and the bind (EADDRINUSE
+    in the rank that hosts the job's store). Ports below the range are only ever bound by name.
+    """
+    low = _ephemeral_low()
+    for _ in range(64 if low > 2048 else 0):
+        port = 1024 + secrets.randbelow(low - 1024)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:  # in use (or not ours to bind): another
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The lowest ephemeral port, 0 where unknown."""
+    try:
+        with open(_EPHEMERAL_RANGE_FILE) as handle:
+            return int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def torchrun_env(

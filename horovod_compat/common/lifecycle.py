@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from distributor import failure_report as _failure_report
 from distributor import netif as _netif
+from distributor import rank_env as _rank_env
 from distributor import worker as _worker
 
 from . import runtime, stall
@@ -87,12 +88,6 @@ def _env_int(*names: str, environ: Optional[Mapping[str, str]] = None) -> Option
             except ValueError:
                 pass
     return None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def discover(environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
@@ -182,7 +177,7 @@ def _mpi_rendezvous(info: Dict[str, Any]) -> None:
     if comm.Get_rank() == 0:
         all_local = info.get("local_size") == info["size"]
         addr = "127.0.0.1" if all_local else socket.gethostbyname(socket.gethostname())
-        payload = (addr, _free_port())
+        payload = (addr, _rank_env.free_port("0.0.0.0"))
     else:
         payload = None
     info["addr"], info["port"] = comm.bcast(payload, root=0)

@@ -141,18 +141,12 @@ _DYING_PEER = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_peer_that_exits_mid_allreduce_fails_the_op_instead_of_hanging(tmp_path):
     script = tmp_path / "dying_peer.py"
     script.write_text(_DYING_PEER)
-    port = _free_port()
+    from distributor.rank_env import free_port
+
+    port = free_port()
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
