@@ -139,7 +139,12 @@ class MpirunLauncher(Launcher):
             len(ranks), [self.python, "-m", "distributor.rank_entry"],
             extra_args=[*session_args, *self.extra_args], mpirun=self.mpirun, binding=self.binding,
         )
-        supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged, on_exit=on_exit)
+        try:
+            supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged, on_exit=on_exit)
+        except BaseException:
+            if on_exit is not None:  # mpirun did not start: nothing else removes the directory
+                on_exit(0)
+            raise
 
     def on_executor(self, python: str, driver_python: str) -> None:
         if self.python == driver_python:  # the default: run the executor's interpreter

@@ -164,3 +164,19 @@ def test_a_session_directory_left_by_a_killed_mpirun_does_not_stop_a_later_one(t
     assert job.run() == [0, 1]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("ompi.")], "the wrapper did not run"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("horovod-compat-mpirun-")]
+
+
+def test_an_mpirun_that_does_not_start_leaves_no_session_directory(tmp_path, monkeypatch):
+    from distributor.spec import RankSpec
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+
+    class CannotStart:
+        def start_group(self, ranks, argv, env, demux, on_exit=None):
+            assert any(p.name.startswith("horovod-compat-mpirun-") for p in tmp_path.iterdir())
+            raise OSError("exec failed")
+
+    with pytest.raises(OSError, match="exec failed"):
+        MpirunLauncher().start([RankSpec(0, 1, 0, 1, 0, 1)], lambda spec: {}, CannotStart())
+    assert list(tmp_path.iterdir()) == []
