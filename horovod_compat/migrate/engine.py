@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from typing import Dict, List, Mapping, Sequence, Set, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, ScopeProvider
@@ -21,7 +21,9 @@ from horovod_compat.migrate import renaming, syntax
 from horovod_compat.migrate.context import FAMILIES, HVD, RewriteContext, SharedState
 from horovod_compat.migrate.report import Finding, Kind
 from horovod_compat.migrate.rules import import_forms, lightning
-from horovod_compat.migrate.rules.imports import ImportFixer, ImportPlan, ImportScan, remaining_uses
+from horovod_compat.migrate.rules.imports import (
+    ImportFixer, ImportPlan, ImportScan, OtherFrameworkScan, remaining_uses,
+)
 from horovod_compat.migrate.rules.optimizer import plan_optimizers
 from horovod_compat.migrate.rules.runner import RunnerVarScan
 from horovod_compat.migrate.transform import HorovodTransformer
@@ -160,6 +162,9 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
     A name the rewrite needs (``dist``, ``DDP``, ...) that the input binds to something else (say
     ``import pyro.distributions as dist``) is not shadowed: the rewrite runs again with the input's
     name set aside, and the native code takes a free name instead (``torch_dist``)."""
+    left_alone = _other_frameworks(units)
+    if left_alone is not None:
+        return left_alone
     renames: Dict[str, str] = {}
     results, horovod_left, clashes = _migrate(units, False, renames)
     if clashes:
@@ -169,6 +174,29 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
     if horovod_left and any(r.changed for r in results):
         results, _, _ = _migrate(units, True, renames)
     return results
+
+
+def _other_frameworks(units: Sequence[Unit]) -> Optional[List[UnitResult]]:
+    """Every unit as it was, with a TODO at each import of another framework's Horovod binding
+    (``import horovod.tensorflow.keras as hvd``), when the input has one; else None.
+
+    The rewriter migrates horovod.torch programs; in TensorFlow or Keras code its only rewrites
+    would be the launchers (HorovodRunner -> TorchDistributor, horovod.run -> run_function), which
+    would bring torch into a program that does not use it and move it no closer to native."""
+    results = [UnitResult(unit.source, [], unit.source) for unit in units]
+    found = False
+    for unit, result in zip(units, results):
+        scan = OtherFrameworkScan()
+        MetadataWrapper(_parse(unit), unsafe_skip_copy=True).visit(scan)
+        ctx = RewriteContext(unit.location, SharedState(), line_offset=unit.line_offset)
+        for line, module, framework in scan.found:
+            guide = (" (migration_guide/tensorflow.md: to tf.distribute.MultiWorkerMirroredStrategy)"
+                     if framework != "MXNet" else "")
+            ctx.todo(line, "import", f"`{module}` is {framework} code: the rewriter migrates horovod.torch "
+                     f"programs only, so nothing in this input was rewritten. Migrate it by hand{guide}")
+        result.findings.extend(ctx.findings)
+        found = found or bool(scan.found)
+    return results if found else None
 
 
 def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, str]

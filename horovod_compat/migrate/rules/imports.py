@@ -11,6 +11,7 @@ import dataclasses
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
+from libcst.metadata import PositionProvider
 
 from horovod_compat.migrate.context import FAMILIES, HOROVOD, HVD, IMPORT_FOR_NAME, RUNNER, SharedState, code_of
 from horovod_compat.migrate.helpers import HELPERS
@@ -47,6 +48,51 @@ def _alias_family(stmt: Union[cst.Import, cst.ImportFrom], alias: cst.ImportAlia
     if module in _RUNNER_MODULES and name == "HorovodRunner":
         return RUNNER
     return None
+
+
+#: Horovod's bindings of other frameworks than PyTorch, by module: the rewriter migrates
+#: horovod.torch programs only, and leaves an input that imports one of these as it is.
+OTHER_FRAMEWORKS = {"horovod.tensorflow": "TensorFlow", "horovod.keras": "Keras",
+                    "horovod.spark.keras": "Keras", "horovod.mxnet": "MXNet"}
+
+
+def other_framework(stmt: Union[cst.Import, cst.ImportFrom]) -> Optional[Tuple[str, str]]:
+    """(module, framework) when `stmt` imports Horovod's binding of another framework than
+    PyTorch (``import horovod.tensorflow.keras as hvd``, ``from horovod import tensorflow``,
+    ``from horovod.spark.keras import KerasEstimator``), else None."""
+    if isinstance(stmt, cst.Import):
+        modules = [dotted_name(alias.name) for alias in stmt.names]
+    elif stmt.relative or stmt.module is None:
+        return None
+    else:
+        module = dotted_name(stmt.module)
+        names = [] if isinstance(stmt.names, cst.ImportStar) else [dotted_name(a.name) for a in stmt.names]
+        modules = [module, *(f"{module}.{name}" for name in names)]
+    for module in modules:
+        for binding, framework in OTHER_FRAMEWORKS.items():
+            if module == binding or module.startswith(binding + "."):
+                return module, framework
+    return None
+
+
+class OtherFrameworkScan(cst.CSTVisitor):
+    """The line and (module, framework) of every import of another framework's Horovod binding."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self) -> None:
+        self.found: List[Tuple[int, str, str]] = []
+
+    def _scan(self, stmt: Union[cst.Import, cst.ImportFrom]) -> None:
+        binding = other_framework(stmt)
+        if binding is not None:
+            self.found.append((self.get_metadata(PositionProvider, stmt).start.line, *binding))
+
+    def visit_Import(self, node: cst.Import) -> None:
+        self._scan(node)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        self._scan(node)
 
 
 def unsupported_import(stmt: Union[cst.Import, cst.ImportFrom]) -> Optional[str]:

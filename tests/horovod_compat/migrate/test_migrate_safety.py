@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 
 from horovod_compat.migrate import Kind, migrate_source
 from horovod_compat.migrate import syntax
@@ -156,3 +157,73 @@ def test_an_optimizer_the_ddp_rewrite_cannot_prove_averages_its_gradients_like_h
     want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(folder / "input.py"))
     assert len(want) == 14
     assert native_printed(folder / "expected.py", 2, line) == want
+
+
+KERAS_RUNNER = textwrap.dedent('''\
+    from sparkdl import HorovodRunner
+
+    def train():
+        import tensorflow as tf
+        {import_line}
+        hvd.init()
+        return hvd.rank()
+
+    print(HorovodRunner(np=2).run(train))
+    ''')
+
+
+@pytest.mark.parametrize("import_line, module", [
+    ("import horovod.tensorflow.keras as hvd", "horovod.tensorflow.keras"),
+    ("import horovod.tensorflow as hvd", "horovod.tensorflow"),
+    ("import horovod.keras as hvd", "horovod.keras"),
+    ("from horovod import tensorflow as hvd", "horovod.tensorflow"),
+    ("from horovod.tensorflow import keras as hvd", "horovod.tensorflow"),
+    ("from horovod.spark.keras import KerasEstimator as hvd", "horovod.spark.keras"),
+])
+def test_tensorflow_and_keras_code_is_left_as_it_is_with_one_todo_that_says_why(import_line, module):
+    """The rewriter migrates horovod.torch programs: a HorovodRunner notebook with a Keras train()
+    would otherwise get TorchDistributor and `import torch` and nothing else."""
+    source = KERAS_RUNNER.format(import_line=import_line)
+    result = migrate_source(source, "keras_runner.py")
+    assert result.source == source and not result.changed
+    (todo,) = result.findings
+    assert todo.kind is Kind.TODO and todo.line == 5 and todo.name == "import", todo
+    assert f"`{module}`" in todo.message and "nothing in this input was rewritten" in todo.message
+    assert "migration_guide/tensorflow.md" in todo.message
+
+
+def test_a_notebook_with_one_keras_cell_is_left_as_it_is():
+    """Cells share one namespace: a torch cell beside a Keras cell is not half migrated either."""
+    from horovod_compat.migrate import Unit, migrate_units
+
+    torch_cell = "import horovod.torch as hvd\nhvd.init()\nprint(hvd.rank())\n"
+    keras_cell = "import horovod.tensorflow.keras as hvd_tf\nprint(hvd_tf.size())\n"
+    results = migrate_units([Unit(torch_cell, "nb.ipynb[cell 1]"),
+                             Unit(keras_cell, "nb.ipynb[cell 2]", line_offset=0)])
+    assert [r.source for r in results] == [torch_cell, keras_cell]
+    assert results[0].findings == []
+    (todo,) = results[1].findings
+    assert todo.location == "nb.ipynb[cell 2]" and todo.line == 1 and todo.kind is Kind.TODO
+
+
+def test_horovods_tensorflow_and_keras_examples_are_left_as_they_are():
+    """Every TF2, Keras, elastic TF2 and Spark Keras example of Horovod 0.28.1 (the --check a CI
+    job would run): no file would change, each has TODOs at its Horovod TF/Keras imports only."""
+    import io
+    import json
+
+    from horovod_compat.migrate.cli import main
+    from upstream import MISSING, UPSTREAM
+
+    folders = [UPSTREAM / "examples" / name for name in
+               ("tensorflow2", "keras", "elastic/tensorflow2", "spark/keras")]
+    if not all(folder.is_dir() for folder in folders):
+        pytest.skip(MISSING)
+    out = io.StringIO()
+    status = main(["--check", "--format", "json", *map(str, folders)], stdout=out, stderr=io.StringIO())
+    report = json.loads(out.getvalue())
+    scripts = [p for folder in folders for p in folder.glob("*.py")]
+    assert status == 1 and len(report["files"]) == len(scripts) >= 9, report["summary"]
+    for entry in report["files"]:
+        assert not entry["would_change"] and not entry["rewrites"], entry
+        assert entry["todos"] and {t["name"] for t in entry["todos"]} == {"import"}, entry
