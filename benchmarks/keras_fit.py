@@ -1,7 +1,7 @@
 """Keras ``model.fit`` with ``hvd.DistributedOptimizer`` against MultiWorkerMirroredStrategy and one
 process, 2 CPU ranks on one host.
 
-    python benchmarks/keras_fit.py [--steps 8] [--warmup 3] [--rounds 3] [--models mlp,cnn]
+    python benchmarks/keras_fit.py [--steps 8] [--warmup 3] [--rounds 4] [--models mlp,cnn]
                                    [--mlp-batch 64] [--cnn-batch 64] [--allreduce-iters 10]
 
 Two models: an MLP 1024-4096-4096-1000 (25.1M parameters, 100 MB of float32 gradients) and a small
@@ -29,7 +29,9 @@ which (e)'s mean does not include: what each step loses to the ranks' step-to-st
 and hvd / (f + allreduce), what is left for the binding to lose.
 
 All of it runs in ONE job of 2 ranks (the project's engine, ``distributor.run_function``), in
-interleaved rounds -- per round: (a), (b), (c), (e) and (f), the allreduce -- so that load from
+interleaved rounds -- per round: (a), (b), (c), (e) and (f), the allreduce; each round starts one
+figure later than the one before ((b), (c), (e), (a) in the second), so that none is always first,
+where a host still warming up measured it up to a third slower -- so that load from
 other jobs on the host hits every figure alike.  The steps/s printed are each figure's best round;
 the ratios are the median over the rounds of each round's ratio; every round is printed too.
 The Horovod and the MWMS model live side by side in each process (the strategy is created first,
@@ -236,15 +238,30 @@ def _rank(names: List[str], batches: Dict[str, int], steps: int, warmup: int, ro
         reduce(grads)
 
         res: Dict[str, List[float]] = {k: [] for k in FIGURES}
-        for _ in range(rounds):
+
+        def fit_hvd() -> None:
             res["hvd"].append(_fit(tf, hvd_model, hvd_data, steps))
+
+        def fit_mwms() -> None:
             res["mwms"].append(_fit(tf, mwms_model, mwms_data, steps))
+
+        def fit_one() -> None:
             if hvd.rank() == 0:
                 res["one"].append(_fit(tf, one_model, one_data, steps))
+            hvd_tf.barrier()
+
+        def fit_both() -> None:
             hvd_tf.barrier()
             both = _fit_steps(tf, one_model, one_data, steps)
             res["both"].append(statistics.fmean(both))
             res["lockstep"].append(_lockstep(hvd_tf.allgather_object(both)))
+
+        fits = [fit_hvd, fit_mwms, fit_one, fit_both]
+        for round_ in range(rounds):
+            # each round starts at the next figure: the same order on both ranks, and no figure
+            # always first (a host still warming up slows whichever figure runs first)
+            for fit in fits[round_ % len(fits):] + fits[:round_ % len(fits)]:
+                fit()
             times = []
             for _ in range(allreduce_iters):
                 hvd_tf.barrier()
@@ -264,7 +281,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=8, help="timed steps per figure and round")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (tracing)")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every figure")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="interleaved rounds of every figure (4: each fit figure once in each place)")
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--mlp-batch", type=int, default=64, help="global batch of the MLP")
     ap.add_argument("--cnn-batch", type=int, default=64, help="global batch of the CNN")
