@@ -186,6 +186,8 @@ def _other_frameworks(units: Sequence[Unit]) -> Optional[List[UnitResult]]:
     results = [UnitResult(unit.source, [], unit.source) for unit in units]
     found = False
     for unit, result in zip(units, results):
+        if not any(word in unit.source for word in ("tensorflow", "keras", "mxnet")):
+            continue  # (no such import: spare the parse)
         scan = OtherFrameworkScan()
         MetadataWrapper(_parse(unit), unsafe_skip_copy=True).visit(scan)
         ctx = RewriteContext(unit.location, SharedState(), line_offset=unit.line_offset)
