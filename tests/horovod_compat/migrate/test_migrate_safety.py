@@ -199,7 +199,7 @@ def test_a_notebook_with_one_keras_cell_is_left_as_it_is():
     torch_cell = "import horovod.torch as hvd\nhvd.init()\nprint(hvd.rank())\n"
     keras_cell = "import horovod.tensorflow.keras as hvd_tf\nprint(hvd_tf.size())\n"
     results = migrate_units([Unit(torch_cell, "nb.ipynb[cell 1]"),
-                             Unit(keras_cell, "nb.ipynb[cell 2]", line_offset=0)])
+                             Unit(keras_cell, "nb.ipynb[cell 2]")])
     assert [r.source for r in results] == [torch_cell, keras_cell]
     assert results[0].findings == []
     (todo,) = results[1].findings
