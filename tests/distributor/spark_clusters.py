@@ -21,6 +21,8 @@ from typing import Dict, Iterator, List, Optional
 
 import pyspark
 
+from distributor.rank_env import free_port
+
 PYSPARK_DIR = Path(pyspark.__file__).parent
 
 #: JVM options for every test JVM: C1 only and the serial collector start a JVM about twice as
@@ -48,12 +50,6 @@ def mirror_spark_home(root: Path) -> Path:
             link.symlink_to(entry)
     (home / "work").mkdir(exist_ok=True)
     return home
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class EnvPatch:

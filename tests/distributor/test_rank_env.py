@@ -10,16 +10,10 @@ import pytest
 from distributor import rank_env
 
 
-def _ephemeral_range():
-    with open(rank_env._EPHEMERAL_RANGE_FILE) as handle:
-        low, high = (int(x) for x in handle.read().split())
-    return low, high
-
-
 @pytest.mark.skipif(not os.path.exists(rank_env._EPHEMERAL_RANGE_FILE),
                     reason="Linux tells its ephemeral port range in /proc; elsewhere the port is the kernel's choice")
 def test_the_port_is_below_the_ephemeral_range_and_free():
-    low, _ = _ephemeral_range()
+    low = rank_env._ephemeral_low()
     ports = {rank_env.free_port() for _ in range(20)}
     assert all(1024 <= port < low for port in ports), (sorted(ports), low)
     assert len(ports) > 1  # random, so that two jobs starting together rarely pick the same

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ import textwrap
 import pytest
 
 from distributor import run_function
+from distributor.rank_env import free_port
 
 PY = sys.executable
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
@@ -188,9 +188,7 @@ def test_mpirun_with_mpi4py_communicator(tmp_path):
 def test_horovodrun_style_environment(tmp_path):
     script = tmp_path / "s.py"
     script.write_text(SCRIPT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in range(2):
         env = _clean_env(HOROVOD_RANK=str(rank), HOROVOD_SIZE="2", HOROVOD_LOCAL_RANK=str(rank),
