@@ -8,4 +8,5 @@ cd "$root"
 "$python" scripts/test_torchvision.py
 # Two workers (pytest-xdist), one test file at a time each (tests/conftest.py groups them);
 # HOROVOD_COMPAT_TEST_WORKERS=0 runs everything in this process, one test after another.
+# --time-table PATH writes what each file and test cost (tests/timetable.py).
 exec "$python" -m pytest -n "${HOROVOD_COMPAT_TEST_WORKERS:-2}" --dist loadfile tests "$@"

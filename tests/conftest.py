@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from timetable import configure as configure_time_table, pytest_addoption  # noqa: F401
+
 
 def child_pids(parent: int) -> list[int]:
     """PIDs whose parent is `parent` (read from /proc)."""
@@ -70,7 +72,9 @@ def pytest_configure(config):
     2-core machine); so every process of the run gets one cache, made fresh for the run (as on a
     fresh machine: the first TensorFlow job of the run compiles, the others load) and removed after
     it.  The xdist workers, started after this, inherit it with the environment.  Tests of the
-    cache itself set their own.  A cache chosen outside the suite is kept."""
+    cache itself set their own.  A cache chosen outside the suite is kept.  Also registers the
+    time table when ``--time-table`` asks for it (tests/timetable.py)."""
+    configure_time_table(config)
     if os.environ.get(CACHE_VARIABLE):
         return
     path = tempfile.mkdtemp(prefix="horovod_compat-test-cache-")
