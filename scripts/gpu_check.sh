@@ -109,7 +109,7 @@ fi
 
 # ---- step 1: our CUDA tests
 started=$(date +%s)
-timeout -k 20 "$step_timeout" "$python" -m pytest -v -rA --tb=short -p no:cacheprovider --noconftest \
+timeout -k 20 "$step_timeout" "$python" -m pytest -v -s -rA --tb=short -p no:cacheprovider --noconftest \
     "$root/tests/gpu/test_cuda.py" > "$out/pytest_gpu.log" 2>&1
 status=$?
 bad=0
