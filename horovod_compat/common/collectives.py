@@ -478,6 +478,21 @@ def _scale_(b: torch.Tensor, factor: float) -> None:
         b.copy_(b.double() * factor)
 
 
+def _one_device(tensors: Sequence[torch.Tensor], kind: str) -> None:
+    """Refuse a grouped op whose tensors are on different devices, before it is submitted.
+
+    One op moves on one transport (gloo, NCCL or ours, chosen from its first tensor's device), so
+    such an op cannot run; found only at launch, it would fail as a transfer does and break the
+    process set for every later op. Horovod refuses it when it is enqueued (a ``RuntimeError``), and
+    so does this: the user's mistake fails only its own op. Not ``HorovodInternalError``, which
+    ``hvd.elastic.run`` answers with a reset."""
+    first = tensors[0].device
+    for t in tensors[1:]:
+        if t.device != first:
+            raise RuntimeError(f"{kind}: the tensors of one grouped operation must be on one device; "
+                               f"got tensors on {first} and on {t.device}")
+
+
 def submit_allreduce(tensors: Sequence[torch.Tensor], outs: Optional[Sequence[torch.Tensor]],
                       name: Optional[str], op: int, prescale: float, postscale: float,
                       process_set: Optional[ProcessSet], kind: str, traced: bool = True) -> Any:
@@ -486,6 +501,8 @@ def submit_allreduce(tensors: Sequence[torch.Tensor], outs: Optional[Sequence[to
     st = set_state(process_set)
     if not tensors:
         return _Empty()
+    if len(tensors) > 1:
+        _one_device(tensors, kind)
     if op == Adasum and any(not (t.is_floating_point()) for t in tensors):
         raise ValueError("Adasum only supports floating-point tensors")
     inplace = outs is not None
@@ -707,6 +724,8 @@ def submit_allgather(tensors: Sequence[torch.Tensor], name: Optional[str],
     st = set_state(process_set)
     if not tensors:
         return _Empty()
+    if len(tensors) > 1:
+        _one_device(tensors, kind)
     plan = _AllgatherPlan()
     plan.st = st
     plan.single = kind == "allgather"
@@ -936,6 +955,8 @@ def submit_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str], o
         # HorovodInternalError (a RuntimeError)
         raise HorovodInternalError(f"Reducescatter only supports Average and Sum; use op=hvd.Sum or "
                                    f"op=hvd.Average (got {_OP_NAMES.get(op, op)}).")
+    if len(tensors) > 1:
+        _one_device(tensors, kind)
     for t in tensors:
         if t.dim() == 0:
             raise ValueError("reducescatter does not support scalar tensors: the tensor must have "
