@@ -33,8 +33,11 @@
 #   HOROVOD_COMPAT_GPU_LAUNCH_TIMEOUT=90   seconds one 2-rank launch of step 1 may take
 #
 # On a lent GPU machine whose command gets only the checkout: copy test_torch.py and common.py
-# into an ignored folder of the checkout (e.g. .device_carry/horovod-0.28.1/test/{parallel,utils}),
-# carry it, and point HOROVOD_UPSTREAM_DIR at it.
+# into an ignored folder of the checkout (e.g. .device_carry/horovod-0.28.1/test/{parallel,utils},
+# the folder named in .git/info/exclude), carry it, and point HOROVOD_UPSTREAM_DIR at it:
+#   PYTHON=python3 HOROVOD_UPSTREAM_DIR=$PWD/.device_carry/horovod-0.28.1 bash scripts/gpu_check.sh "$OUT"
+# Steps 1 and 2 overlap and each is killed at GPU_CHECK_TIMEOUT, so the whole check ends within
+# about that many seconds plus a minute (give the command 420 s).
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
