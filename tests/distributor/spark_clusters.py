@@ -1,20 +1,32 @@
-"""Spark sessions and clusters for the Spark placement tests: started once per module, and
-stopped by PID so that no JVM outlives the tests.
+"""Spark sessions and clusters for the Spark placement tests, stopped by PID so that no JVM
+outlives the tests.
 
-Only one SparkContext can exist per process, so each cluster kind lives in its own test module
-with a module-scoped fixture built from these helpers. Everything listens on 127.0.0.1, and the
-executors' work directories go to a temporary folder rather than into pyspark's site-packages
-folder (a local-cluster's workers put them under SPARK_HOME, so SPARK_HOME points at a temporary
-mirror of the pip pyspark folder).
+A JVM start costs ~15-30 s of a 2-core machine (a local-cluster's three JVMs more), so the test
+modules that need the same plain session share one per test process (`shared_session`): the
+`local[2]` modules (the DataFrame, drop-in, estimator and local-master tests) one `local[2]`, the
+modules on a plain `local-cluster[2,1,1024]` (horovod.spark.run, HorovodRunner) one of those.
+Between two such modules the session is parked: hidden from pyspark (no active SparkContext or
+SparkSession, so a later module that checks the "no Spark" paths sees none), its JVMs kept. The
+next module that wants the same kind takes it back after a health check (context not stopped,
+every executor registered, else a fresh one); a module that wants another session, or any
+`start_session` call, stops the parked one first; the test session's end stops it (by PID).
+Modules whose cluster differs (standalone, fake GPUs, a killed driver) start their own.
+
+Only one SparkContext can exist per process, so a module-scoped session and a shared one never
+coexist. Everything listens on 127.0.0.1, and the executors' work directories go to a temporary
+folder rather than into pyspark's site-packages folder (a local-cluster's workers put them under
+SPARK_HOME, so SPARK_HOME points at a temporary mirror of the pip pyspark folder).
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
@@ -24,6 +36,9 @@ import pyspark
 from distributor.rank_env import free_port
 
 PYSPARK_DIR = Path(pyspark.__file__).parent
+
+#: Two executor JVMs of one core and 1 GiB each, started by the driver JVM's own standalone worker.
+LOCAL_CLUSTER = "local-cluster[2,1,1024]"
 
 #: JVM options for every test JVM: C1 only and the serial collector start a JVM about twice as
 #: fast on 2 cores, and short test jobs never profit from C2 or parallel GC.
@@ -73,6 +88,7 @@ def start_session(master: str, app_name: str, conf: Optional[Dict[str, str]] = N
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
+    stop_shared()  # a parked shared session is hidden, but its JVM would refuse a second context
     if SparkContext._active_spark_context is not None:  # getOrCreate would hand back that one
         raise RuntimeError(
             f"a SparkContext on {SparkContext._active_spark_context.master} is already active in "
@@ -247,35 +263,156 @@ class StandaloneCluster:
             log.close()
 
 
-@contextlib.contextmanager
-def local_cluster_session(root: Path, app_name: str, master: str = "local-cluster[2,1,1024]",
-                          executors: int = 2) -> Iterator[object]:
-    """A SparkSession on a local-cluster whose executors work under `root`; stopped on exit."""
-    env = EnvPatch({**SPARK_TEST_ENV, "SPARK_HOME": str(mirror_spark_home(root))})
-    session = start_session(master, app_name, executors=executors)
-    try:
-        yield session
-    finally:
-        stop_session(session)
-        env.restore()
+class _Shared:
+    """The test process's shared session: its kind (master or "standalone", executors), the
+    session, the folder of its SPARK_HOME mirror, its standalone cluster if any, the environment
+    patch while a module holds it, and what it hid from pyspark while parked."""
+
+    def __init__(self, kind: tuple, executors: int, root: Path, session, env: EnvPatch,
+                 cluster: Optional["StandaloneCluster"] = None) -> None:
+        self.kind, self.executors, self.root, self.session = kind, executors, root, session
+        self.cluster = cluster
+        self.env: Optional[EnvPatch] = env
+        self.hidden: Optional[tuple] = None
+        gateway = getattr(session.sparkContext, "_gateway", None)
+        self.jvm = getattr(gateway, "proc", None)  # the driver JVM, parent of every other one
+
+    def park(self) -> None:
+        """Hide the session from pyspark (no active context or session: a later module sees no
+        Spark, as after a stop) and give the environment back; the JVMs keep running."""
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+
+        if self.hidden is None:
+            self.hidden = (SparkContext._active_spark_context, SparkSession._instantiatedSession,
+                           SparkSession._activeSession)
+            SparkContext._active_spark_context = None
+            SparkSession._instantiatedSession = SparkSession._activeSession = None
+        if self.env is not None:
+            self.env.restore()
+            self.env = None
+
+    def unhide(self) -> None:
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+
+        if self.hidden is not None:
+            (SparkContext._active_spark_context, SparkSession._instantiatedSession,
+             SparkSession._activeSession) = self.hidden
+            self.hidden = None
+
+    def take_back(self) -> bool:
+        """Unhide the session for the next module; False if it is no longer whole (a module
+        stopped it, its JVM died, or an executor it killed has not come back)."""
+        self.unhide()
+        sc = self.session.sparkContext
+        if self.jvm is None or self.jvm.poll() is not None or sc._jsc is None:
+            return False
+        if self.cluster is not None and any(p.poll() is not None for p in self.cluster.procs):
+            return False
+        try:
+            jsc = sc._jsc.sc()
+            if jsc.isStopped() or len(jsc.statusTracker().getExecutorInfos()) - 1 < self.executors:
+                return False
+        except Exception:  # noqa: BLE001 - a gateway that no longer answers: start afresh
+            return False
+        home = self.cluster.home if self.cluster is not None else self.root / "spark-home"
+        self.env = EnvPatch({**SPARK_TEST_ENV, "SPARK_HOME": str(home)})
+        return True
+
+
+_shared: Optional[_Shared] = None
+_stop_at_session_end = False
 
 
 @contextlib.contextmanager
-def standalone_session(root: Path, app_name: str, cores: int = 2) -> Iterator[tuple]:
-    """(StandaloneCluster, SparkSession) with one worker of `cores` cores under `root`; on exit
-    the session, the worker and the master are stopped and checked gone (by PID)."""
-    cluster = StandaloneCluster(root, cores=cores, memory="2g")
-    env = EnvPatch({**SPARK_TEST_ENV, "SPARK_HOME": str(cluster.home)})
-    session = None
+def shared_session(request, master: str = "local[2]", executors: int = 0) -> Iterator[object]:
+    """The test process's shared SparkSession on `master` (with `executors` registered), for one
+    test module: in a module-scoped fixture, ``with shared_session(request) as spark: yield
+    spark``. Started on first use, parked after the module, taken back by the next module of the
+    same kind, stopped (JVMs by PID) when another kind or `start_session` needs the process's one
+    SparkContext, and at the end of the test session. A module that changes the session for good
+    (stops it, kills an executor) leaves it to be checked and replaced, not reused broken."""
+    with _shared_kind(request, (master,), executors) as shared:
+        yield shared.session
+
+
+@contextlib.contextmanager
+def shared_standalone_session(request, cores: int = 2) -> Iterator[tuple]:
+    """(StandaloneCluster, SparkSession): the test process's shared standalone master and worker
+    (`cores` cores) with a session on them, for one test module, as `shared_session`; stopped
+    and checked gone (by PID) with the session."""
+    with _shared_kind(request, ("standalone", cores), 1) as shared:
+        yield shared.cluster, shared.session
+
+
+@contextlib.contextmanager
+def _shared_kind(request, kind: tuple, executors: int) -> Iterator[_Shared]:
+    global _shared, _stop_at_session_end
+    shared = _shared
+    if shared is not None and (shared.kind != kind or shared.executors != executors
+                               or not shared.take_back()):
+        stop_shared()
+        shared = None
+    if shared is None:
+        root = Path(tempfile.mkdtemp(prefix="spark-shared-"))
+        cluster = env = None
+        try:
+            if kind[0] == "standalone":
+                cluster = StandaloneCluster(root, cores=kind[1], memory="2g")
+                env = EnvPatch({**SPARK_TEST_ENV, "SPARK_HOME": str(cluster.home)})
+                session = start_session(cluster.url, "tests' shared standalone", executors=executors,
+                                        conf={"spark.cores.max": str(kind[1])})
+            else:
+                env = EnvPatch({**SPARK_TEST_ENV, "SPARK_HOME": str(mirror_spark_home(root))})
+                session = start_session(kind[0], f"tests' shared {kind[0]}", executors=executors)
+        except BaseException:
+            if cluster is not None:
+                cluster.stop()
+            if env is not None:
+                env.restore()
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        shared = _shared = _Shared(kind, executors, root, session, env, cluster)
+        if not _stop_at_session_end:
+            _stop_at_session_end = True
+            request.session.addfinalizer(_session_ended)
     try:
-        session = start_session(cluster.url, app_name, executors=1,
-                                conf={"spark.cores.max": str(cores)})
-        yield cluster, session
+        yield shared
     finally:
-        if session is not None:
-            stop_session(session)
-        pids = [p.pid for p in cluster.procs]
-        family = pids + [d for p in pids for d in descendants(p)]
-        cluster.stop()
-        env.restore()
-        assert not [p for p in family if alive(p)], "standalone JVMs left behind"
+        shared.park()
+
+
+def _session_ended() -> None:
+    global _stop_at_session_end
+    _stop_at_session_end = False
+    stop_shared()
+
+
+def stop_shared() -> None:
+    """Stop the shared session, if there is one, and every JVM and Python worker under its driver
+    JVM (by PID), and remove its folder."""
+    global _shared
+    shared, _shared = _shared, None
+    if shared is None:
+        return
+    shared.unhide()
+    family = []
+    if shared.jvm is not None and shared.jvm.poll() is None:
+        family = [shared.jvm.pid] + descendants(shared.jvm.pid)
+    if shared.cluster is not None:
+        family += [p.pid for p in shared.cluster.procs]
+        family += [d for p in shared.cluster.procs for d in descendants(p.pid)]
+    try:
+        stop_session(shared.session)
+    except Exception:  # noqa: BLE001 - a broken session: its processes are killed below
+        pass
+    finally:
+        if shared.cluster is not None:
+            shared.cluster.stop()
+        kill_tree([p for p in family if alive(p)])
+        if shared.env is not None:
+            shared.env.restore()
+        shutil.rmtree(shared.root, ignore_errors=True)
+    assert not [p for p in family if alive(p)], "the shared session's JVMs were left behind"
+

@@ -10,19 +10,13 @@ import pytest
 from distributor import LaunchValidationError, RankFailedError, TorchDistributor, run_function
 from distributor.placement import SparkPlacement, SparkPlacementError
 
-from spark_clusters import SPARK_TEST_ENV, EnvPatch, alive, mirror_spark_home, start_session, stop_session
+from spark_clusters import alive, shared_session
 
 
 @pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    root = tmp_path_factory.mktemp("local-master")
-    env = EnvPatch({**SPARK_TEST_ENV, "SPARK_HOME": str(mirror_spark_home(root))})
-    session = start_session("local[2]", "test_spark_local_master")
-    try:
+def spark(request):
+    with shared_session(request) as session:  # local[2], shared with the other local[2] modules
         yield session
-    finally:
-        stop_session(session)
-        env.restore()
 
 
 def _rank_info(scale):

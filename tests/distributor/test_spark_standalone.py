@@ -1,6 +1,6 @@
 """The Spark placement on a standalone cluster the test starts: a master and a worker on
 127.0.0.1 (pyspark's spark-class), executors' work directories in a temporary folder, everything
-stopped by PID at the end."""
+stopped by PID at the end; shared with test_spark_run_standalone.py when both run in one process."""
 from __future__ import annotations
 
 import os
@@ -10,12 +10,12 @@ import pytest
 
 from distributor import TorchDistributor
 
-from spark_clusters import PYSPARK_DIR, standalone_session
+from spark_clusters import PYSPARK_DIR, shared_standalone_session
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with standalone_session(tmp_path_factory.mktemp("standalone"), "test_spark_standalone") as both:
+def cluster(request):
+    with shared_standalone_session(request) as both:
         yield both
 
 

@@ -16,7 +16,7 @@ import cloudpickle  # noqa: E402
 
 from distributor import LaunchValidationError, TorchDistributor  # noqa: E402
 
-from spark_clusters import local_spark  # noqa: E402
+from spark_clusters import shared_session  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 LARGE_ROWS = 200_000 if os.environ.get("CI") == "true" else 1_000_000
@@ -28,8 +28,8 @@ BOUND = 120 * 2**20
 
 
 @pytest.fixture(scope="module")
-def spark():
-    with local_spark("test_torch_distributor_dataframe") as session:
+def spark(request):
+    with shared_session(request) as session:  # local[2], shared with the other local[2] modules
         yield session
 
 

@@ -26,7 +26,7 @@ from pyspark.ml.torch.distributor import _get_gpus_owned  # noqa: E402
 from pyspark.resource.information import ResourceInformation  # noqa: E402
 
 from distributor import LaunchValidationError, TorchDistributor  # noqa: E402
-from spark_clusters import local_spark  # noqa: E402
+from spark_clusters import shared_session  # noqa: E402
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TASK_GPU = "spark.task.resource.gpu.amount"
@@ -34,8 +34,8 @@ DRIVER_GPU = "spark.driver.resource.gpu.amount"
 
 
 @pytest.fixture(scope="module")
-def spark():
-    with local_spark("test_torch_distributor_dropin") as session:
+def spark(request):
+    with shared_session(request) as session:  # local[2], shared with the other local[2] modules
         yield session
 
 

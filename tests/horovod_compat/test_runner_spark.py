@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
-from spark_clusters import local_cluster_session  # noqa: E402
+from spark_clusters import LOCAL_CLUSTER, shared_session  # noqa: E402
 
 from distributor import RankFailedError  # noqa: E402
 from horovod_compat.runner import HorovodRunner  # noqa: E402
@@ -16,8 +16,9 @@ from procs import left_after  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    with local_cluster_session(tmp_path_factory.mktemp("hvd-local-cluster"), "test_runner_spark") as session:
+def spark(request):
+    # a plain local-cluster[2,1,1024], shared with the other modules that run on one
+    with shared_session(request, LOCAL_CLUSTER, executors=2) as session:
         yield session
 
 

@@ -13,7 +13,7 @@ pytest.importorskip("pyarrow", reason="the Spark estimators need pyarrow: pip in
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
-from spark_clusters import local_spark  # noqa: E402
+from spark_clusters import shared_session  # noqa: E402
 
 from horovod.spark.common.backend import Backend, SparkBackend  # noqa: E402
 from horovod.spark.common.store import FilesystemStore, LocalStore, Store  # noqa: E402
@@ -25,8 +25,8 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture(scope="module")
-def spark():
-    with local_spark("test_spark_estimator") as session:
+def spark(request):
+    with shared_session(request) as session:  # local[2], shared with the other local[2] modules
         yield session
 
 

@@ -21,7 +21,7 @@ pytest.importorskip("tensorflow")
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from spark_clusters import SPARK_TEST_ENV, local_spark, mirror_spark_home  # noqa: E402
+from spark_clusters import SPARK_TEST_ENV, mirror_spark_home, shared_session  # noqa: E402
 from tf_support import write_mnist_libsvm  # noqa: E402
 
 from horovod.spark.common.backend import Backend, SparkBackend  # noqa: E402
@@ -34,8 +34,8 @@ EXAMPLE = UPSTREAM / "examples" / "spark" / "keras" / "keras_spark_mnist.py"
 
 
 @pytest.fixture(scope="module")
-def spark():
-    with local_spark("test_spark_keras_estimator") as session:
+def spark(request):
+    with shared_session(request) as session:  # local[2], shared with the other local[2] modules
         yield session
 
 

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 import cloudpickle  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
-from spark_clusters import local_spark  # noqa: E402
+from spark_clusters import shared_session  # noqa: E402
 
 from horovod.spark.common.backend import SparkBackend  # noqa: E402
 from horovod.spark.common.store import Store  # noqa: E402
@@ -61,8 +61,8 @@ def make_module(pl):
 
 
 @pytest.fixture(scope="module")
-def spark():
-    with local_spark("test_spark_lightning_estimator") as session:
+def spark(request):
+    with shared_session(request) as session:  # local[2], shared with the other local[2] modules
         yield session
 
 

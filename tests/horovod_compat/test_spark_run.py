@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
-from spark_clusters import local_cluster_session  # noqa: E402
+from spark_clusters import LOCAL_CLUSTER, shared_session  # noqa: E402
 
 import horovod.spark  # noqa: E402
 from distributor import LaunchValidationError, RankFailedError  # noqa: E402
@@ -19,8 +19,9 @@ from procs import processes_with  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    with local_cluster_session(tmp_path_factory.mktemp("hvd-spark-run"), "test_spark_run") as session:
+def spark(request):
+    # a plain local-cluster[2,1,1024], shared with the other modules that run on one
+    with shared_session(request, LOCAL_CLUSTER, executors=2) as session:
         yield session
 
 

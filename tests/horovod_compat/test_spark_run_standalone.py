@@ -1,5 +1,6 @@
 """horovod.spark.run on the standalone master + worker the tests start (pyspark's spark-class),
-stopped by PID at the end."""
+stopped by PID at the end; shared with tests/distributor/test_spark_standalone.py when both run in
+one process."""
 from __future__ import annotations
 
 import io
@@ -9,14 +10,14 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
-from spark_clusters import standalone_session  # noqa: E402
+from spark_clusters import shared_standalone_session  # noqa: E402
 
 import horovod.spark  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with standalone_session(tmp_path_factory.mktemp("hvd-standalone"), "test_spark_run_standalone") as both:
+def cluster(request):
+    with shared_standalone_session(request) as both:
         yield both
 
 
