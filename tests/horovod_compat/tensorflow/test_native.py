@@ -64,8 +64,8 @@ def test_without_a_compiler_the_binding_still_works_and_says_why(tmp_path):
     assert status.startswith("STATUS not available (could not build or load check_op.cc: "
                              "could not run the C++ compiler"), status
     assert "raises UnknownError (with Horovod's message) instead of its own error type" in stderr
-    status, _ = _status_in_fresh_process({"HOROVOD_COMPAT_TF_NATIVE": "0"})
-    assert status == "STATUS not available (disabled by HOROVOD_COMPAT_TF_NATIVE=0)"
+    # HOROVOD_COMPAT_TF_NATIVE=0's status: the ranks of test_a_mismatch_in_a_graph_raises_horovods_error_type[off]
+    # report it (a fresh process here cost one more TensorFlow start-up)
 
 
 def _graph_errors():
@@ -105,15 +105,22 @@ def _graph_errors():
     out["function"] = caught(lambda: reduce(tf.ones([5 + r])))
     out["function after"] = reduce(tf.ones([2]) * (r + 1)).numpy().tolist()
     out["chained"] = no_outputs_after(tf.ones([1]) * (r + 1)).numpy().tolist()
+    from horovod_compat.tensorflow import _native
+    out["status"] = _native.status()
     hvd.shutdown()
     return out
 
 
 @pytest.mark.parametrize("native", ["on", "off"])
 def test_a_mismatch_in_a_graph_raises_horovods_error_type(native):
+    """With the op (from the run's shared cache) and with ``HOROVOD_COMPAT_TF_NATIVE=0``; the
+    ranks' ``status()`` must say which (the check of the switch's status, in this launch)."""
     env = {} if native == "on" else {"HOROVOD_COMPAT_TF_NATIVE": "0"}
     expected = "FailedPreconditionError" if native == "on" else "UnknownError"
+    status = ("compiled error-status op loaded" if native == "on"
+              else "not available (disabled by HOROVOD_COMPAT_TF_NATIVE=0)")
     for rep in run_function(_graph_errors, num_processes=2, return_all=True, timeout=300, env=env):
+        assert rep["status"] == status, rep["status"]
         for key, shapes in (("session", "shape [17, 17], but another rank sent a tensor of shape "
                                         "[18, 18]"),
                             ("function", "shape [5], but another rank sent a tensor of shape [6]")):
