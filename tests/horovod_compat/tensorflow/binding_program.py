@@ -1,6 +1,7 @@
 """Run under `horovodrun -np 2`: horovod.tensorflow's collectives eagerly and in tf.function, their
-gradients, the tape, the TF1 optimizer, broadcasts, op=hvd.Adasum, and both bindings on one
-runtime.  Every rank prints `RESULT <json>` lines that test_tensorflow_binding.py checks."""
+gradients, the tape, the TF1 optimizer, broadcasts, op=hvd.Adasum, AutoGraph leaving the binding
+alone, and both bindings on one runtime.  Every rank prints `RESULT <json>` lines that
+test_tensorflow_binding.py checks."""
 import json
 import os
 
@@ -11,6 +12,29 @@ import torch  # noqa: E402
 
 import horovod.tensorflow as hvd  # noqa: E402
 import horovod.torch as hvd_torch  # noqa: E402
+
+# AutoGraph must leave the binding's code alone (test_autograph_does_not_rewrite_the_binding), asked
+# before anything has run, as a user's first tf.function would
+from tensorflow.python.autograph.impl.conversion import is_allowlisted  # noqa: E402
+
+import horovod.tensorflow.keras as hvd_keras  # noqa: E402
+from horovod_compat.tensorflow import mpi_ops  # noqa: E402
+
+
+def user_function(x):
+    return x
+
+
+autograph_allowlisted = {
+    "hvd.allreduce": is_allowlisted(hvd.allreduce),
+    "hvd.grouped_allreduce": is_allowlisted(hvd.grouped_allreduce),
+    "mpi_ops._reduce_np": is_allowlisted(mpi_ops._reduce_np),
+    "hvd.DistributedGradientTape": is_allowlisted(hvd.DistributedGradientTape),
+    "DistributedGradientTape(...).gradient":
+        is_allowlisted(type(hvd.DistributedGradientTape(tf.GradientTape())).gradient),
+    "hvd_keras.DistributedOptimizer": is_allowlisted(hvd_keras.DistributedOptimizer),
+    "user_function": is_allowlisted(user_function),
+}
 
 hvd.init(process_sets="dynamic")
 r, n = hvd.rank(), hvd.size()
@@ -274,6 +298,22 @@ dense_sp = hvd.DistributedGradientTape(tape_sp, op=hvd.Adasum, sparse_as_dense=T
     loss_sp, [emb])[0]
 put("adasum_errors", errors)
 put("adasum_sparse_as_dense", dense_sp.numpy().tolist())
+
+# AutoGraph: a user's tf.function around the binding's allreduce and tape (the same x on every
+# rank: y = sum(x * x) and its gradient 2x, averaged)
+put("autograph_allowlisted", autograph_allowlisted)
+
+
+@tf.function
+def autograph_step(x):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.reduce_sum(hvd.allreduce(x * x))
+    return y, hvd.DistributedGradientTape(tape).gradient(y, x)
+
+
+y_ag, g_ag = autograph_step(tf.constant(np.arange(4, dtype=np.float32)))
+put("autograph_step", [float(y_ag), g_ag.numpy().tolist()])
 
 # one runtime for both bindings
 hvd_torch.init()  # a second init is a no-op, as Horovod's
