@@ -52,9 +52,10 @@ TRAIN = textwrap.dedent("""\
     """)
 
 
-def _horovodrun(tmp_path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def _horovodrun(tmp_path, *args: str, timeout: float = 240,
+                program: str = TRAIN) -> subprocess.CompletedProcess:
     script = tmp_path / "train.py"
-    script.write_text(TRAIN)
+    script.write_text(program)
     return subprocess.run([sys.executable, "-m", "horovod_compat.run", *args, sys.executable,
                            str(script)], cwd=tmp_path, capture_output=True, text=True,
                           timeout=timeout)
@@ -89,11 +90,22 @@ def _check_across_hosts(found: list, reference: list, cluster, transport: str = 
     assert all(r["weights"] == found[0]["weights"] for r in found), "ranks disagree"
 
 
+@pytest.fixture(scope="module")
+def mpi_on_two_hosts(cluster, tmp_path_factory):
+    """One ``horovodrun -np 4 -H hc1:2,hc2:2 --mpi`` of TRAIN and then SEMANTICS (below): two
+    tests check it, each its own part (one launch across the hosts, not two alike)."""
+    return _horovodrun(tmp_path_factory.mktemp("mpi-on-two-hosts"), "-np", "4", "-H",
+                       cluster.spec(2), "--mpi", timeout=300, program=TRAIN + SEMANTICS)
+
+
 # (without --gloo/--mpi, -H runs mpirun where it is installed: the hostfile, flat-ring and
 # network-interface tests below run that default)
 @pytest.mark.parametrize("mode", [["--gloo"], ["--mpi"]], ids=["gloo", "mpi"])
-def test_horovodrun_on_two_hosts(cluster, tmp_path, one_host_reference, mode):
-    done = _horovodrun(tmp_path, "-np", "4", "-H", cluster.spec(2), *mode)
+def test_horovodrun_on_two_hosts(cluster, tmp_path, one_host_reference, mode, request):
+    if mode == ["--mpi"]:
+        done = request.getfixturevalue("mpi_on_two_hosts")
+    else:
+        done = _horovodrun(tmp_path, "-np", "4", "-H", cluster.spec(2), *mode)
     _check_across_hosts(_results(done), one_host_reference, cluster)
 
 
@@ -238,15 +250,12 @@ SEMANTICS = textwrap.dedent("""\
     """)
 
 
-def test_host_aware_allreduce_keeps_every_guarantee(cluster, tmp_path):
+def test_host_aware_allreduce_keeps_every_guarantee(cluster, mpi_on_two_hosts):
     """Every reduce op and dtype (sizes below, around and above a shared-memory slot), Average,
     a grouped allreduce and hvd.join with uneven steps, all on the host-aware path, each result
-    checked exactly against what every rank computes locally."""
-    script = tmp_path / "semantics.py"
-    script.write_text(SEMANTICS)
-    done = subprocess.run([sys.executable, "-m", "horovod_compat.run", "-np", "4", "-H",
-                           cluster.spec(2), sys.executable, str(script)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    checked exactly against what every rank computes locally (in the same job as the --mpi case
+    of test_horovodrun_on_two_hosts, after its TRAIN)."""
+    done = mpi_on_two_hosts
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     found = sorted(json.loads(m)["rank"] for m in re.findall(r"SEMANTICS (\{.*\})", done.stdout))
     assert found == [0, 1, 2, 3], done.stdout[-3000:]
