@@ -416,3 +416,13 @@ def stop_shared() -> None:
         shutil.rmtree(shared.root, ignore_errors=True)
     assert not [p for p in family if alive(p)], "the shared session's JVMs were left behind"
 
+
+def no_active_jobs(spark, timeout: float = 60.0) -> bool:
+    """Whether Spark lists no active job, waiting up to `timeout` seconds for it: the status
+    tracker learns of a job's end from Spark's listener bus, asynchronously, so it may list a job
+    for a moment after its action returned (longer on a loaded machine; no wait once it is done)."""
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + timeout
+    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not tracker.getActiveJobsIds()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
-from spark_clusters import LOCAL_CLUSTER, shared_session  # noqa: E402
+from spark_clusters import LOCAL_CLUSTER, no_active_jobs, shared_session  # noqa: E402
 
 from distributor import RankFailedError  # noqa: E402
 from horovod_compat.runner import HorovodRunner  # noqa: E402
@@ -92,7 +92,7 @@ def test_np_positive_failure_is_the_rank_error_not_a_spark_dump(spark, monkeypat
         HorovodRunner(np=2).run(fail_on_rank1)
     assert info.value.rank == 1 and info.value.exc_type == "ValueError"
     assert "Py4JJavaError" not in str(info.value)
-    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    assert no_active_jobs(spark)
     assert left_after(marker) == [], "mpirun, prted or a rank outlived the job"
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
-from spark_clusters import LOCAL_CLUSTER, shared_session  # noqa: E402
+from spark_clusters import LOCAL_CLUSTER, no_active_jobs, shared_session  # noqa: E402
 
 import horovod.spark  # noqa: E402
 from distributor import LaunchValidationError, RankFailedError  # noqa: E402
@@ -80,8 +80,8 @@ def test_a_failing_rank_reaches_the_driver_quickly_and_nothing_is_left(spark, mo
     error = info.value
     assert error.rank == 1 and error.exc_type == "ZeroDivisionError"
     assert "rank 1 divided by zero" in error.traceback and "fail_on_rank_1" in error.traceback
-    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
-    deadline = time.monotonic() + 15
+    assert no_active_jobs(spark)
+    deadline = time.monotonic() + 60  # (no wait once they are gone)
     while _ranks_with_marker(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _ranks_with_marker(marker) == [], "a rank outlived the job"
@@ -217,13 +217,8 @@ def test_run_elastic_replaces_a_killed_worker_inside_its_task_and_the_result_is_
     assert any(r["resets"] for r in results), "the survivor must have been reset"
     # the replacement (worker 2, in the killed worker's task) joined the survivor as rank 1
     assert "[2]<stdout>:joined as rank 1 of 2" in out.getvalue(), out.getvalue()
-    # run_elastic returned after its Spark action did; the status tracker learns of the job's
-    # end from Spark's listener bus, asynchronously, so it may list the job for a moment more
-    tracker, deadline = spark.sparkContext.statusTracker(), time.monotonic() + 10
-    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert tracker.getActiveJobsIds() == []
-    deadline = time.monotonic() + 15
+    assert no_active_jobs(spark)  # (run_elastic returned after its Spark action did)
+    deadline = time.monotonic() + 60  # (no wait once they are gone)
     while _ranks_with_marker(marker_env) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _ranks_with_marker(marker_env) == [], "a worker outlived the job"
