@@ -28,9 +28,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "torch"))
 from hvd_launch import _launch, horovodrun  # noqa: E402
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
-                                reason="tensorflow is not installed (pip install "
-                                       "'horovod-compat[tensorflow]')")
+#: A bound for a hang, not a speed check: the four launches together (7 TensorFlow processes)
+#: take about 60 s on 2 busy cores, and several times that beside another suite worker and busy
+#: loops.
+LAUNCH_TIMEOUT = 480
+
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                                 reason="tensorflow is not installed (pip install "
+                                        "'horovod-compat[tensorflow]')"),
+              # the first test that takes `runs` includes the launches
+              pytest.mark.timeout(LAUNCH_TIMEOUT + 120)]
 
 #: Identical math in a different order (a sum of two halves vs one sum): float32 round-off only.
 ATOL = 1e-5
@@ -39,23 +46,24 @@ ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": 
 ARGS = ["--batch-per-worker", "16", "--base-lr", "0.05", "--epochs", "2", "--samples", "160"]
 #: one process: the global batch, and the learning rate the 2-worker scripts scale to (0.05 x 2)
 SINGLE_ARGS = ["--batch-per-worker", "32", "--base-lr", "0.1", "--epochs", "2", "--samples", "160"]
-LAUNCH_TIMEOUT = 180
 
 
 def _two_free_ports() -> int:
-    """A port p such that p and p + 1 are free now (fixed ports of 2 workers on one host)."""
+    """A port p such that p and p + 1 are free now (fixed ports of 2 workers on one host), chosen
+    as ``rank_env.free_port`` chooses: below the ephemeral range, where the outgoing connections of
+    a busy machine (the other suite worker's) cannot take them before the workers bind them."""
+    from distributor.rank_env import free_port
+
     for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("", 0))
-            p = a.getsockname()[1]
-            if p >= 65535:
+        p = free_port("")
+        if p >= 65535:
+            continue
+        with socket.socket() as b:
+            try:
+                b.bind(("", p + 1))
+            except OSError:
                 continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("", p + 1))
-                except OSError:
-                    continue
-                return p
+            return p
     raise RuntimeError("no two consecutive free ports")
 
 
