@@ -203,3 +203,42 @@ def test_the_servers_environment_drops_exactly_what_torchrun_sets_per_job():
     spec = RankSpec(rank=1, world_size=2, local_rank=0, local_world_size=1, node_rank=1,
                     num_nodes=2, gpu_ids=("0",))
     assert set(torchrun_env(spec, "127.0.0.1", 1234, "run")) - {"PYTHONUNBUFFERED"} == set(TORCHRUN_VARS)
+
+
+def _import_colorsys():
+    already = "colorsys" in sys.modules
+    import colorsys  # noqa: F401 - what the server learns
+
+    return already, os.getppid()
+
+
+def test_a_worker_server_learns_what_its_ranks_imported_for_the_next_job(monkeypatch):
+    """`forkserver.LEARNED` (TensorFlow in production; a cheap module here): the first job's
+    ranks import it themselves, the server imports it once they have ended, and the next job's
+    ranks are forked with it. Deterministic: a rank reports before it exits, and the server
+    imports before it reads the next job's spawn request."""
+    monkeypatch.setattr(forkserver, "LEARNED", ("colorsys",))
+    launcher = warm_launcher()
+    first = run_function(_import_colorsys, num_processes=2, return_all=True, launcher=launcher,
+                         output=lambda *a: None)
+    second = run_function(_import_colorsys, num_processes=2, return_all=True, launcher=launcher,
+                          output=lambda *a: None)
+    (server,) = _server_pids()
+    assert {parent for _, parent in first + second} == {server}
+    assert [already for already, _ in first] == [False, False], "not preloaded before a rank needs it"
+    assert [already for already, _ in second] == [True, True], "learned from the first job"
+
+
+def test_a_server_learns_only_what_a_rank_imported_and_a_jobs_own_server_nothing(monkeypatch):
+    monkeypatch.setattr(forkserver, "LEARNED", ("colorsys",))
+    launcher = warm_launcher()
+    run_function(_rank_facts, num_processes=1, launcher=launcher, output=lambda *a: None)
+    already, _ = run_function(_import_colorsys, num_processes=1, launcher=launcher,
+                              output=lambda *a: None)
+    assert not already, "no rank of the first job imported it: nothing to learn"
+    job_server = forkserver.ForkServer(sys.executable, ("json",), dict(os.environ), os.getcwd())
+    try:
+        assert not [arg for arg in job_server._proc.args if arg.startswith(forkserver.LEARN_MARK)], \
+            "a job's own server (PythonLauncher.keep_warm) has no later job to learn for"
+    finally:
+        job_server.close()
