@@ -22,9 +22,12 @@ from distributor import (
 from distributor import engine, protocol
 
 
-def _env_and_allreduce():
+def _env_allreduce_and_ddp_step(lr):
+    """What a rank sees (the torchrun variables, no private ones), a gloo allreduce, and one DDP
+    training step, in one process group: the two tests below check one launch."""
     import torch
     import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
     dist.init_process_group("gloo", init_method="env://")
     t = torch.tensor([float(dist.get_rank() + 1)])
@@ -33,30 +36,6 @@ def _env_and_allreduce():
             "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_WORLD_SIZE"]
     env = {k: os.environ.get(k) for k in keys}
     private = [k for k in os.environ if k.startswith("DISTRIBUTOR_")]
-    dist.destroy_process_group()
-    return t.item(), env, private
-
-
-def test_env_contract_and_all_reduce():
-    results = run_function(_env_and_allreduce, num_processes=2, return_all=True)
-    assert [r[0] for r in results] == [3.0, 3.0]
-    for rank, (_, env, private) in enumerate(results):
-        assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
-        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2"
-        assert env["GROUP_RANK"] == env["NODE_RANK"] == "0"
-        assert env["GROUP_WORLD_SIZE"] == "1"
-        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"].isdigit()
-        assert env["TORCHELASTIC_RUN_ID"].startswith("distributor-")
-        assert private == [], "the hub address and secret must not leak into user code"
-    assert results[0][1]["TORCHELASTIC_RUN_ID"] == results[1][1]["TORCHELASTIC_RUN_ID"]
-
-
-def _ddp_step(lr):
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = DDP(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -67,11 +46,31 @@ def _ddp_step(lr):
     opt.step()
     weights = model.module.weight.detach().clone()
     dist.destroy_process_group()
-    return weights
+    return t.item(), env, private, weights
 
 
-def test_ddp_training_step_keeps_replicas_equal():
-    w0, w1 = run_function(_ddp_step, 0.1, num_processes=2, return_all=True)
+@pytest.fixture(scope="module")
+def gloo_job():
+    """One 2-rank run of `_env_allreduce_and_ddp_step` (every rank's result)."""
+    return run_function(_env_allreduce_and_ddp_step, 0.1, num_processes=2, return_all=True)
+
+
+def test_env_contract_and_all_reduce(gloo_job):
+    results = gloo_job
+    assert [r[0] for r in results] == [3.0, 3.0]
+    for rank, (_, env, private, _) in enumerate(results):
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["GROUP_RANK"] == env["NODE_RANK"] == "0"
+        assert env["GROUP_WORLD_SIZE"] == "1"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"].isdigit()
+        assert env["TORCHELASTIC_RUN_ID"].startswith("distributor-")
+        assert private == [], "the hub address and secret must not leak into user code"
+    assert results[0][1]["TORCHELASTIC_RUN_ID"] == results[1][1]["TORCHELASTIC_RUN_ID"]
+
+
+def test_ddp_training_step_keeps_replicas_equal(gloo_job):
+    w0, w1 = (r[3] for r in gloo_job)
     assert w0.shape == (1, 4)
     assert bool((w0 == w1).all())
 
