@@ -11,7 +11,9 @@ committed here, and the tests skip with the reason when they are absent.
 from __future__ import annotations
 
 import ast
+import functools
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -44,7 +46,10 @@ ALLOWED_TODOS = {
 }
 
 
+@functools.lru_cache(maxsize=None)
 def _rewrite(script: str):
+    """The rewriter's result for `script`, made once per run: several tests read it (a rewrite
+    of one of these scripts costs 0.4-1 s of CPU), none changes it."""
     path = UPSTREAM / script
     return migrate_source(path.read_text(), path.name)
 
@@ -130,19 +135,35 @@ def test_pytorch_synthetic_benchmark_rewritten_reports_like_the_unchanged_script
     assert got == want
 
 
-def test_pytorch_mnist_elastic_rewritten_trains_like_the_unchanged_script_on_the_shim(tmp_path):
+ELASTIC_MNIST = "examples/elastic/pytorch/pytorch_mnist_elastic.py"
+
+
+@pytest.fixture(scope="module")
+def elastic_mnist_native(tmp_path_factory):
+    """One run of the rewritten elastic MNIST script (1 epoch, the checkpoint it commits to), which
+    two tests read: the trains-like test compares its metrics with the unchanged script's, the
+    resume test starts the same job again from the checkpoint it left.  (They ran the very same
+    launch each, same script, arguments, data and environment.)  Returns (folder, the rewritten
+    script, the data folder, rank 0's stdout lines)."""
+    folder = tmp_path_factory.mktemp("elastic_mnist")
+    data = write_mnist(folder / "data")
+    native = folder / "pytorch_mnist_elastic_native.py"
+    native.write_text(_rewrite(ELASTIC_MNIST).source)
+    env = {"HOME": str(folder), "ELASTIC_CHECKPOINT": str(folder / "state.pt")}
+    lines = run_ranks(native, MNIST_ARGS + ["--data-dir", str(data)], env)
+    return folder, native, data, lines
+
+
+def test_pytorch_mnist_elastic_rewritten_trains_like_the_unchanged_script_on_the_shim(tmp_path, elastic_mnist_native):
     """Without failures an elastic run is a plain run: same metrics, and the native state was
     checkpointed by rank 0 at its commits."""
-    data = write_mnist(tmp_path / "data")
-    script = "examples/elastic/pytorch/pytorch_mnist_elastic.py"
-    native = tmp_path / "pytorch_mnist_elastic_native.py"
-    native.write_text(_rewrite(script).source)
+    folder, _, data, lines = elastic_mnist_native
+    prefixes = ("Train Epoch", "Test set")
+    got = metrics(lines, prefixes)
+    assert (folder / "state.pt").is_file()
     argv = MNIST_ARGS + ["--data-dir", str(data)]
     env = {"HOME": str(tmp_path), "ELASTIC_CHECKPOINT": str(tmp_path / "state.pt")}
-    prefixes = ("Train Epoch", "Test set")
-    got = metrics(run_ranks(native, argv, env), prefixes)
-    assert (tmp_path / "state.pt").is_file()
-    want = metrics(run_ranks(UPSTREAM / script, argv, env), prefixes)
+    want = metrics(run_ranks(UPSTREAM / ELASTIC_MNIST, argv, env), prefixes)
     assert any(line.startswith("Test set") for line in want)
     assert_same_metrics(got, want)
 
@@ -160,18 +181,20 @@ def test_pytorch_synthetic_benchmark_elastic_rewritten_reports_like_the_unchange
 
 
 
-def test_pytorch_mnist_elastic_rewritten_resumes_from_its_last_commit(tmp_path):
+def test_pytorch_mnist_elastic_rewritten_resumes_from_its_last_commit(tmp_path, elastic_mnist_native):
     """torchrun recovers by restarting every worker, so the rewritten state must resume from rank
     0's last commit when the script starts again.  A second start of the same job (--epochs 2,
     the same checkpoint) resumes where the first stopped: epoch 1's last committed batch was the
     last one, so only that batch runs again (Horovod's script re-runs the batch after its last
-    commit), then epoch 2 runs in full; started over, epoch 1 would run in full again."""
-    data = write_mnist(tmp_path / "data")
-    native = tmp_path / "pytorch_mnist_elastic_native.py"
-    native.write_text(_rewrite("examples/elastic/pytorch/pytorch_mnist_elastic.py").source)
+    commit), then epoch 2 runs in full; started over, epoch 1 would run in full again.  The first
+    start is the shared 1-epoch run (`elastic_mnist_native`); the second starts from a copy of its
+    checkpoint, so the shared one is left as that run wrote it."""
+    folder, native, data, lines = elastic_mnist_native
+    shutil.copyfile(folder / "state.pt", tmp_path / "state.pt")
     env = {"HOME": str(tmp_path), "ELASTIC_CHECKPOINT": str(tmp_path / "state.pt")}
     argv = MNIST_ARGS[2:] + ["--data-dir", str(data)]
-    first = metrics(run_ranks(native, ["--epochs", "1"] + argv, env), ("Train Epoch",))
+    assert MNIST_ARGS[:2] == ["--epochs", "1"]  # the shared run was the first start, --epochs 1
+    first = metrics(lines, ("Train Epoch",))
     batches = len(first)
     assert batches == 3 and all(line.startswith("Train Epoch: 1 ") for line in first)
     second = metrics(run_ranks(native, ["--epochs", "2"] + argv, env), ("Train Epoch",))
