@@ -44,6 +44,15 @@ LOCAL_CLUSTER = "local-cluster[2,1,1024]"
 #: fast on 2 cores, and short test jobs never profit from C2 or parallel GC.
 FAST_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
+#: PYSPARK_SUBMIT_ARGS for a script that starts its own SparkSession (Horovod's examples, run
+#: unchanged): the settings `start_session` gives the tests' own sessions, FAST_JVM_OPTS included.
+SUBMIT_ARGS = (
+    "--conf spark.ui.enabled=false --conf spark.driver.host=127.0.0.1 "
+    "--conf spark.executor.memory=512m "
+    f"--driver-java-options '{FAST_JVM_OPTS}' --conf 'spark.executor.extraJavaOptions={FAST_JVM_OPTS}' "
+    "pyspark-shell"
+)
+
 #: Environment every Spark JVM and Python worker of the tests gets.
 SPARK_TEST_ENV = {
     "PYSPARK_PYTHON": sys.executable,

@@ -21,7 +21,7 @@ pytest.importorskip("tensorflow")
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from spark_clusters import SPARK_TEST_ENV, mirror_spark_home, shared_session  # noqa: E402
+from spark_clusters import SPARK_TEST_ENV, SUBMIT_ARGS, mirror_spark_home, shared_session  # noqa: E402
 from tf_support import write_mnist_libsvm  # noqa: E402
 
 from horovod.spark.common.backend import Backend, SparkBackend  # noqa: E402
@@ -153,8 +153,7 @@ def test_upstream_keras_spark_mnist_example_runs_unchanged(tmp_path):
     work_dir.mkdir()
     write_mnist_libsvm(data_dir / "mnist.bz2", rows=int(os.environ.get("KERAS_MNIST_ROWS", "400")))
     env = {**os.environ, **SPARK_TEST_ENV, "SPARK_HOME": str(mirror_spark_home(tmp_path)),
-           "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false --conf spark.driver.host=127.0.0.1 "
-                                  "--conf spark.executor.memory=512m pyspark-shell"}
+           "PYSPARK_SUBMIT_ARGS": SUBMIT_ARGS}
     proc = subprocess.Popen(
         [sys.executable, str(EXAMPLE), "--num-proc", "2", "--batch-size", "32", "--epochs", "3",
          "--data-dir", str(data_dir), "--work-dir", str(work_dir)],

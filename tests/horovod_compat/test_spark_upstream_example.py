@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
-from spark_clusters import SPARK_TEST_ENV, mirror_spark_home  # noqa: E402
+from spark_clusters import SPARK_TEST_ENV, SUBMIT_ARGS, mirror_spark_home  # noqa: E402
 
 pytest.importorskip("pyarrow", reason="the Spark estimators need pyarrow: pip install horovod-compat[spark]")
 
@@ -57,8 +57,7 @@ def run_example(tmp_path: Path, argv: list, timeout: float = 800) -> str:
     work_dir.mkdir()
     write_mnist_libsvm(data_dir / "mnist.bz2")
     env = {**os.environ, **SPARK_TEST_ENV, "SPARK_HOME": str(mirror_spark_home(tmp_path)),
-           "PYSPARK_SUBMIT_ARGS": "--conf spark.ui.enabled=false --conf spark.driver.host=127.0.0.1 "
-                                  "--conf spark.executor.memory=512m pyspark-shell"}
+           "PYSPARK_SUBMIT_ARGS": SUBMIT_ARGS}
     proc = subprocess.Popen(
         [sys.executable, str(EXAMPLE), "--batch-size", "16", "--epochs", "6",
          "--data-dir", str(data_dir), "--work-dir", str(work_dir), *argv],
