@@ -8,9 +8,11 @@ and says why; a cluster script that fails on a machine that permits them is a fa
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,10 @@ import pytest
 ROOT = Path(__file__).parents[2]
 CLUSTER = ROOT / "scripts" / "cluster.sh"
 STATE = Path(os.environ.get("HOROVOD_COMPAT_CLUSTER_DIR", "/run/horovod-compat-cluster"))
+#: Held (flock) by the test run whose session fixture owns the simulated hosts. The namespaces,
+#: their bridge and STATE belong to the whole machine: a second run on it (another clone's suite,
+#: an engineer's tier run) would take the first one's hosts down under its running tests.
+LOCK = STATE.with_name(STATE.name + ".lock")
 HOSTS = 2
 
 
@@ -100,11 +106,30 @@ def _why_not_permitted() -> Optional[str]:
     return None
 
 
+def _own_the_hosts():
+    """The machine's simulated hosts for this run: LOCK, held until the run's end (released when
+    the process ends, however it ends). Another run that holds it is waited for."""
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    held = open(LOCK, "a")
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"\nmultihost: another test run on this machine holds its simulated hosts ({LOCK}); "
+              "waiting for it to end", file=sys.stderr, flush=True)
+        fcntl.flock(held, fcntl.LOCK_EX)
+    return held
+
+
 @pytest.fixture(scope="session")
 def cluster():
     reason = _why_not_permitted()
     if reason:
         pytest.skip(reason)
+    with _own_the_hosts():
+        yield from _cluster()
+
+
+def _cluster():
     subprocess.run(["bash", str(CLUSTER), "down"], check=True, timeout=120)  # an earlier run's
     up = subprocess.run(["bash", str(CLUSTER), "up", str(HOSTS)], capture_output=True, text=True,
                         timeout=600)
