@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+import scheduling
 from timetable import configure as configure_time_table, pytest_addoption  # noqa: F401
 
 
@@ -43,22 +44,15 @@ def no_leftover_processes():
 
 @pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hooks: a run without xdist has none)
 def pytest_xdist_make_scheduler(config, log):
-    """scripts/test.sh runs the suite on two pytest-xdist workers with ``--dist loadfile``: each
-    test file runs whole on one worker, so that its module fixtures (a Spark cluster, a binding
-    program's run) start once. Here the multi-host tier counts as one file: its session fixture
-    brings up one set of network namespaces for the whole run, which a second worker must not
-    bring up beside it. (``--dist loadgroup`` with markers would say the same, but pytest 9 ignores
-    the node ids it rewrites.)"""
+    """scripts/test.sh's ``--dist loadfile``: one file, or one group of files that share a
+    resource, at a time per worker, costliest first (tests/scheduling.py)."""
     if config.getvalue("dist") != "loadfile":
         return None
-    from xdist.scheduler import LoadScopeScheduling
+    return scheduling.make_scheduler(config, log)
 
-    class ByFile(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "tests/multihost" if path.startswith("tests/multihost/") else path
 
-    return ByFile(config, log)
+def pytest_collection_modifyitems(config, items):
+    scheduling.order(items)
 
 
 CACHE_VARIABLE = "HOROVOD_COMPAT_CACHE_DIR"
@@ -75,6 +69,8 @@ def pytest_configure(config):
     cache itself set their own.  A cache chosen outside the suite is kept.  Also registers the
     time table when ``--time-table`` asks for it (tests/timetable.py)."""
     configure_time_table(config)
+    config.addinivalue_line("markers", "shares(name): the files marked with one name run one after "
+                                       "another on one worker (tests/scheduling.py)")
     if os.environ.get(CACHE_VARIABLE):
         return
     path = tempfile.mkdtemp(prefix="horovod_compat-test-cache-")

@@ -13,7 +13,8 @@ every file and every test, costliest first, and prints the ten costliest files. 
 
 Per file, ``worker-s`` is the sum of its tests' wall (what it costs a worker), ``span`` the time
 from its first test's start to its last test's end.  The workers measure; the controller (or the
-single process) collects the figures from the reports and writes the table.
+single process) collects the figures from the reports and writes the table, with how busy the machine's cores were over the run (a
+low figure means the workers mostly waited: on sleeps, timeouts, other processes).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import resource
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +38,14 @@ def _forks() -> int:
             if line.startswith("processes "):
                 return int(line.split()[1])
     return 0
+
+
+def _machine_cpu() -> tuple:
+    """(busy, all) CPU ticks of the whole machine since boot (/proc/stat's first line)."""
+    with open("/proc/stat") as stat:
+        ticks = [int(t) for t in stat.readline().split()[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return sum(ticks) - idle, sum(ticks)
 
 
 def _cpu() -> float:
@@ -80,6 +90,7 @@ class TimeTable:
         self.path = path
         self.tests: dict[str, _Row] = defaultdict(_Row)
         self.started = time.time()
+        self.machine = _machine_cpu()
 
     # -- measuring, where the test runs
     @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -129,11 +140,13 @@ class TimeTable:
         for row in files.values():
             total.add(row.start, row.wall, row.cpu, row.procs)
         elapsed = time.time() - self.started
+        busy, ticks = (now - then for now, then in zip(_machine_cpu(), self.machine))
         lines = [
             "# Test suite time table", "",
             f"Run: {len(self.tests)} tests in {len(files)} files, {elapsed:.0f} s of pytest "
             f"(collection included); {total.wall:.0f} worker-s, {total.cpu:.0f} CPU-s. "
-            f"Columns: tests/timetable.py.", "",
+            f"The machine's {os.cpu_count()} cores were busy {100 * busy / max(ticks, 1):.0f}% of "
+            f"the run (everything on the machine). Columns: tests/timetable.py.", "",
             "## Files", "",
             "| file | tests | worker-s | span s | cpu s | procs |",
             "| --- | --- | --- | --- | --- | --- |",
@@ -166,3 +179,26 @@ def configure(config) -> None:
     path = config.getoption("--time-table")
     if path:
         config.pluginmanager.register(TimeTable(path), "horovod_compat_time_table")
+
+
+def durations(table: str) -> dict:
+    """{file: worker-seconds} from a time table's Files section (tests/scheduling.py's costs)."""
+    found = {}
+    in_files = False
+    for line in Path(table).read_text().splitlines():
+        if line.startswith("## "):
+            in_files = line == "## Files"
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if in_files and len(cells) == 6 and cells[0].startswith("tests/"):
+            found[cells[0]] = round(float(cells[2]), 1)
+    return found
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] != "durations":
+        sys.exit("usage: python tests/timetable.py durations TIME_TABLE.md > tests/file_durations.json")
+    print(json.dumps(durations(sys.argv[2]), indent=1, sort_keys=True))
