@@ -13,6 +13,10 @@ from distributor.placement import SparkPlacement, SparkPlacementError
 from spark_clusters import alive, no_active_jobs, shared_session
 
 
+# One worker runs the files that share this session one after another (tests/scheduling.py).
+pytestmark = pytest.mark.shares("spark local[2]")
+
+
 @pytest.fixture(scope="module")
 def spark(request):
     with shared_session(request) as session:  # local[2], shared with the other local[2] modules

@@ -13,6 +13,10 @@ from distributor import TorchDistributor
 from spark_clusters import PYSPARK_DIR, shared_standalone_session
 
 
+# One worker runs the files that share this session one after another (tests/scheduling.py).
+pytestmark = pytest.mark.shares("spark standalone")
+
+
 @pytest.fixture(scope="module")
 def cluster(request):
     with shared_standalone_session(request) as both:

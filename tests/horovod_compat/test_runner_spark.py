@@ -15,6 +15,10 @@ from horovod_compat.runner import HorovodRunner  # noqa: E402
 from procs import left_after  # noqa: E402
 
 
+# One worker runs the files that share this session one after another (tests/scheduling.py).
+pytestmark = pytest.mark.shares("spark local-cluster")
+
+
 @pytest.fixture(scope="module")
 def spark(request):
     # a plain local-cluster[2,1,1024], shared with the other modules that run on one

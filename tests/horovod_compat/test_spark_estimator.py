@@ -24,6 +24,10 @@ import cloudpickle  # noqa: E402
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+# One worker runs the files that share this session one after another (tests/scheduling.py).
+pytestmark = pytest.mark.shares("spark local[2]")
+
+
 @pytest.fixture(scope="module")
 def spark(request):
     with shared_session(request) as session:  # local[2], shared with the other local[2] modules

@@ -33,6 +33,10 @@ UPSTREAM = Path(os.environ.get(
 EXAMPLE = UPSTREAM / "examples" / "spark" / "keras" / "keras_spark_mnist.py"
 
 
+# One worker runs the files that share this session one after another (tests/scheduling.py).
+pytestmark = pytest.mark.shares("spark local[2]")
+
+
 @pytest.fixture(scope="module")
 def spark(request):
     with shared_session(request) as session:  # local[2], shared with the other local[2] modules

@@ -15,6 +15,10 @@ from spark_clusters import shared_standalone_session  # noqa: E402
 import horovod.spark  # noqa: E402
 
 
+# One worker runs the files that share this session one after another (tests/scheduling.py).
+pytestmark = pytest.mark.shares("spark standalone")
+
+
 @pytest.fixture(scope="module")
 def cluster(request):
     with shared_standalone_session(request) as both:
