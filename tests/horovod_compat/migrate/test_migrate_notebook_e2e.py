@@ -8,10 +8,9 @@ result dict `train_hvd` returns and the weights rank 0 checkpointed must agree. 
 from the same seed, so the run is deterministic: a difference in gradient averaging, learning
 rate or data sharding shows up in the step losses within a few steps.
 
-The unchanged notebook's run here also checks everything tests/horovod_compat/test_notebook.py's
-``test_horovodrunner_notebook_runs_unchanged`` checked of the same notebook in a run of its own
-(no cell error, rank 0 alone reports epochs, result size 2 and accuracy > 0.9, exactly the two
-checkpoints), so the unchanged notebook need not run a second time there.
+The unchanged notebook's run here is also the suite's check that it runs unchanged as a user runs
+it (no cell error, rank 0 alone reports epochs, result size 2 and accuracy > 0.9, exactly the two
+checkpoints); tests/horovod_compat/test_notebook.py used to execute it a second time for that.
 """
 from __future__ import annotations
 
