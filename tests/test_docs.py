@@ -18,6 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from tiers import CI  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "tests" / "data" / "docs_index.png"
@@ -63,7 +64,7 @@ def _chromium() -> str:
     if found is None:
         message = ("Chromium is not installed (scripts/bootstrap.sh installs it as root on Debian: "
                    "apt-get install chromium)")
-        if os.environ.get("CI") == "true":
+        if CI:
             pytest.fail(message + "; CI must run the screenshot test")
         pytest.skip(message)
     return found

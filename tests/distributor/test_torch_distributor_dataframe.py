@@ -17,9 +17,10 @@ import cloudpickle  # noqa: E402
 from distributor import LaunchValidationError, TorchDistributor  # noqa: E402
 
 from spark_clusters import shared_session  # noqa: E402
+from tiers import CI  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-LARGE_ROWS = 200_000 if os.environ.get("CI") == "true" else 1_000_000
+LARGE_ROWS = 200_000 if CI else 1_000_000
 WIDTH = 64
 #: Peak Arrow + traced Python/numpy memory a rank may hold, whatever the data size (a shuffle
 #: window of row groups, its permuted copy, decode buffers). Measured: 94 MiB on a 1M-row run,

@@ -16,6 +16,7 @@ from spark_clusters import LOCAL_CLUSTER, no_active_jobs, shared_session  # noqa
 import horovod.spark  # noqa: E402
 from distributor import LaunchValidationError, RankFailedError  # noqa: E402
 from procs import processes_with  # noqa: E402
+from tiers import CI  # noqa: E402
 
 
 # One worker runs the files that share this session one after another (tests/scheduling.py).
@@ -228,7 +229,7 @@ def test_run_elastic_replaces_a_killed_worker_inside_its_task_and_the_result_is_
     assert _ranks_with_marker(marker_env) == [], "a worker outlived the job"
 
 
-@pytest.mark.skipif(os.environ.get("CI") == "true", reason=(
+@pytest.mark.skipif(CI, reason=(
     "slow, not broken: the local-cluster needs ~60 s to start an executor for the lost task's next "
     "attempt; CI covers a killed worker (test above) and the lost-task path at placement level"))
 def test_run_elastic_survives_a_lost_executor(spark, tmp_path):

@@ -19,6 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
 from spark_clusters import SPARK_TEST_ENV, SUBMIT_ARGS, mirror_spark_home  # noqa: E402
+from tiers import CI  # noqa: E402
 
 pytest.importorskip("pyarrow", reason="the Spark estimators need pyarrow: pip install horovod-compat[spark]")
 
@@ -83,7 +84,7 @@ def run_example(tmp_path: Path, argv: list, timeout: float = 800) -> str:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(os.environ.get("CI") == "true",
+@pytest.mark.skipif(CI,
                     reason="CI runs the example once, on the local-cluster below (the same script, "
                            "its executors in separate JVMs); this local[2] run is the full suite's")
 def test_pytorch_spark_mnist_on_local_2(tmp_path):

@@ -31,6 +31,7 @@ from upstream import (
     upstream_present,
     write_mnist,
 )
+from tiers import CI
 
 pytestmark = pytest.mark.skipif(not upstream_present(), reason=MISSING)
 
@@ -225,7 +226,7 @@ IMAGENET_SCRIPTS = ("examples/pytorch/pytorch_imagenet_resnet50.py",
 
 @pytest.mark.parametrize("script", [
     pytest.param(IMAGENET_SCRIPTS[0], marks=pytest.mark.skipif(
-        os.environ.get("CI") == "true", reason="CI runs the elastic script, which has every rewrite "
+        CI, reason="CI runs the elastic script, which has every rewrite "
         "of the plain one and its commits; run without CI=true for both")),
     IMAGENET_SCRIPTS[1]], ids=["plain", "elastic"])
 def test_pytorch_imagenet_resnet50_rewritten_trains_like_the_unchanged_script_on_the_shim(tmp_path, script):

@@ -38,7 +38,7 @@ EXAMPLES = UPSTREAM / "examples"
 sys.path.insert(0, str(REPO / "tests"))
 from tf_support import SITE_HELPERS, keras_mnist_env, synthetic_mnist  # noqa: E402,F401 - re-exported
 
-CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+from tiers import CI  # noqa: E402,F401 (the example tests take it from here)
 
 
 def small_digits(count: int, seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:

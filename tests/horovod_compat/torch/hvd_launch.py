@@ -14,7 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence
 
-CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+from tiers import CI  # noqa: F401 (the torch tests take it from here)
+
 # The transports: shared memory (ranks on one host, the default); the TCP mesh (what ranks on
 # several hosts use), forced on one host by turning shared memory off for data and coordination;
 # gloo for both (what sets larger than the mesh's limit use), forced by turning the mesh off too.

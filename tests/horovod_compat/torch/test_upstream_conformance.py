@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from hvd_launch import SHM_OFF, SHM_ON
+from tiers import CI  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 UPSTREAM = Path(os.environ.get("HOROVOD_UPSTREAM_DIR", ROOT.parent / "shared" / "upstream" / "horovod-0.28.1"))
@@ -33,7 +34,7 @@ MAX_FAIL = 6
                            "repository: set HOROVOD_UPSTREAM_DIR to a Horovod 0.28.1 checkout to run it")
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 120)
 @pytest.mark.parametrize("shm", ["shm-on", pytest.param("shm-off", marks=pytest.mark.skipif(
-    os.environ.get("CI") == "true", reason="CI runs the file once, with shared memory (the default); "
+    CI, reason="CI runs the file once, with shared memory (the default); "
     "the mesh and gloo paths have their own tests in CI: run without CI=true for both"))])
 def test_whole_upstream_file_in_one_torchrun_launch(shm, tmp_path):
     env = dict(os.environ, LAUNCHER="torchrun", REPEAT="1", PYTHON=sys.executable,
