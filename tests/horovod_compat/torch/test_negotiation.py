@@ -206,7 +206,13 @@ def _submitted_in_different_orders():
     out["again"] = hvd.synchronize(h).tolist()
     out["after synchronize"] = hvd.allreduce(t, name="again", op=hvd.Sum).tolist()
     h = hvd.allreduce_async(t, name="later", op=hvd.Sum)
-    time.sleep(0.3)  # finishes and the window passes without anyone looking at the handle
+    # it finishes without anyone looking at the handle (waited for as an event, not a guessed
+    # time), then the reuse window (0.05 s) passes
+    deadline = time.monotonic() + 30
+    while "later" not in st.unobserved and time.monotonic() < deadline:
+        time.sleep(0.001)
+    out["later finished unobserved"] = "later" in st.unobserved
+    time.sleep(0.3)
     out["after the window"] = hvd.allreduce(t, name="later", op=hvd.Sum).tolist()
     out["first of them"] = hvd.synchronize(h).tolist()
     # two async ops (different kinds and sizes) submitted in opposite orders, waited in any order
@@ -255,6 +261,7 @@ def test_ops_submitted_in_different_orders_are_paired_by_name(data):
             assert rep["resubmitted at once"].startswith(
                 "Requested to allreduce a tensor with the same name as another tensor that is "
                 "currently being processed."), rep["resubmitted at once"]
+        assert rep["later finished unobserved"] is True
         assert rep["early"] == [3.0, 3.0, 3.0]
         assert rep["again"] == rep["after synchronize"] == [3.0, 3.0, 3.0]
         assert rep["after the window"] == rep["first of them"] == [3.0, 3.0, 3.0]
@@ -325,8 +332,11 @@ def _slow_synchronize():
     hvd.init()
     buf = io.StringIO()
     sys.stderr = buf
+    hvd.barrier()  # both ranks submit within well under the stall check time of each other
     h = hvd.allreduce_async(torch.ones(2), name="submitted.everywhere", op=hvd.Sum)
-    time.sleep(3.5)  # every rank submitted: not a stall, however long before synchronize
+    # every rank submitted: not a stall, however long before synchronize -- this wait is clearly
+    # longer than the stall check (3 s) and the stall shutdown (6 s)
+    time.sleep(10.0)
     out = hvd.synchronize(h).tolist()
     sys.stderr = sys.__stderr__
     hvd.shutdown()
@@ -334,7 +344,9 @@ def _slow_synchronize():
 
 
 def test_a_long_wait_on_an_op_every_rank_submitted_is_not_a_stall():
-    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"}
+    # limits a loaded machine's skew between the ranks' submissions stays far below, and a wait
+    # (10 s) clearly longer than both
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "3", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "6"}
     for out, err in run_function(_slow_synchronize, num_processes=2, return_all=True, timeout=60,
                                  env=env):
         assert out == [2.0, 2.0]
