@@ -157,7 +157,7 @@ def _crash_job(pattern, steps):
         if r == 1:
             time.sleep(0.02)
         hvd.allreduce(torch.ones(256), name="step")
-    time.sleep(0.3)                                  # > HOROVOD_TIMELINE_FLUSH_MS: on disk
+    time.sleep(2.0)  # 40 x HOROVOD_TIMELINE_FLUSH_MS (50): on disk even if the writer waits its turn
     if r == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     hvd.allreduce(torch.ones(256), name="step")      # rank 0 waits here until it is killed
