@@ -4,13 +4,16 @@ outlives the tests.
 A JVM start costs ~15-30 s of a 2-core machine (a local-cluster's three JVMs more), so the test
 modules that need the same plain session share one per test process (`shared_session`): the
 `local[2]` modules (the DataFrame, drop-in, estimator and local-master tests) one `local[2]`, the
-modules on a plain `local-cluster[2,1,1024]` (horovod.spark.run, HorovodRunner) one of those.
+modules on a plain `local-cluster[2,1,1024]` (horovod.spark.run, HorovodRunner) one of those, the
+standalone modules one master and worker (`shared_standalone_session`). Each such module says so
+with ``pytest.mark.shares``, so that one worker runs the modules of a kind one after another
+(tests/scheduling.py).
 Between two such modules the session is parked: hidden from pyspark (no active SparkContext or
 SparkSession, so a later module that checks the "no Spark" paths sees none), its JVMs kept. The
 next module that wants the same kind takes it back after a health check (context not stopped,
 every executor registered, else a fresh one); a module that wants another session, or any
 `start_session` call, stops the parked one first; the test session's end stops it (by PID).
-Modules whose cluster differs (standalone, fake GPUs, a killed driver) start their own.
+Modules whose cluster differs (fake GPUs, a killed driver, several hosts) start their own.
 
 Only one SparkContext can exist per process, so a module-scoped session and a shared one never
 coexist. Everything listens on 127.0.0.1, and the executors' work directories go to a temporary
