@@ -74,6 +74,7 @@ class SparkBackend(Backend):
             env: Optional[Dict[str, str]] = None) -> List[Any]:
         """Run `fn(*args, **kwargs)` on every rank; return the values in rank order."""
         from distributor.api import launch
+        from distributor.launchers import PythonLauncher
         from distributor.placement.spark import SparkPlacement
         from distributor.spec import FunctionTarget, LaunchRequest
 
@@ -82,5 +83,8 @@ class SparkBackend(Backend):
             env={**self._env, **{k: str(v) for k, v in (env or {}).items()}},
             start_timeout=self._start_timeout_seconds(), return_all=True,
         )
+        # Every estimator's ranks import torch (the Keras ones through the runtime too): in a reused
+        # Python worker they fork from a fork server that imported it, and TensorFlow once a Keras
+        # fit's ranks did (PythonLauncher), as horovod.spark.run's ranks do.
         return launch(request, SparkPlacement(required_modules=("torch", "pyarrow")),
-                      output=self._write)
+                      launcher=PythonLauncher(preload=("torch",)), output=self._write)
