@@ -503,35 +503,26 @@ def scenario_train() -> None:
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4),
                                        named_parameters=model.named_parameters())
         x = torch.randn(256, width, device=dev)
-
-        def step():
-            opt.zero_grad()
-            model(x).square().mean().backward()
-            opt.step()
-
-        for _ in range(3):
-            step()
-        sync()
-        started = time.perf_counter()
-        for _ in range(20):
-            step()
-        sync()
-        hvd_ms = (time.perf_counter() - started) / 20 * 1000
         plain_opt = torch.optim.SGD(plain_model.parameters(), lr=1e-4)
 
-        def plain_step():
-            plain_opt.zero_grad()
-            plain_model(x).square().mean().backward()
-            plain_opt.step()
+        def step_ms(net, optimizer) -> float:
+            """Milliseconds per training step of `net`, after 3 warm-up steps."""
+            def step():
+                optimizer.zero_grad()
+                net(x).square().mean().backward()
+                optimizer.step()
 
-        for _ in range(3):
-            plain_step()
-        sync()
-        started = time.perf_counter()
-        for _ in range(20):
-            plain_step()
-        sync()
-        plain_ms = (time.perf_counter() - started) / 20 * 1000
+            for _ in range(3):
+                step()
+            sync()
+            started = time.perf_counter()
+            for _ in range(20):
+                step()
+            sync()
+            return (time.perf_counter() - started) / 20 * 1000
+
+        hvd_ms = step_ms(model, opt)
+        plain_ms = step_ms(plain_model, plain_opt)
         return (f"step_ms hvd={hvd_ms:.2f} plain={plain_ms:.2f} (8 layers of {width}x{width}, "
                 f"{8 * width * (width + 1) * 4 / 1e6:.0f} MB of gradients)")
 
