@@ -382,7 +382,8 @@ class Job:
             failed = [s for s in states if self._failed(s)]
             if first_failure_at is None and failed:
                 first_failure_at = now
-            if first_failure_at is not None and self._settled(states, failed, now - first_failure_at):
+            if first_failure_at is not None and self._settled(
+                    states, failed, now - first_failure_at, self.launcher.capabilities.reports_each_exit):
                 self._stop_all()
                 continue
             timeout_error = self._check_timeouts(states, now - started, now)
@@ -454,14 +455,20 @@ class Job:
         )
 
     @classmethod
-    def _settled(cls, states: List[WorkerRecord], failed: List[WorkerRecord], elapsed: float) -> bool:
+    def _settled(cls, states: List[WorkerRecord], failed: List[WorkerRecord], elapsed: float,
+                 exit_reported: bool = False) -> bool:
         """Whether, `elapsed` seconds after the first failure, the root cause is known and the
         others may be stopped: `FAILURE_SETTLE_SECONDS` after it once a cause has failed (or
         every rank has, each a knock-on) and the failed ranks have exited, at the latest
         `FAILED_EXIT_SECONDS` after it; with no cause known, `KNOCK_ON_SETTLE_SECONDS` after it.
         Knock-ons are not waited for longer than that once the causes have exited (a rank whose
         peer broke its connection can hang in its exit: the job must still end soon after the
-        fault)."""
+        fault). A rank has exited when its exit status is in; where the launcher reports each
+        rank's exit (`exit_reported`: one process per rank), not before, since a rank that closed
+        its hub connection still tears its interpreter down and would be stopped by SIGTERM in
+        the middle of it (a loaded machine's rank was shown "killed by SIGTERM", not with its exit
+        status); under mpirun, whose statuses come at its end, its closed connection stands for
+        it."""
         if elapsed < FAILURE_SETTLE_SECONDS:
             return False
         causes = [s for s in failed if cls._classify(s).cause]
@@ -471,7 +478,7 @@ class Job:
         # the failed ranks are exiting: let them, so that each is shown with its own exit status
 
         def exited(s: WorkerRecord) -> bool:
-            return s.returncode is not None or s.disconnected
+            return s.returncode is not None or (s.disconnected and not exit_reported)
 
         if elapsed >= FAILED_EXIT_SECONDS or all(exited(s) for s in failed):
             return True

@@ -26,11 +26,15 @@ class LauncherCapabilities:
       job's replacement worker). A launcher that starts all ranks as one group (mpirun) cannot.
     - `runs_executor_python`: the launcher starts a Python interpreter, which on a Spark executor
       must be the executor's own (`on_executor`).
+    - `reports_each_exit`: each rank is a process of its own whose exit status reaches the driver
+      when it exits. Under mpirun the statuses come only when mpirun ends, so there a rank that
+      closed its hub connection (after its atexit handlers) is taken to have exited.
     """
 
     spans_tasks: bool = False
     adds_ranks: bool = False
     runs_executor_python: bool = False
+    reports_each_exit: bool = False
 
 
 class Launcher(abc.ABC):

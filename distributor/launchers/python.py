@@ -23,7 +23,8 @@ class PythonLauncher(Launcher):
     replacement rank starts with its modules already imported; elsewhere they are plain processes.
     """
 
-    capabilities = LauncherCapabilities(adds_ranks=True, runs_executor_python=True)
+    capabilities = LauncherCapabilities(adds_ranks=True, runs_executor_python=True,
+                                        reports_each_exit=True)
 
     def __init__(self, python: str = sys.executable, preload: Sequence[str] = ()) -> None:
         self.python = python

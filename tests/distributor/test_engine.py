@@ -220,6 +220,23 @@ def test_the_wait_for_a_failed_rank_to_exit_is_bounded_by_failed_exit_seconds():
     hung = _record(0, knock_on)  # a knock-on still exiting after the cause has exited
     assert not settled([hung, exited], [hung, exited], engine.KNOCK_ON_SETTLE_SECONDS - 0.1)
     assert settled([hung, exited], [hung, exited], engine.KNOCK_ON_SETTLE_SECONDS)
+    # a cause that closed its hub connection (after its atexit handlers) but has not exited yet:
+    # under mpirun (no status per rank before mpirun ends) that is its exit; where the launcher
+    # reports each rank's exit, the driver waits for the status, not stopping it mid-teardown
+    closed = _record(1, cause)
+    closed.disconnected = True
+    assert settled([running, closed], [closed], engine.FAILURE_SETTLE_SECONDS)
+    assert not settled([running, closed], [closed], engine.KNOCK_ON_SETTLE_SECONDS + 1,
+                       exit_reported=True)
+    assert settled([running, closed], [closed], engine.FAILED_EXIT_SECONDS, exit_reported=True)
+    assert settled([running, exited], [exited], engine.FAILURE_SETTLE_SECONDS, exit_reported=True)
+
+
+def test_the_python_launcher_reports_each_exit_and_mpirun_does_not():
+    from distributor.launchers import MpirunLauncher, PythonLauncher
+
+    assert PythonLauncher.capabilities.reports_each_exit
+    assert not MpirunLauncher.capabilities.reports_each_exit
 
 
 def _exit3_in_rank1():
