@@ -1,5 +1,7 @@
 """Suite-wide checks: no test may leave a process it started behind.  Suite-wide set-up: one
-cache of the TensorFlow binding's compiled op for the whole run (see ``pytest_configure``)."""
+cache of the TensorFlow binding's compiled op for the whole run (see ``pytest_configure``), the
+order and grouping of the files on the workers (tests/scheduling.py), and the time table
+(``--time-table``, tests/timetable.py).  docs/testing.md says how the suite is run."""
 from __future__ import annotations
 
 import os
