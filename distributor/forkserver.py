@@ -102,7 +102,7 @@ class ForkServer:
         own server (`PythonLauncher.keep_warm`) learns nothing, as no later job uses it."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self._proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 [python, "-m", "distributor.forkserver", str(theirs.fileno()), *preload,
                  *(f"{LEARN_MARK}{name}" for name in learn)],
                 env=startup_environment(env), cwd=cwd, pass_fds=[theirs.fileno()],
@@ -111,7 +111,20 @@ class ForkServer:
             )
         finally:
             theirs.close()
-        self._sock = ours
+        self._attach(ours, proc)
+
+    @classmethod
+    def connected(cls, sock: socket.socket) -> "ForkServer":
+        """A handle on a server this process did not start, reached over `sock` (a
+        `forkserver_daemon`, already authenticated): `close` only ends the connection."""
+        self = cls.__new__(cls)
+        self._attach(sock, None)
+        self._ready.set()
+        return self
+
+    def _attach(self, sock: socket.socket, proc: Optional[subprocess.Popen]) -> None:
+        self._proc = proc
+        self._sock = sock
         self._replies: "queue.Queue[dict]" = queue.Queue()
         self._lock = threading.Lock()
         self._children: Dict[int, ForkedProcess] = {}  # running, by pid
@@ -166,13 +179,14 @@ class ForkServer:
         with self._lock:
             return not self._children
 
-    def spawn(self, env: Mapping[str, str]) -> ForkedProcess:
-        """Fork one rank with environment `env`; OSError if the server cannot."""
+    def spawn(self, env: Mapping[str, str], cwd: Optional[str] = None) -> ForkedProcess:
+        """Fork one rank with environment `env` (in directory `cwd`, where the server serves
+        several directories); OSError if the server cannot."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
             with self._spawn_lock:
-                request = json.dumps({"env": dict(env)}).encode()
+                request = json.dumps({"env": dict(env), **({"cwd": cwd} if cwd else {})}).encode()
                 socket.send_fds(self._sock, [request], [out_w, err_w])
                 reply = self._replies.get(timeout=SPAWN_TIMEOUT)
         except BaseException:
@@ -204,6 +218,8 @@ class ForkServer:
         except OSError:
             pass
         self._sock.close()
+        if self._proc is None:  # a daemon's: it ends this connection's ranks and stays
+            return
         try:
             self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -359,6 +375,7 @@ class _Learning:
                 importlib.import_module(name)
             except BaseException:  # noqa: BLE001 - the next jobs' ranks import it themselves
                 pass
+            _skip_library_teardown()  # of a learned torch too
 
 
 def _skip_library_teardown() -> None:
@@ -403,6 +420,7 @@ def _become_rank(request: dict, fds: List[int], learned: int = -1, learn: Sequen
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a daemon's handler is its own
         os.setsid()
         stdout, stderr = fds
         null = os.open(os.devnull, os.O_RDONLY)
@@ -411,6 +429,11 @@ def _become_rank(request: dict, fds: List[int], learned: int = -1, learn: Sequen
             os.close(source)
         os.environ.clear()
         os.environ.update(request["env"])
+        if "cwd" in request:  # a server that serves several directories (`forkserver_daemon`)
+            start = os.getcwd()
+            os.chdir(request["cwd"])
+            if sys.path and sys.path[0] == start:  # what ``-m`` put first: the rank's directory
+                sys.path[0] = os.getcwd()
         os.environ[PARENT_PID_VAR] = str(os.getppid())  # this server, whose death ends the rank
         from . import rank_entry
 

@@ -8,9 +8,11 @@ driver leaves no rank behind.
 from __future__ import annotations
 
 import atexit
+import builtins
 import ctypes
 import faulthandler
 import glob
+import importlib.machinery
 import os
 import pickle
 import runpy
@@ -22,7 +24,9 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Any, Callable, Optional
+import types
+import zipfile
+from typing import Any, Callable, Optional, Sequence
 
 from . import failure_report, netif, protocol, worker
 from .payload import dumps_value, loads_target
@@ -198,16 +202,46 @@ def _run_target(payload: bytes, on_report: Optional[Callable[[dict], None]] = No
     if target[0] == "command":
         return _run_command(target[1], on_report)
     _, path, argv = target
+    return run_as_main(path, argv)
+
+
+def run_as_main(path: str, argv: Sequence[str], module: bool = False) -> None:
+    """Run the script `path` (with `module`: the module of that name) as ``__main__``, as
+    ``python path ARGS`` (``python -m path ARGS``) would: ``sys.argv`` is the script's and its
+    directory (the working directory) comes first on ``sys.path``, in place of the working
+    directory ``python -m distributor.rank_entry`` put there."""
+    first = os.getcwd() if module else os.path.dirname(os.path.abspath(path))
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        sys.path[0] = first
+    else:
+        sys.path.insert(0, first)
+    if module:
+        sys.argv = ["-m", *argv]  # runpy puts the module's file first, as python -m does
+        runpy.run_module(path, run_name="__main__", alter_sys=True)
+        return
     sys.argv = [path, *argv]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    runpy.run_path(path, run_name="__main__")
-    return None
+    if os.path.isdir(path) or zipfile.is_zipfile(path):  # its __main__.py
+        runpy.run_path(path, run_name="__main__")
+        return
+    # as python runs a file: sys.argv[0] as given, __file__ (and the traceback) absolute; runpy
+    # would make both the same
+    filename = os.path.abspath(path)
+    with open(filename, "rb") as handle:
+        code = compile(handle.read(), filename, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=filename, __cached__=None, __builtins__=builtins,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", filename))
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
 
 
 def _user_traceback(exc: BaseException) -> str:
-    """The exception's traceback without the frames of this module and runpy."""
+    """The exception's traceback without the frames of this module and runpy, nor those of the
+    front end's wrappers in between (a frame with a true local ``__tracebackhide__``, as pytest
+    marks its own)."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename in _ENGINE_FILES:
+    while tb is not None and (tb.tb_frame.f_code.co_filename in _ENGINE_FILES
+                              or tb.tb_frame.f_locals.get("__tracebackhide__")):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
