@@ -58,6 +58,7 @@ def horovod_slot_env(environ: Mapping[str, str]) -> Dict[str, str]:
 
 def call_with_slot_env(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Inside a rank: set Horovod's slot variables, then return ``fn(*args, **kwargs)``."""
+    __tracebackhide__ = True  # noqa: F841 - the rank's traceback starts at the user's code
     os.environ.update(horovod_slot_env(os.environ))
     return fn(*args, **kwargs)
 

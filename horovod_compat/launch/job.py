@@ -21,11 +21,13 @@ import shlex
 import shutil
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from distributor import CommandTarget, FunctionTarget, LaunchRequest, ScriptTarget, launch
+from distributor import CommandTarget, FunctionTarget, LaunchRequest, ScriptTarget, forkserver_daemon, launch
 from distributor.elastic.policy import ElasticPolicy
+from distributor.forkserver_daemon import DaemonSettings
 from distributor.launchers import MpirunLauncher, PythonLauncher
+from distributor.rank_entry import run_as_main
 
 from ..run_rank import call_with_slot_env
 from . import hosts as hostlib
@@ -64,6 +66,37 @@ def python_script_command(command: Sequence[str]) -> tuple:
         f"{' '.join(command)!r}. Write the command in that form.")
 
 
+def _same_interpreter(a: str, b: str) -> bool:
+    """Whether the programs `a` and `b` are one Python in one environment (a virtualenv's
+    ``bin/python`` links to the base interpreter, but is another environment)."""
+    return (os.path.dirname(os.path.abspath(a)) == os.path.dirname(os.path.abspath(b))
+            and os.path.realpath(a) == os.path.realpath(b))
+
+
+#: Seconds a warm fork server stays after the last launch that used it (0: none is used), and
+#: the private directory of this user's servers (`distributor.forkserver_daemon`).
+WARM_SECONDS_VAR = "HOROVOD_COMPAT_WARM_SECONDS"
+WARM_DIR_VAR = "HOROVOD_COMPAT_WARM_DIR"
+
+
+def warm_settings_from(environ: Mapping[str, str]) -> Optional[DaemonSettings]:
+    """The warm fork server settings the variables in `environ` ask for (None: off); ValueError
+    naming the variable when its value is not 0 or a positive number of seconds."""
+    raw = environ.get(WARM_SECONDS_VAR, "").strip()
+    seconds = forkserver_daemon.DEFAULT_IDLE_SECONDS
+    if raw:
+        try:
+            seconds = float(raw)
+        except ValueError:
+            seconds = -1.0
+        if not 0 <= seconds < float("inf"):
+            raise ValueError(f"{WARM_SECONDS_VAR}={raw!r}: give the seconds a warm fork server "
+                             "stays after a launch, or 0 to start every rank as a new process")
+    if seconds == 0:
+        return None
+    return DaemonSettings(seconds, environ.get(WARM_DIR_VAR) or None)
+
+
 def start_timeout_from(value: Optional[float], variable: str, default: float) -> float:
     """`value`, else the environment variable `variable`, else `default`; ValueError if bad."""
     if value is None:
@@ -99,6 +132,7 @@ class HorovodJob:
     prefix_output_with_timestamp: bool = False
     verbose: bool = False
     elastic: Optional[ElasticPolicy] = None
+    warm: Optional[DaemonSettings] = None  # None: no warm fork server (warm_settings_from)
 
     @classmethod
     def create(
@@ -181,7 +215,7 @@ class HorovodJob:
             binding_args=shlex.split(binding_args) if binding_args else None, nics=nic_list, ssh_port=ssh_port,
             ssh_identity_file=ssh_identity_file, output_filename=output_filename,
             prefix_output_with_timestamp=bool(prefix_output_with_timestamp), verbose=bool(verbose),
-            elastic=policy,
+            elastic=policy, warm=warm_settings_from({**os.environ, **job_env}),
         )
 
     # ---- running ----------------------------------------------------------------------------
@@ -208,13 +242,57 @@ class HorovodJob:
             return ScriptTarget(script, tuple(argv))
         if self.use_mpi:
             return CommandTarget(tuple(command))
+        script = self._warm_script(command)
+        if script is not None:  # run in the (warm) rank process itself, as the same Python would
+            return FunctionTarget(call_with_slot_env, (run_as_main, *script))
         return CommandTarget((self.executable, "-m", "horovod_compat.run_rank", *command))
 
-    def _launcher(self) -> Any:
+    @property
+    def _across_launches(self) -> Optional[DaemonSettings]:
+        """How ranks fork from this user's warm fork server (`forkserver_daemon`): in gloo mode
+        on this host, unless ``HOROVOD_COMPAT_WARM_SECONDS=0`` (None: they do not)."""
+        if self.use_mpi or self.remote or self.elastic is not None:
+            return None
+        return self.warm
+
+    def _warm_script(self, command: Sequence[str]) -> Optional[tuple]:
+        """(script, argv, is_module) of a ``python script.py ARGS`` / ``python -m module ARGS``
+        command whose ``python`` is the launch's own interpreter (no interpreter options) and
+        whose file does not set environment variables (`forkserver_daemon.sets_environment`),
+        run in ranks forked from the warm fork server; None for any other command (it runs as
+        a process of its own)."""
+        if self._across_launches is None or not command or not is_python(command[0]):
+            return None
+        found = shutil.which(command[0])
+        if found is None or not _same_interpreter(found, self.executable):
+            return None
+        rest = list(command[1:])
+        if len(rest) >= 2 and rest[0] == "-m" and re.fullmatch(r"\w+(\.\w+)*", rest[1]):
+            target = (rest[1], tuple(rest[2:]), True)
+            path = forkserver_daemon.module_file(rest[1], os.getcwd())
+        elif rest and not rest[0].startswith("-") and os.path.isfile(rest[0]):
+            target = (rest[0], tuple(rest[1:]), False)
+            path = rest[0]
+        else:
+            return None
+        # a script that sets variables itself may mean them for an import the server did already
+        return None if path is None or forkserver_daemon.sets_environment(path) else target
+
+    def _forks_warm(self, target: Any) -> bool:
+        """Whether `target`'s ranks fork from the warm fork server: a script `command_target`
+        chose for it, or a function that does not set environment variables itself (see
+        `_warm_script`)."""
+        if self._across_launches is None or not isinstance(target, FunctionTarget):
+            return False
+        fn = target.args[0] if target.fn is call_with_slot_env and target.args else target.fn
+        return fn is run_as_main or not forkserver_daemon.function_sets_environment(fn)
+
+    def _launcher(self, target: Any) -> Any:
         if self.elastic is not None:  # workers import torch; replacements fork with it imported
             return PythonLauncher(python=self.executable, preload=("torch",))
         if not self.use_mpi:
-            return PythonLauncher(python=self.executable)
+            return PythonLauncher(python=self.executable, across_launches=(
+                self._across_launches if self._forks_warm(target) else None))
         extra = list(self.mpi_args)
         if self.nics:
             extra += ["--mca", "btl_tcp_if_include", ",".join(self.nics)]
@@ -247,4 +325,4 @@ class HorovodJob:
         with RankOutput(stdout, stderr, timestamps=self.prefix_output_with_timestamp,
                         directory=self.output_filename, size=self.num_proc,
                         verbose=self.verbose) as output:
-            return launch(request, placement=placement, launcher=self._launcher(), output=output)
+            return launch(request, placement=placement, launcher=self._launcher(target), output=output)
