@@ -11,7 +11,9 @@ import time
 
 import pytest
 
+import procs
 import scheduling
+from horovod_compat.launch import job as horovod_job
 from timetable import configure as configure_time_table, pytest_addoption  # noqa: F401
 
 
@@ -59,6 +61,7 @@ def pytest_collection_modifyitems(config, items):
 
 CACHE_VARIABLE = "HOROVOD_COMPAT_CACHE_DIR"
 _cache_dir = pytest.StashKey[str]()
+_warm_dir = pytest.StashKey[str]()
 
 
 def pytest_configure(config):
@@ -73,6 +76,12 @@ def pytest_configure(config):
     configure_time_table(config)
     config.addinivalue_line("markers", "shares(name): the files marked with one name run one after "
                                        "another on one worker (tests/scheduling.py)")
+    if not os.environ.get(horovod_job.WARM_DIR_VAR):
+        path = tempfile.mkdtemp(prefix="horovod_compat-test-warm-")
+        config.stash[_warm_dir] = path
+        os.environ[horovod_job.WARM_DIR_VAR] = path
+        # the run's launches share warm fork servers; one the run stops waiting for goes sooner
+        os.environ.setdefault(horovod_job.WARM_SECONDS_VAR, "60")
     if os.environ.get(CACHE_VARIABLE):
         return
     path = tempfile.mkdtemp(prefix="horovod_compat-test-cache-")
@@ -84,3 +93,15 @@ def pytest_unconfigure(config):
     path = config.stash.get(_cache_dir, None)
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
+    warm = config.stash.get(_warm_dir, None)
+    if warm is not None and not hasattr(config, "workerinput"):  # the controller, after the workers
+        procs.stop_warm_servers_in(warm)
+        shutil.rmtree(warm, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """How many warm fork servers (one per environment) the run's launches used."""
+    warm = config.stash.get(_warm_dir, None)
+    if warm is not None and os.path.isdir(warm):
+        keys = sum(name.endswith(".lock") for name in os.listdir(warm))
+        terminalreporter.write_line(f"warm fork servers: launches in {keys} environment(s) used one")

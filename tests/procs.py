@@ -21,9 +21,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def processes_with(needle: str) -> List[int]:
-    """PIDs of live (not zombie) processes, this one excepted, whose environment contains
-    `needle` (e.g. ``"MY_TEST_MARKER=1f3a..."``)."""
+def _with(needle: str, warm_servers: bool) -> List[int]:
     raw = needle.encode()
     found = []
     for entry in os.listdir("/proc"):
@@ -33,6 +31,9 @@ def processes_with(needle: str) -> List[int]:
             with open(f"/proc/{entry}/environ", "rb") as env:
                 if raw not in env.read():
                     continue
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if (WARM_SERVER in cmdline.read().split(b"\0")) is not warm_servers:
+                    continue
         except OSError:
             continue
         if alive(int(entry)):
@@ -40,12 +41,42 @@ def processes_with(needle: str) -> List[int]:
     return found
 
 
+#: The command-line word of a warm fork server (distributor/forkserver_daemon.py), which stays
+#: after the launch that started it, by design, until it has been idle for a while.
+WARM_SERVER = b"distributor.forkserver_daemon"
+
+
+def processes_with(needle: str) -> List[int]:
+    """PIDs of live (not zombie) processes, this one and warm fork servers excepted, whose
+    environment contains `needle` (e.g. ``"MY_TEST_MARKER=1f3a..."``). A rank forked by a warm
+    server shows the server's environment: the server's is the launch's when the launch started
+    it, as a launch with a marker of its own does."""
+    return _with(needle, warm_servers=False)
+
+
+def stop_warm_servers(needle: str) -> None:
+    """SIGTERM, by PID, the warm fork servers whose environment contains `needle` (their ranks
+    die with them), and wait up to 10 s for them to go."""
+    pids = _with(needle, warm_servers=True)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def left_after(needle: str, timeout: float = 15.0) -> List[int]:
-    """The processes with `needle` still alive after waiting up to `timeout` s for them to go."""
+    """The processes with `needle` still alive after waiting up to `timeout` s for them to go;
+    then the warm fork servers with `needle` (started by the launch, which stay by design) are
+    stopped."""
     deadline = time.monotonic() + timeout
     while True:
         left = processes_with(needle)
         if not left or time.monotonic() > deadline:
+            stop_warm_servers(needle)
             return left
         time.sleep(0.2)
 
@@ -57,3 +88,19 @@ def sigkill(pids: List[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def stop_warm_servers_in(directory: str) -> None:
+    """SIGTERM, by the PIDs of their pid files, the warm fork servers whose private directory is
+    `directory` (distributor.forkserver_daemon), and wait up to 10 s for them to go."""
+    pids = []
+    for name in os.listdir(directory):
+        if name.endswith(".pid"):
+            pids.append(int(name[:-4].rsplit("-", 1)[1]))
+            try:
+                os.kill(pids[-1], signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -331,6 +331,7 @@ def run(seed: int, launcher: str, fault: str, workdir: Path, target: Optional[in
         out.seconds = exited_at - watch.fault_at[0]
     _judge(out)
     _check_left(out, lambda: processes_with(marker))
+    procs.stop_warm_servers(f"{MARKER_VAR}={marker}")  # the run's own: its marker keys it
     return out
 
 
@@ -454,6 +455,7 @@ def run_elastic(seed: int, fault: str, workdir: Path, target: Optional[int] = No
     _run_process(argv, env, workdir, out, watch)
     _judge_elastic(out, watch, data)
     _check_left(out, lambda: processes_with(marker))
+    procs.stop_warm_servers(f"{MARKER_VAR}={marker}")
     return out
 
 

@@ -467,8 +467,12 @@ class _Job:
         self.marker = uuid.uuid4().hex
         self.hold = workdir / "hold"
         self.hold.mkdir(parents=True, exist_ok=True)
+        # ranks as new processes: the harness reads the job's secret and rank 0's store port
+        # from a rank's /proc/PID/environ, where a rank forked by a warm fork server shows the
+        # server's (which has neither); the listeners are the same either way
         env = {**os.environ, MARKER_VAR: self.marker, "PYTHONUNBUFFERED": "1",
-               "FUZZ_STEPS": str(steps), "HOROVOD_COMPAT_SHM_CONTROL": "0"}
+               "FUZZ_STEPS": str(steps), "HOROVOD_COMPAT_SHM_CONTROL": "0",
+               "HOROVOD_COMPAT_WARM_SECONDS": "0"}
         for name in ("FUZZ_ELASTIC", "FUZZ_HOLD_DIR"):
             env.pop(name, None)
         if mode == "elastic":
