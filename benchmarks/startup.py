@@ -10,14 +10,21 @@ Each launch is ``horovodrun -np 2 python SCRIPT`` of a script that does only
 Every rank reports, right after ``hvd.init()`` returned, how long ago
 
   process  its own process started (``/proc/self/stat`` starttime against ``/proc/uptime``: the
-           process that runs the script, i.e. what the user's ``python SCRIPT`` is; 10 ms ticks)
-  launch   ``horovodrun`` was started (a timestamp this benchmark passes in the environment;
-           includes the driver's own start-up and the engine's, the same for every binding)
+           process that runs the script; 10 ms ticks). A rank forked from the warm fork server
+           is a process from its fork on, so this column flatters it: read ``launch``.
+  launch   ``horovodrun`` was started (a timestamp this benchmark passes as the script's
+           argument; includes the driver's own start-up and the engine's)
 
 A launch counts its slower rank; the table gives the median over the launches, beside the wall
 time of a bare ``python -c "import tensorflow"`` and ``python -c "import torch"``, and the ratios
 TF/torch. The launches of the three bindings take turns, so a change of load on the machine
-spreads over all of them.
+spreads over all of them. Two ways of starting ranks are measured:
+
+  new processes  ``HOROVOD_COMPAT_WARM_SECONDS=0``: every rank a new ``python`` process
+  warm           the default on one host: ranks forked from this user's warm fork server
+                 (``distributor/forkserver_daemon.py``; a private directory made for the run).
+                 Its first launch starts the server, which then learns torch and TensorFlow
+                 from its ranks: that launch is shown on its own, not in the medians.
 
 With ``--warm``, also what a Spark task whose Python worker is reused does (the default for
 ``horovod.spark.run`` / ``HorovodRunner(np>0)``), here without a cluster: ranks forked from the
@@ -27,13 +34,14 @@ returned (the first job of each binding, which starts the server or teaches it, 
 ``--warm --no-learn`` turns off the server's learning (``forkserver.LEARNED``) for comparison.
 
 Usage: python benchmarks/startup.py [--repeats 5] [--np 2] [--warm [--no-learn]] [--no-horovodrun]
-Target (issue 39): the ``tf`` rank's process start-up at most 1.5 x the ``torch`` rank's.
+Target (issue 39): the ``tf`` rank's start-up at most 1.5 x the ``torch`` rank's.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -57,7 +65,7 @@ with open("/proc/uptime") as f:
 with open("/proc/self/stat") as f:
     start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
 age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
-print("STARTUP", hvd.rank(), age, now - float(os.environ["STARTUP_BENCH_T0"]), flush=True)
+print("STARTUP", hvd.rank(), age, now - float(sys.argv[1]), flush=True)
 hvd.shutdown()
 """
 
@@ -69,12 +77,12 @@ def horovodrun() -> List[str]:
     return [found] if os.path.exists(found) else [sys.executable, "-m", "horovod_compat.run"]
 
 
-def launch(script: str, np_: int) -> Dict[str, float]:
-    """One ``horovodrun -np N python script``: the slowest rank's process and launch times."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    env["STARTUP_BENCH_T0"] = repr(time.time())
-    done = subprocess.run([*horovodrun(), "-np", str(np_), sys.executable, script], env=env,
-                          capture_output=True, text=True, timeout=600)
+def launch(script: str, np_: int, env: Dict[str, str]) -> Dict[str, float]:
+    """One ``horovodrun -np N python script T0``: the slowest rank's process and launch times
+    (the start time travels as an argument: a variable that changes every launch would give
+    every launch a warm fork server of its own)."""
+    done = subprocess.run([*horovodrun(), "-np", str(np_), sys.executable, script, repr(time.time())],
+                          env=env, capture_output=True, text=True, timeout=600)
     rows = [line.split("STARTUP", 1)[1].split() for line in done.stdout.splitlines()
             if "STARTUP" in line]
     if done.returncode != 0 or len(rows) != np_:
@@ -147,39 +155,65 @@ def main() -> None:
     if args.no_horovodrun:
         return
 
-    samples: Dict[str, List] = {name: [] for name in [*BINDINGS, *BARE]}
+    modes = {"new processes": {"HOROVOD_COMPAT_WARM_SECONDS": "0"}, "warm": {}}
+    samples: Dict[str, List] = {f"{mode}/{name}": [] for mode in modes for name in BINDINGS}
+    samples.update({name: [] for name in BARE})
+    first: Dict[str, Dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        warm_dir = os.path.join(tmp, "warm")
+        os.mkdir(warm_dir, 0o700)
+        base = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", HOROVOD_COMPAT_WARM_DIR=warm_dir)
+        envs = {mode: {**base, **extra} for mode, extra in modes.items()}
         scripts = {}
         for name, module in BINDINGS.items():
             scripts[name] = os.path.join(tmp, f"startup_{name}.py")
             with open(scripts[name], "w") as f:
                 f.write(SCRIPT.format(module=module))
-        launch(scripts["tf"], args.np)  # builds the binding's cached op once, outside the figures
-        for i in range(args.repeats):
-            for name, script in scripts.items():
-                samples[name].append(launch(script, args.np))
-            for name, code in BARE.items():
-                samples[name].append(bare(code))
-            print(f"round {i + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+        # builds the binding's cached op once, outside the figures
+        launch(scripts["tf"], args.np, envs["new processes"])
+        for name in BINDINGS:  # the warm server's start (the first) and its lessons, apart
+            first[name] = launch(scripts[name], args.np, envs["warm"])
+        try:
+            for i in range(args.repeats):
+                for mode, env in envs.items():
+                    for name, script in scripts.items():
+                        samples[f"{mode}/{name}"].append(launch(script, args.np, env))
+                for name, code in BARE.items():
+                    samples[name].append(bare(code))
+                print(f"round {i + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+        finally:
+            for entry in os.listdir(warm_dir):  # stop the run's warm server by its PID
+                if entry.endswith(".pid"):
+                    os.kill(int(entry[:-4].rsplit("-", 1)[1]), signal.SIGTERM)
 
-    med = {}
+    med: Dict[str, object] = {}
     print(f"\nmedian over {args.repeats} launches, horovodrun -np {args.np}; seconds "
           f"(slowest rank of a launch)\n")
-    print(f"{'':18} {'process start':>14} {'from horovodrun':>16}")
+    print(f"{'':30} {'process start':>14} {'from horovodrun':>16}")
+    for key in samples:
+        if key in BARE:
+            continue
+        med[key] = {k: statistics.median(s[k] for s in samples[key]) for k in ("process", "launch")}
+        print(f"{key + ' rank':30} {med[key]['process']:14.2f} {med[key]['launch']:16.2f}")
     for name in BINDINGS:
-        med[name] = {k: statistics.median(s[k] for s in samples[name]) for k in ("process", "launch")}
-        print(f"{name + ' rank':18} {med[name]['process']:14.2f} {med[name]['launch']:16.2f}")
+        print(f"{'warm, first launch: ' + name:30} {first[name]['process']:14.2f} "
+              f"{first[name]['launch']:16.2f}   (once per server)")
     for name in BARE:
         med[name] = statistics.median(samples[name])
-        print(f"{'python -c ' + repr(name):32} {med[name]:.2f} (process wall)")
-    for name in ("tf", "keras"):
-        print(f"ratio {name}/torch: process {med[name]['process'] / med['torch']['process']:.2f}x, "
-              f"from horovodrun {med[name]['launch'] / med['torch']['launch']:.2f}x")
+        print(f"{'python -c ' + repr(name):30} {med[name]:14.2f} (process wall)")
+    for mode in modes:
+        torch_ = med[f"{mode}/torch"]
+        for name in ("tf", "keras"):
+            mine = med[f"{mode}/{name}"]
+            print(f"{mode}: ratio {name}/torch: process {mine['process'] / torch_['process']:.2f}x, "
+                  f"from horovodrun {mine['launch'] / torch_['launch']:.2f}x")
+    print(f"warm tf rank against a new-process torch rank, from horovodrun: "
+          f"{med['warm/tf']['launch'] / med['new processes/torch']['launch']:.2f}x")
     print(f"bare import tensorflow / import torch: "
           f"{med['import tensorflow'] / med['import torch']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"samples": samples, "median": med}, f, indent=1)
+            json.dump({"samples": samples, "first_warm": first, "median": med}, f, indent=1)
 
 
 if __name__ == "__main__":
