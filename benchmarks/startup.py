@@ -155,6 +155,8 @@ def main() -> None:
     if args.no_horovodrun:
         return
 
+    from distributor.forkserver_daemon import server_pids
+
     modes = {"new processes": {"HOROVOD_COMPAT_WARM_SECONDS": "0"}, "warm": {}}
     samples: Dict[str, List] = {f"{mode}/{name}": [] for mode in modes for name in BINDINGS}
     samples.update({name: [] for name in BARE})
@@ -182,9 +184,8 @@ def main() -> None:
                     samples[name].append(bare(code))
                 print(f"round {i + 1}/{args.repeats} done", file=sys.stderr, flush=True)
         finally:
-            for entry in os.listdir(warm_dir):  # stop the run's warm server by its PID
-                if entry.endswith(".pid"):
-                    os.kill(int(entry[:-4].rsplit("-", 1)[1]), signal.SIGTERM)
+            for pid in server_pids(warm_dir):  # stop the run's warm server by its PID
+                os.kill(pid, signal.SIGTERM)
 
     med: Dict[str, object] = {}
     print(f"\nmedian over {args.repeats} launches, horovodrun -np {args.np}; seconds "

@@ -199,6 +199,13 @@ def module_file(name: str, directory: str) -> Optional[str]:
     return spec.origin if spec is not None and spec.has_location else None
 
 
+def server_pids(directory: str) -> List[int]:
+    """The PIDs of the daemons whose private directory is `directory`, from their pid files
+    (``KEY-PID.pid``): whoever cleans up (a test run, a benchmark) stops them by these."""
+    return sorted(int(name[:-4].rsplit("-", 1)[1]) for name in os.listdir(directory)
+                  if name.endswith(".pid"))
+
+
 @contextlib.contextmanager
 def _locked(path: str) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)

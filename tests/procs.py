@@ -93,14 +93,14 @@ def sigkill(pids: List[int]) -> None:
 def stop_warm_servers_in(directory: str) -> None:
     """SIGTERM, by the PIDs of their pid files, the warm fork servers whose private directory is
     `directory` (distributor.forkserver_daemon), and wait up to 10 s for them to go."""
-    pids = []
-    for name in os.listdir(directory):
-        if name.endswith(".pid"):
-            pids.append(int(name[:-4].rsplit("-", 1)[1]))
-            try:
-                os.kill(pids[-1], signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+    from distributor.forkserver_daemon import server_pids
+
+    pids = server_pids(directory)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
     deadline = time.monotonic() + 10
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -21,17 +21,8 @@ from distributor.launchers import PythonLauncher
 from distributor.rank_env import HUB_ADDRESS_VAR, RANK_VAR, SECRET_VAR
 
 
-def _daemon_pids(directory) -> list:
-    return sorted(int(name[:-4].rsplit("-", 1)[1]) for name in os.listdir(directory)
-                  if name.endswith(".pid"))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+_daemon_pids = forkserver_daemon.server_pids
+_alive = procs.alive
 
 
 def _wait_gone(pid: int, seconds: float = 60.0) -> bool:
