@@ -8,8 +8,9 @@ distributor.forkserver_daemon``, a `forkserver` that listens on a Unix socket in
 socket pair, serves one launch per connection, and stays after its launch for
 `DaemonSettings.idle_seconds` (default `DEFAULT_IDLE_SECONDS`). It
 starts with nothing but the engine imported and *learns* (`LEARNED`: torch, TensorFlow) what
-its ranks imported, importing it itself once no rank runs; the next launch's ranks are forked
-with it already imported. A rank is set up as `forkserver` sets up any rank, in the launch's
+its ranks imported: when the next launch connects, it imports that once (the launch waits for it,
+about as long as one of its ranks would have taken to import it) and forks that launch's ranks,
+and every later launch's, with it imported. A server no launch comes back to costs no import. A rank is set up as `forkserver` sets up any rank, in the launch's
 working directory.
 
 Whom it serves, and what it refuses:
@@ -64,10 +65,6 @@ DEFAULT_IDLE_SECONDS = 300.0
 #: What a daemon imports between launches once one of its ranks has: modules that cost seconds,
 #: checked safe to fork after (no thread, no device context at import).
 LEARNED: Tuple[str, ...] = ("torch", "tensorflow")
-#: Seconds a daemon waits, idle, before it imports what it learned (or until the next launch
-#: connects, which then waits for the import): a server stopped right after its launch (a
-#: script's or a test's own) pays for no import that no later launch uses.
-LEARN_DELAY = 2.0
 #: Variables a shell or test runner changes from command to command; not part of a daemon's key.
 VOLATILE_VARS = ("_", "PWD", "OLDPWD", "SHLVL", "PYTEST_CURRENT_TEST")
 #: How long a launch waits for a daemon it started to listen.
@@ -350,15 +347,9 @@ class _Daemon:
                     return  # stale, and the last launch it served is over
                 if idle_since is None:
                     idle_since = time.monotonic()
-                learn_in = idle_since + LEARN_DELAY - time.monotonic()
-                if self.learning.wanted and learn_in <= 0:
-                    self.learning.import_wanted()
-                    self.files = _module_files()
                 timeout = idle_since + self.idle - time.monotonic()
                 if timeout <= 0:
                     return
-                if self.learning.wanted:
-                    timeout = min(timeout, max(learn_in, 0.0))
             for key, _ in self.selector.select(timeout):
                 if key.fileobj is self.listener:
                     self._accept()
@@ -418,7 +409,7 @@ class _Daemon:
             if not self.listening:
                 self._drop(conn)
                 return
-            if self.learning.wanted:  # a launch came before the delay ran out: learn for it now
+            if self.learning.wanted:  # the server is used again: now its imports pay off
                 self.learning.import_wanted()
                 self.files = _module_files()
             self.trusted.add(conn)
