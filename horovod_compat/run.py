@@ -395,4 +395,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    # ``python -m horovod_compat.run`` put the working directory first on sys.path; the
+    # ``horovodrun`` command does not, and the ranks' PYTHONPATH, which carries the driver's own
+    # import paths (distributor.placement.local.driver_pythonpath), must not depend on how the
+    # launcher was started
+    if sys.path and sys.path[0] == os.getcwd():
+        del sys.path[0]
     sys.exit(main())
