@@ -18,7 +18,7 @@ constraints="${HOROVOD_COMPAT_CONSTRAINTS:-$root/constraints.txt}"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" >&2
 fi
-pip=("$venv/bin/python" -m pip install --disable-pip-version-check --no-warn-script-location --progress-bar off --no-compile)
+pip=("$venv/bin/python" -m pip install --disable-pip-version-check --no-warn-script-location --progress-bar off)
 stamp="$venv/.horovod-compat-installed"
 upgrade=()
 if [ "${HOROVOD_COMPAT_UPGRADE:-0}" = 1 ]; then
