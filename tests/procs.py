@@ -57,15 +57,7 @@ def processes_with(needle: str) -> List[int]:
 def stop_warm_servers(needle: str) -> None:
     """SIGTERM, by PID, the warm fork servers whose environment contains `needle` (their ranks
     die with them), and wait up to 10 s for them to go."""
-    pids = _with(needle, warm_servers=True)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _terminate(_with(needle, warm_servers=True))
 
 
 def left_after(needle: str, timeout: float = 15.0) -> List[int]:
@@ -81,11 +73,11 @@ def left_after(needle: str, timeout: float = 15.0) -> List[int]:
         time.sleep(0.2)
 
 
-def sigkill(pids: List[int]) -> None:
-    """SIGKILL each of `pids` that still exists."""
+def sigkill(pids: List[int], sig: int = signal.SIGKILL) -> None:
+    """SIGKILL (or `sig`) each of `pids` that still exists."""
     for pid in pids:
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
         except ProcessLookupError:
             pass
 
@@ -95,12 +87,12 @@ def stop_warm_servers_in(directory: str) -> None:
     `directory` (distributor.forkserver_daemon), and wait up to 10 s for them to go."""
     from distributor.forkserver_daemon import server_pids
 
-    pids = server_pids(directory)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    _terminate(server_pids(directory))
+
+
+def _terminate(pids: List[int]) -> None:
+    """SIGTERM each of `pids` that still exists; wait up to 10 s for them to go."""
+    sigkill(pids, signal.SIGTERM)
     deadline = time.monotonic() + 10
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
