@@ -219,6 +219,28 @@ def _semantics():
     rep.close("grouped allgather grad (averaged, own rows)",
               torch.cat([ts[0].grad.flatten(), ts[1].grad]),
               torch.full((2 * (r + 1) + 3,), 1.0) * torch.tensor([1.5] * 2 * (r + 1) + [1.0] * 3))
+    # grouped allgather mixing dtypes, uneven, empty and 0-d tensors: packed into one byte buffer
+    # per rank, and tensor by tensor when the group is above FUSED_ALLGATHER_BYTES: both give every
+    # rank's tensors concatenated, in their dtypes
+    from horovod_compat.common import collectives as coll
+
+    def mixed(k):
+        return [torch.arange(3 * (k + 1), dtype=torch.float64).reshape(k + 1, 3) + k,
+                torch.full((2 - k, 2), -k - 1, dtype=torch.int16),
+                torch.tensor([k % 2 == 0] * (k + 2)),
+                torch.zeros(0, 4) if k == 0 else torch.ones(1, 4),
+                torch.tensor(k + 0.5, dtype=torch.bfloat16),
+                torch.full((1,), 200 + k, dtype=torch.uint8)]
+    want = [torch.cat([t0.reshape(-1) if t0.dim() == 0 else t0, t1.reshape(-1) if t1.dim() == 0 else t1])
+            for t0, t1 in zip(mixed(0), mixed(1))]
+    for label, limit in (("packed", coll.FUSED_ALLGATHER_BYTES), ("tensor by tensor", 0)):
+        coll.FUSED_ALLGATHER_BYTES, saved = limit, coll.FUSED_ALLGATHER_BYTES
+        try:
+            got = hvd.grouped_allgather(mixed(r), name=f"mixed.gather.{limit}")
+        finally:
+            coll.FUSED_ALLGATHER_BYTES = saved
+        for i, (g, w) in enumerate(zip(got, want)):
+            rep.equal(f"grouped allgather mixed, {label} [{i}]", g, w)
     # grouped allreduce mixing dtypes and sizes: the small tensors of each dtype travel fused, the
     # 2 MB one alone; results land in the right tensors, in and out of place
     shapes = [(3,), (5, 2), (0,), (1 << 19,), (7,), (4,)]
