@@ -1,4 +1,5 @@
-"""hvd.grouped_allreduce of many small tensors against torch.distributed, 2 ranks on one host, CPU.
+"""hvd.grouped_allreduce and hvd.grouped_allgather of many small tensors against
+torch.distributed, 2 ranks on one host, CPU.
 
     python benchmarks/grouped.py [--tensors 100] [--numel 1024] [--iters 30]
 
@@ -6,7 +7,10 @@ Horovod fuses the tensors of a grouped allreduce into one transfer; raw ``torch.
 offers one all_reduce per tensor (async, then waited) or the deprecated ``all_reduce_coalesced``.
 Prints the median ms of each, and hvd's ratio to both, for hvd's data through shared memory (the
 default on one host) and through gloo (``HOROVOD_COMPAT_SHM_DATA=0``, what ranks on several hosts
-use).  All methods run interleaved in the same rounds, each timed after a barrier.
+use).  A grouped allgather moves as one packed buffer per rank (below
+``collectives.FUSED_ALLGATHER_BYTES``); it is shown beside the same call with packing turned off
+(one transfer per tensor, as before) and beside ``dist.all_gather_into_tensor`` per tensor.  All
+methods run interleaved in the same rounds, each timed after a barrier.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ def _measure(tensors: int, numel: int, iters: int) -> Dict[str, float]:
     import torch
     import torch.distributed as dist
     import horovod.torch as hvd
+    from horovod_compat.common import collectives
 
     warnings.simplefilter("ignore", FutureWarning)  # all_reduce_coalesced's deprecation notice
     torch.set_num_threads(1)
@@ -33,11 +38,27 @@ def _measure(tensors: int, numel: int, iters: int) -> Dict[str, float]:
         for w in [dist.all_reduce(t, async_op=True) for t in ts]:
             w.wait()
 
+    outs = [torch.empty(2 * numel) for _ in ts]
+
+    def gather_per_tensor() -> None:
+        for w in [dist.all_gather_into_tensor(o, t, async_op=True) for o, t in zip(outs, ts)]:
+            w.wait()
+
+    def gather_unpacked() -> None:
+        limit, collectives.FUSED_ALLGATHER_BYTES = collectives.FUSED_ALLGATHER_BYTES, 0
+        try:
+            hvd.grouped_allgather(ts)
+        finally:
+            collectives.FUSED_ALLGATHER_BYTES = limit
+
     methods = {
         "dist.all_reduce per tensor": per_tensor,
         "dist.all_reduce_coalesced": lambda: dist.all_reduce_coalesced(ts),
         "hvd.grouped_allreduce": lambda: hvd.grouped_allreduce(ts, op=hvd.Sum),
         "hvd.grouped_allreduce_": lambda: hvd.grouped_allreduce_(ts, op=hvd.Sum),
+        "dist.all_gather_into_tensor per tensor": gather_per_tensor,
+        "hvd.grouped_allgather": lambda: hvd.grouped_allgather(ts),
+        "hvd.grouped_allgather, one transfer per tensor": gather_unpacked,
     }
     times: Dict[str, List[float]] = {k: [] for k in methods}
     for i in range(iters + 3):
@@ -77,6 +98,10 @@ def main(argv: List[str] = None) -> int:
         for k in ("hvd.grouped_allreduce", "hvd.grouped_allreduce_"):
             print(f"  {k:27s} {m[k]:8.3f}   / per tensor {m[k] / per:5.2f}   "
                   f"/ coalesced {m[k] / coal:5.2f}")
+        gper = m["dist.all_gather_into_tensor per tensor"]
+        print(f"  {'dist.all_gather_into_tensor per tensor':46s} {gper:8.3f}")
+        for k in ("hvd.grouped_allgather", "hvd.grouped_allgather, one transfer per tensor"):
+            print(f"  {k:46s} {m[k]:8.3f}   / per tensor {m[k] / gper:5.2f}")
     return 0
 
 
