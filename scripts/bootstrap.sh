@@ -43,10 +43,10 @@ fi
 # tf-keras, which pip would pair with the full `tensorflow` wheel: without dependencies, at the
 # constraints' pin (a no-op once installed; see the script)
 "$venv/bin/python" "$root/scripts/test_tf_keras.py" "$constraints" >&2
-# The project's own sources, compiled (about a second). An editable
-# install has no .pyc of them, and where PYTHONDONTWRITEBYTECODE=1 (as on these machines) no import
-# ever writes one: every rank, launcher and Spark Python worker compiled the project again, 0.1-0.3 s
-# of CPU each. checked-hash: a .pyc is used only while its source is byte for byte the one compiled.
+# The project's own sources, compiled (about a second). An editable install has no .pyc of them,
+# and where PYTHONDONTWRITEBYTECODE=1 (as on these machines) no import ever writes one: every rank,
+# launcher and Spark Python worker compiled the project again, 0.1-0.3 s of CPU each.
+# checked-hash: a .pyc is used only while its source is byte for byte the one compiled.
 "$venv/bin/python" -m compileall -q -j 0 --invalidation-mode checked-hash \
     "$root/horovod_compat" "$root/distributor" "$root/horovod" "$root/sparkdl" "$root/tests" >&2 \
   || echo "bootstrap: some sources did not compile (see above); they are compiled at import instead" >&2
