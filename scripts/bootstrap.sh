@@ -21,6 +21,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check --no-warn-script-location --progress-bar off)
 stamp="$venv/.horovod-compat-installed"
+#: The installer for the lock (below), itself pinned.
+UV_VERSION=0.13.9
 upgrade=()
 if [ "${HOROVOD_COMPAT_UPGRADE:-0}" = 1 ]; then
   upgrade=(--upgrade --upgrade-strategy eager)
@@ -28,9 +30,23 @@ if [ "${HOROVOD_COMPAT_UPGRADE:-0}" = 1 ]; then
 fi
 if [ ! -f "$stamp" ] || [ "$root/setup.cfg" -nt "$stamp" ] || [ "$root/setup.py" -nt "$stamp" ] \
     || [ "$constraints" -nt "$stamp" ]; then
-  echo "bootstrap: installing the project, its extras and the test tools into $venv (a few minutes on a fresh machine; pip's lines follow)" >&2
-  "${pip[@]}" ${upgrade[@]+"${upgrade[@]}"} -c "$constraints" -e "$root[all,test,docs]" \
-    | { grep --line-buffered -E '^(Collecting|Installing|Successfully)' || true; } >&2
+  # uv installs the same lock as pip in about 70 s on a fresh 2-core machine, every .pyc compiled,
+  # where pip takes about 115 s. It does not read pip's configuration, so it is used only where the
+  # lock's CPU torch lies in pip's find-links folder for it to take (else it would fetch a
+  # multi-GB CUDA build), and not for HOROVOD_COMPAT_UPGRADE=1 (pip's eager upgrade strategy).
+  torch_pin=$(sed -n 's/^torch==\([^[:space:]]*\).*$/\1/p' "$constraints")
+  links=$("$venv/bin/python" -m pip config get global.find-links 2>/dev/null | awk '{print $1}' || true)
+  if [ ${#upgrade[@]} = 0 ] && [ -n "$torch_pin" ] && [ -d "$links" ] \
+      && compgen -G "$links/torch-$torch_pin[+-]*.whl" >/dev/null \
+      && "${pip[@]}" --quiet "uv==$UV_VERSION" >&2; then
+    echo "bootstrap: installing the project, its extras and the test tools into $venv with uv (about a minute on a fresh machine)" >&2
+    "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" --compile-bytecode \
+      --find-links "$links" -c "$constraints" -e "$root[all,test,docs]" >&2
+  else
+    echo "bootstrap: installing the project, its extras and the test tools into $venv (a few minutes on a fresh machine; pip's lines follow)" >&2
+    "${pip[@]}" ${upgrade[@]+"${upgrade[@]}"} -c "$constraints" -e "$root[all,test,docs]" \
+      | { grep --line-buffered -E '^(Collecting|Installing|Successfully)' || true; } >&2
+  fi
   oldest=$(sed -n 's/^[[:space:]]*cloudpickle>=\([0-9][0-9.]*\)[[:space:]]*$/\1/p' "$root/setup.cfg")
   if [ -z "$oldest" ]; then
     echo "bootstrap: setup.cfg names no 'cloudpickle>=X.Y' minimum" >&2

@@ -28,8 +28,9 @@ HEADER = """\
 # by scripts/test_tf_keras.py (it requires `tensorflow`, the full wheel; tensorflow-cpu stands in for it).
 """
 
-#: Installed with every venv, not by the project: left out of the lock and of the comparison.
-TOOLING = frozenset({"pip", "setuptools", "wheel", "distribute", "horovod-compat"})
+#: Installed with every venv, not by the project: left out of the lock and of the comparison
+#: (uv: the installer `scripts/bootstrap.sh` pins and installs first, where it can use it).
+TOOLING = frozenset({"pip", "setuptools", "wheel", "distribute", "horovod-compat", "uv"})
 
 
 def normalize(name: str) -> str:
