@@ -4,6 +4,8 @@ model's predict, bad inputs that fail before any rank starts, and Horovod's
 examples/spark/keras/keras_spark_mnist.py run unchanged on a synthetic MNIST."""
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import pickle
 import re
@@ -16,8 +18,23 @@ import numpy as np
 import pytest
 
 pytest.importorskip("pyarrow", reason="the Spark estimators need pyarrow: pip install horovod-compat[spark]")
-keras = pytest.importorskip("keras")
-pytest.importorskip("tensorflow")
+for _name in ("keras", "tensorflow"):
+    if importlib.util.find_spec(_name) is None:
+        pytest.skip(f"{_name} is not installed (pip install 'horovod-compat[tensorflow]')",
+                    allow_module_level=True)
+
+
+class _Keras:
+    """``keras``, imported at first use: collecting this file on a pytest worker that never runs it
+    (tests/scheduling.py gives it to one) costs no TensorFlow import (5-7 s of CPU)."""
+
+    def __getattr__(self, name):
+        if name.startswith("_"):  # (what pytest's collection looks for on a module's objects)
+            raise AttributeError(name)
+        return getattr(importlib.import_module("keras"), name)
+
+
+keras = _Keras()
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
 sys.path.insert(0, str(Path(__file__).parents[1]))
