@@ -162,6 +162,8 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
     A name the rewrite needs (``dist``, ``DDP``, ...) that the input binds to something else (say
     ``import pyro.distributions as dist``) is not shadowed: the rewrite runs again with the input's
     name set aside, and the native code takes a free name instead (``torch_dist``)."""
+    if not any(_may_use_horovod(unit) for unit in units):
+        return [UnitResult(unit.source, [], unit.source) for unit in units]
     left_alone = _other_frameworks(units)
     if left_alone is not None:
         return left_alone
@@ -174,6 +176,34 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
     if horovod_left and any(r.changed for r in results):
         results, _, _ = _migrate(units, True, renames)
     return results
+
+
+def _may_use_horovod(unit: Unit) -> bool:
+    """False only when `unit` surely has nothing to rewrite: it parses, imports no module of a
+    package whose name starts with ``horovod`` (this project's included) nor ``sparkdl``, nor
+    Lightning (whose removed hooks get a TODO with or without Horovod), and imports nothing by
+    name at run time (``__import__``, ``import_module``). Every other rule starts from such an
+    import, so the pipeline (a dozen walks over the tree) would return the input unchanged, with
+    no finding: a file already migrated, or never on Horovod."""
+    if "__import__" in unit.source or "import_module" in unit.source \
+            or lightning.uses_lightning(unit.source):
+        return True
+    try:
+        tree = ast.parse(unit.source)
+    except (SyntaxError, ValueError):
+        return True  # (the pipeline says where)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                continue
+            modules = [node.module or ""]
+        else:
+            continue
+        if any(m.split(".")[0].startswith("horovod") or m.split(".")[0] == "sparkdl" for m in modules):
+            return True
+    return False
 
 
 def _other_frameworks(units: Sequence[Unit]) -> Optional[List[UnitResult]]:

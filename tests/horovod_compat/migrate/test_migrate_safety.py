@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from horovod_compat.migrate import Kind, migrate_source
-from horovod_compat.migrate import syntax
+from horovod_compat.migrate import engine, syntax
 from migrate_runs import HOROVODRUN, native_printed, printed
 
 FSTRINGS = textwrap.dedent('''\
@@ -227,3 +227,56 @@ def test_horovods_tensorflow_and_keras_examples_are_left_as_they_are():
     for entry in report["files"]:
         assert not entry["would_change"] and not entry["rewrites"], entry
         assert entry["todos"] and {t["name"] for t in entry["todos"]} == {"import"}, entry
+
+
+HERE = Path(__file__).parent
+#: Inputs without a Horovod import: golden outputs, two migrated corpus programs, and code that
+#: mentions Horovod only in comments, strings and names.
+NO_HOROVOD_IMPORT = textwrap.dedent('''\
+    """Was a horovod script; `hvd` is now a plain name."""
+    import torch
+    import torch.distributed as dist
+
+    hvd = None  # horovod used to live here
+    def allreduce(t, hvd=hvd):
+        return hvd.allreduce(t) if hvd else t
+    print("horovod", dist.is_available())
+    ''')
+
+
+def _without_horovod_imports():
+    sources = {"no_import.py": NO_HOROVOD_IMPORT}
+    for expected in sorted(HERE.glob("golden/*/expected.py")):
+        sources[f"{expected.parent.name}/expected.py"] = expected.read_text()
+    for name in ("a06_grad_accum.py", "b12_process_sets.py"):
+        sources[f"native {name}"] = migrate_source((HERE / "corpus" / name).read_text(), name).source
+    return {name: source for name, source in sources.items() if not engine._may_use_horovod(
+        engine.Unit(source, name))}
+
+
+def test_input_without_a_horovod_import_takes_the_shortcut_and_the_pipeline_agrees(monkeypatch):
+    """The shortcut returns such an input unchanged with no finding: the full pipeline, run on
+    the same inputs, does the same."""
+    sources = _without_horovod_imports()
+    assert "no_import.py" in sources and len(sources) >= 10, sorted(sources)
+    for name, source in sources.items():
+        fast = migrate_source(source, name)
+        assert fast.source == source and fast.findings == []
+    monkeypatch.setattr(engine, "_may_use_horovod", lambda unit: True)
+    for name, source in sources.items():
+        slow = migrate_source(source, name)
+        assert (slow.source, slow.findings) == (source, []), name
+
+
+@pytest.mark.parametrize("source", [
+    "import horovod.torch as hvd\n",
+    "def f():\n    from horovod import torch as hvd\n",
+    "from sparkdl import HorovodRunner\n",
+    "import horovod_compat\n",
+    "hvd = __import__('horovod.torch')\n",
+    "import importlib\nhvd = importlib.import_module('horovod.torch')\n",
+    "await x\nimport horovod.torch as hvd\n",  # (a notebook cell: not plain Python)
+    "import pytorch_lightning as pl\n",  # (Lightning 1 hooks get a TODO without Horovod too)
+])
+def test_any_horovod_import_takes_the_pipeline(source):
+    assert engine._may_use_horovod(engine.Unit(source, "x.py"))
