@@ -24,17 +24,10 @@ for _name in ("keras", "tensorflow"):
                     allow_module_level=True)
 
 
-class _Keras:
-    """``keras``, imported at first use: collecting this file on a pytest worker that never runs it
-    (tests/scheduling.py gives it to one) costs no TensorFlow import (5-7 s of CPU)."""
-
-    def __getattr__(self, name):
-        if name.startswith("_"):  # (what pytest's collection looks for on a module's objects)
-            raise AttributeError(name)
-        return getattr(importlib.import_module("keras"), name)
-
-
-keras = _Keras()
+def keras_module():
+    """``keras``, imported at first use: collecting this file on a pytest worker that never runs
+    it (tests/scheduling.py gives it to one) costs no TensorFlow import (5-7 s of CPU)."""
+    return importlib.import_module("keras")
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
 sys.path.insert(0, str(Path(__file__).parents[1]))
@@ -80,7 +73,7 @@ def estimator(store, flavor=None, **overrides):
     tf_keras for a tf-keras model)."""
     import horovod.spark.keras as hvd
 
-    flavor = flavor or keras
+    flavor = flavor or keras_module()
     flavor.utils.set_random_seed(0)
     model = flavor.Sequential([flavor.Input(shape=(3,)), flavor.layers.Dense(1)])
     params = dict(backend=SparkBackend(num_proc=2), store=store, model=model,
@@ -111,7 +104,7 @@ def test_fit_and_transform_with_two_ranks(spark, tmp_path):
     assert state["epoch"] == 2 and state["history"]["loss"] == history["loss"]
 
     trained = model.getModel()
-    assert isinstance(trained, keras.Model) and trained.optimizer is not None
+    assert isinstance(trained, keras_module().Model) and trained.optimizer is not None
     assert float(trained.optimizer.learning_rate.numpy()) == pytest.approx(0.1)  # unscaled again
     for w, saved in zip(trained.get_weights(), state["weights"]):
         np.testing.assert_allclose(w, saved)
@@ -135,8 +128,8 @@ def test_fit_and_transform_with_two_ranks(spark, tmp_path):
     est.save(str(tmp_path / "keras_estimator"))
     est_loaded = type(est).load(str(tmp_path / "keras_estimator"))
     assert est_loaded.getBatchSize() == 8 and est_loaded.getLoss() == "mse"
-    assert isinstance(est_loaded.getModel(), keras.Model)
-    assert isinstance(est_loaded.getOptimizer(), keras.optimizers.SGD)
+    assert isinstance(est_loaded.getModel(), keras_module().Model)
+    assert isinstance(est_loaded.getOptimizer(), keras_module().optimizers.SGD)
 
 
 class RecordingBackend(Backend):
@@ -158,6 +151,7 @@ def test_bad_inputs_fail_before_training(spark, tmp_path):
         estimator(store, backend=RecordingBackend(), feature_cols=["missing"]).fit(df)
     with pytest.raises(EstimatorError, match=r"model has 1 input\(s\) but feature_cols names 2"):
         estimator(store, backend=RecordingBackend(), feature_cols=["features", "y"]).fit(df)
+    keras = keras_module()
     wide = keras.Sequential([keras.Input(shape=(5,)), keras.layers.Dense(1)])
     with pytest.raises(EstimatorError, match=r"model failed on a batch of 2 rows"):
         estimator(store, backend=RecordingBackend(), model=wide).fit(df)
@@ -208,7 +202,7 @@ def test_fit_again_on_a_run_with_a_checkpoint_resumes_weights_and_optimizer_stat
     1 more on the same run, must give the weights of 3 epochs in one fit (Adam, whose moments and
     step count change every update, so a fresh optimizer on resume would not). With a tf-keras
     model the ranks run tf-keras (TF_USE_LEGACY_KERAS=1)."""
-    module = keras if flavor == "keras3" else pytest.importorskip(
+    module = keras_module() if flavor == "keras3" else pytest.importorskip(
         "tf_keras", reason="tf-keras is not installed (scripts/bootstrap.sh installs it for the tests)")
     store = Store.create(str(tmp_path / "store"))
     df = linear_df(spark)
