@@ -10,7 +10,10 @@ socket pair, serves one launch per connection, and stays after its launch for
 starts with nothing but the engine imported and *learns* (`LEARNED`: torch, TensorFlow) what
 its ranks imported: when the next launch connects, it imports that once (the launch waits for it,
 about as long as one of its ranks would have taken to import it) and forks that launch's ranks,
-and every later launch's, with it imported. A server no launch comes back to costs no import. A rank is set up as `forkserver` sets up any rank, in the launch's
+and every later launch's, with it imported. A server no launch comes back to costs no import.
+A daemon started for a launch whose script imports one of them (`DaemonSettings.expect`)
+imports it when that launch connects, before it forks the ranks: once, where each rank would
+have imported it. A rank is set up as `forkserver` sets up any rank, in the launch's
 working directory.
 
 Whom it serves, and what it refuses:
@@ -53,7 +56,7 @@ import sys
 import textwrap
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from . import forkserver, protocol
 from .errors import LaunchValidationError
@@ -69,6 +72,8 @@ LEARNED: Tuple[str, ...] = ("torch", "tensorflow")
 VOLATILE_VARS = ("_", "PWD", "OLDPWD", "SHLVL", "PYTEST_CURRENT_TEST")
 #: How long a launch waits for a daemon it started to listen.
 START_SECONDS = 30.0
+#: Marks a name of `LEARNED` on a new daemon's command line as one its first launch expects.
+EXPECT_MARK = "!"
 #: Longest Unix socket path Linux accepts (sun_path, with its terminating NUL).
 _MAX_SOCKET_PATH = 107
 
@@ -77,10 +82,13 @@ _MAX_SOCKET_PATH = 107
 class DaemonSettings:
     """How a launch uses the daemons: `idle_seconds` a daemon stays with nothing to do (it is
     started with the launch's settings), `directory` the private directory (None: the default,
-    ``$XDG_RUNTIME_DIR/distributor-warm`` or ``/tmp/distributor-warm-UID``)."""
+    ``$XDG_RUNTIME_DIR/distributor-warm`` or ``/tmp/distributor-warm-UID``), `expect` the modules
+    the launch's ranks will import (`imported_modules` of its script): a daemon started for this
+    launch imports those of `LEARNED` before it forks the ranks, once instead of once per rank."""
 
     idle_seconds: float = DEFAULT_IDLE_SECONDS
     directory: Optional[str] = None
+    expect: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         seconds = self.idle_seconds
@@ -88,6 +96,8 @@ class DaemonSettings:
                 or not 0 < seconds < float("inf"):
             raise LaunchValidationError(
                 f"idle_seconds must be a positive number of seconds, got {seconds!r}")
+        if not isinstance(self.expect, tuple) or not all(isinstance(n, str) for n in self.expect):
+            raise LaunchValidationError(f"expect must be a tuple of module names, got {self.expect!r}")
 
 
 def private_dir(settings: DaemonSettings) -> Optional[str]:
@@ -144,6 +154,25 @@ def sets_environment(path: str) -> bool:
             return _tree_sets_environment(ast.parse(handle.read(), path))
     except (OSError, SyntaxError, ValueError):
         return True
+
+
+def imported_modules(path: str) -> FrozenSet[str]:
+    """The dotted names the Python file `path` imports anywhere in it (``import a.b``: ``a.b``;
+    ``from a import b``: ``a`` and ``a.b``, whether ``b`` is a module or not); relative imports
+    left out; empty where the file cannot be read or parsed."""
+    try:
+        with open(path, "rb") as handle:
+            tree = ast.parse(handle.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return frozenset()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*")
+    return frozenset(names)
 
 
 def function_sets_environment(fn: object) -> bool:
@@ -230,7 +259,7 @@ def connect(python: str, env: Mapping[str, str],
     with _locked(os.path.join(directory, f"{key}.lock")):
         server = _try(path, secret)
         if server is None:
-            if not _start(python, env, directory, key, settings.idle_seconds):
+            if not _start(python, env, directory, key, settings.idle_seconds, settings.expect):
                 return None
             server = _try(path, secret)
     return server
@@ -244,7 +273,7 @@ def _try(path: str, secret: bytes) -> Optional[forkserver.ForkServer]:
         sock.connect(path)
         # both prove the directory's secret; a daemon importing what it learned answers after
         protocol.client_handshake(sock, secret, timeout=forkserver.SPAWN_TIMEOUT)
-        sock.settimeout(START_SECONDS)
+        sock.settimeout(forkserver.SPAWN_TIMEOUT)  # (as long as a rank may take to import them)
         reply = json.loads(sock.recv(forkserver.MAX_MESSAGE) or b"{}")
     except (OSError, ValueError):
         sock.close()
@@ -256,14 +285,16 @@ def _try(path: str, secret: bytes) -> Optional[forkserver.ForkServer]:
     return forkserver.ForkServer.connected(sock)
 
 
-def _start(python: str, env: Mapping[str, str], directory: str, key: str, idle: float) -> bool:
-    """Start the daemon `key` and wait until it listens; False if it could not."""
+def _start(python: str, env: Mapping[str, str], directory: str, key: str, idle: float,
+           expect: Sequence[str] = ()) -> bool:
+    """Start the daemon `key` and wait until it listens; False if it could not. It imports the
+    modules of `LEARNED` that `expect` names when its first launch connects."""
     ready_r, ready_w = os.pipe()
     try:
         environment = forkserver.startup_environment(env)
         proc = subprocess.Popen(
             [python, "-m", "distributor.forkserver_daemon", directory, key, str(idle), str(ready_w),
-             *LEARNED],
+             *(f"{EXPECT_MARK}{name}" if name in expect else name for name in LEARNED)],
             env=environment, cwd=directory, pass_fds=[ready_w], stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:
@@ -317,7 +348,7 @@ class _Daemon:
     """The listening server: launches (connections), their ranks, learning, idleness."""
 
     def __init__(self, listener: socket.socket, path: str, secret: bytes, idle: float,
-                 learn: Sequence[str]) -> None:
+                 learn: Sequence[str], expected: Sequence[str] = ()) -> None:
         self.listener, self.path, self.secret, self.idle = listener, path, secret, idle
         self.selector = selectors.DefaultSelector()
         self.owner: Dict[int, socket.socket] = {}  # running rank pid -> its launch's connection
@@ -329,6 +360,7 @@ class _Daemon:
         for fd in (self.wake_r, self.wake_w, self.learned_r):
             os.set_blocking(fd, False)
         self.learning = forkserver._Learning(learn, self.learned_r)
+        self.learning.wanted.extend(expected)  # imported when the first launch connects
         self.files = _module_files()
 
     def run(self) -> None:
@@ -409,7 +441,7 @@ class _Daemon:
             if not self.listening:
                 self._drop(conn)
                 return
-            if self.learning.wanted:  # the server is used again: now its imports pay off
+            if self.learning.wanted:  # used again (or expected): now its imports pay off
                 self.learning.import_wanted()
                 self.files = _module_files()
             self.trusted.add(conn)
@@ -466,7 +498,9 @@ def main(argv: Sequence[str]) -> None:
         handle.write(f"{os.getpid()}\n")
     from . import rank_entry  # noqa: F401 - what every rank runs
 
-    daemon = _Daemon(listener, path, _secret(directory), float(idle), learn)
+    names = [name.lstrip(EXPECT_MARK) for name in learn]
+    expected = [name.lstrip(EXPECT_MARK) for name in learn if name.startswith(EXPECT_MARK)]
+    daemon = _Daemon(listener, path, _secret(directory), float(idle), names, expected)
 
     bound = os.stat(path).st_ino
 

@@ -15,6 +15,7 @@ validation; `run(target)` picks the placement and launcher and starts the job:
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -111,6 +112,37 @@ def start_timeout_from(value: Optional[float], variable: str, default: float) ->
         raise ValueError(f"start_timeout must be a positive number of seconds, got {value!r}")
     return float(value)
 
+
+
+#: What importing a module (or a module under it) imports of what a warm fork server can import
+#: before it forks the ranks (`forkserver_daemon.LEARNED`). Horovod's TensorFlow and Keras
+#: bindings here run on torch's collectives: they import both.
+_EXPENSIVE_IMPORTS = {"torch": ("torch",), "horovod.torch": ("torch",),
+                      "tensorflow": ("tensorflow",), "horovod.tensorflow": ("torch", "tensorflow"),
+                      "horovod.keras": ("torch", "tensorflow")}
+
+
+def _expected_imports(target: Any) -> tuple:
+    """The expensive modules (`_EXPENSIVE_IMPORTS`) the ranks of a warm `target` will import,
+    read off its file: the script of ``python script.py`` / ``-m module``, or the module file of
+    a ``horovod.run`` function. A daemon started for the launch imports them once, before it
+    forks the ranks (`DaemonSettings.expect`); an import the file hides (in a module it
+    imports, through importlib) is learned as before, after the launch."""
+    fn, args = target.fn, target.args
+    if fn is call_with_slot_env and args and args[0] is run_as_main:
+        script, _argv, is_module = args[1:4]
+        path = forkserver_daemon.module_file(script, os.getcwd()) if is_module else script
+    else:
+        inner = args[0] if fn is call_with_slot_env and args else fn
+        path = getattr(sys.modules.get(getattr(inner, "__module__", None) or ""), "__file__", None)
+    if not isinstance(path, str):
+        return ()
+    found = []
+    for name in forkserver_daemon.imported_modules(path):
+        for prefix, modules in _EXPENSIVE_IMPORTS.items():
+            if name == prefix or name.startswith(prefix + "."):
+                found += [m for m in modules if m not in found]
+    return tuple(sorted(found))
 
 @dataclass
 class HorovodJob:
@@ -291,8 +323,10 @@ class HorovodJob:
         if self.elastic is not None:  # workers import torch; replacements fork with it imported
             return PythonLauncher(python=self.executable, preload=("torch",))
         if not self.use_mpi:
-            return PythonLauncher(python=self.executable, across_launches=(
-                self._across_launches if self._forks_warm(target) else None))
+            warm = self._across_launches if self._forks_warm(target) else None
+            if warm is not None:
+                warm = dataclasses.replace(warm, expect=_expected_imports(target))
+            return PythonLauncher(python=self.executable, across_launches=warm)
         extra = list(self.mpi_args)
         if self.nics:
             extra += ["--mca", "btl_tcp_if_include", ",".join(self.nics)]

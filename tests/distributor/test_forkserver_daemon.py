@@ -78,6 +78,36 @@ def test_launches_share_one_daemon_that_learns_what_their_ranks_imported(warm_di
     assert _alive(daemon), "the daemon stays after its launches"
 
 
+def test_a_daemon_started_for_a_launch_imports_what_it_expects_before_forking(warm_dir, tmp_path,
+                                                                            monkeypatch):
+    """`expect`: the first launch's ranks fork with the expected learned module imported; a name
+    outside `LEARNED` is not imported; the expectation is no part of the daemon's key."""
+    monkeypatch.chdir(tmp_path)
+    first = _launch(warm_dir, _facts, expect=("warm_probe", "json.tool"))
+    (daemon,) = _daemon_pids(warm_dir)
+    assert all(f["had"] == ["warm_probe"] for f in first), first
+    assert all(f["parent"] == daemon for f in first)
+    second = _launch(warm_dir, _facts, expect=("fractions",))  # an existing daemon: its key's
+    assert {f["parent"] for f in second} == {daemon} and all(f["had"] == ["warm_probe"] for f in second)
+    with pytest.raises(LaunchValidationError, match="expect"):
+        DaemonSettings(expect=["torch"])
+
+
+@pytest.mark.parametrize("source, modules", [
+    ("import a.b, c\nfrom d import e, f as g\nfrom . import h\nfrom .i import j\n",
+     {"a.b", "c", "d", "d.e", "d.f"}),
+    ("def late():\n    import torch\n    from horovod import torch as hvd\n",
+     {"torch", "horovod", "horovod.torch"}),
+    ("from m import *\n", {"m"}),
+    ("def broken(:\n", set()),
+])
+def test_the_modules_a_script_imports_are_read_off_it(tmp_path, source, modules):
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    assert forkserver_daemon.imported_modules(str(script)) == modules
+    assert forkserver_daemon.imported_modules(str(tmp_path / "missing.py")) == frozenset()
+
+
 def test_each_launch_runs_in_its_own_working_directory(warm_dir, tmp_path, monkeypatch):
     for name in ("a", "b"):
         (tmp_path / name).mkdir()

@@ -85,7 +85,9 @@ def test_a_warm_rank_sees_what_a_new_python_process_sees(probe):
     assert expected[0]["argv"] == ["sub/probe.py", "0"] and expected[0]["path0"] == str(probe / "sub")
     assert expected[0]["private"] == []
     assert not any(r["preloaded"] for r in expected)
-    assert all(r["preloaded"] for r in _facts(warm[1])), "the second warm launch has torch already"
+    # the daemon started for the first warm launch imports torch, which the script imports,
+    # before it forks the ranks; the second launch finds it there
+    assert all(r["preloaded"] for done in warm for r in _facts(done))
 
 
 def test_python_dash_m_runs_the_module_as_python_does(probe):
@@ -162,6 +164,25 @@ def _torch_was_there():
 def test_horovod_run_forks_warm_ranks_unless_the_function_sets_variables():
     import horovod
 
-    assert horovod.run(_torch_was_there, num_proc=2) == [False, False]
-    assert horovod.run(_torch_was_there, num_proc=2) == [True, True], "learned from the first"
+    # this file imports torch (in functions): a daemon started for the first launch imports it
+    # before it forks the ranks
+    assert horovod.run(_torch_was_there, num_proc=2) == [True, True]
     assert horovod.run(_threads_after_setting_them, num_proc=2) == [(False, 1), (False, 1)]
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import tensorflow as tf\nimport horovod.tensorflow.keras as hvd\n", ("tensorflow", "torch")),
+    ("from horovod import torch as hvd\n", ("torch",)),
+    ("import horovod.keras as hvd\n", ("tensorflow", "torch")),
+    ("import torchvision\nimport tensorflowjs\nimport numpy\n", ()),
+    ("import horovod\nhorovod.run(print)\n", ()),
+])
+def test_the_daemon_expects_the_expensive_imports_of_the_script(tmp_path, source, expected):
+    from distributor import FunctionTarget
+    from distributor.rank_entry import run_as_main
+    from horovod_compat.launch.job import _expected_imports
+    from horovod_compat.run_rank import call_with_slot_env
+
+    (tmp_path / "script.py").write_text(source)
+    target = FunctionTarget(call_with_slot_env, (run_as_main, str(tmp_path / "script.py"), (), False))
+    assert _expected_imports(target) == expected
