@@ -113,7 +113,6 @@ def start_timeout_from(value: Optional[float], variable: str, default: float) ->
     return float(value)
 
 
-
 #: What importing a module (or a module under it) imports of what a warm fork server can import
 #: before it forks the ranks (`forkserver_daemon.LEARNED`). Horovod's TensorFlow and Keras
 #: bindings here run on torch's collectives: they import both.
@@ -143,6 +142,7 @@ def _expected_imports(target: Any) -> tuple:
             if name == prefix or name.startswith(prefix + "."):
                 found += [m for m in modules if m not in found]
     return tuple(sorted(found))
+
 
 @dataclass
 class HorovodJob:
