@@ -29,6 +29,7 @@ def keras_module():
     it (tests/scheduling.py gives it to one) costs no TensorFlow import (5-7 s of CPU)."""
     return importlib.import_module("keras")
 
+
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from spark_clusters import SPARK_TEST_ENV, SUBMIT_ARGS, mirror_spark_home, shared_session  # noqa: E402
