@@ -31,7 +31,7 @@ from .errors import (JobTimeoutError, LaunchTimeoutError, RankFailedError, descr
 from .hub import DriverHub, SpawnRouter, TaskRendezvous
 from .launchers import Launcher, PythonLauncher
 from .placement import JobContext, LocalPlacement, Placement
-from .protocol import SEND_NOTHING, SEND_RESULT, Channel, Kind
+from .protocol import Channel, Kind, PayloadFlag, payload_frame
 from .spec import LaunchRequest, MessageHandler, OutputHandler
 from .worker_state import WorkerState, check_transition
 
@@ -48,7 +48,8 @@ KNOCK_ON_SETTLE_SECONDS = 3.0
 #: exit status rather than stopped: an interpreter that loaded torch and TensorFlow can take
 #: several seconds to tear down on a loaded machine.
 FAILED_EXIT_SECONDS = 10.0
-#: How long a rank that already sent its result may take to exit before it is stopped.
+#: How long a rank that already sent its result may take to exit, once every rank has, before it
+#: is stopped.
 EXIT_GRACE_SECONDS = 30.0
 OUTPUT_TAIL_LINES = 200
 #: How long after the placement reports that nothing runs any more the engine waits for frames.
@@ -227,6 +228,7 @@ class Job:
         self.hub: Optional[DriverHub] = None
         self._stopping = False
         self._stopped_running: set = set()  # ranks still running when the driver stopped them
+        self._released_at: Optional[float] = None  # when every rank had finished (`_release_finished`)
         self._launcher_tail: Deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self._spawns = SpawnRouter()
         self._slots = TaskRendezvous()
@@ -272,8 +274,7 @@ class Job:
                 self._channels[channel] = rank
                 state.channel = channel
                 state.move(WorkerState.RUNNING)
-            flag = SEND_RESULT if self._sends_result(rank) else SEND_NOTHING
-            channel.send(Kind.PAYLOAD, flag + self._payload, raw=True)
+            channel.send(Kind.PAYLOAD, payload_frame(self._payload_flags(rank), self._payload), raw=True)
             self._wake.put("connected")
             return
         if kind == Kind.OUTPUT:
@@ -319,8 +320,13 @@ class Job:
     def _on_worker_frame(self, state: WorkerRecord, kind: Kind, body: Any) -> None:
         """A frame of a connected worker that the fixed-size job does not use (elastic: JOIN)."""
 
-    def _sends_result(self, rank: int) -> bool:
-        return rank == 0 or self.request.return_all
+    def _payload_flags(self, rank: int) -> PayloadFlag:
+        """Rank 0 sends its value (every rank with return_all); each holds its process group
+        until every rank has finished (`_release_finished`)."""
+        flags = PayloadFlag.HOLD
+        if rank == 0 or self.request.return_all:
+            flags |= PayloadFlag.SEND_RESULT
+        return flags
 
     def _on_close(self, channel: Channel) -> None:
         rank = self._channels.get(channel)
@@ -390,10 +396,11 @@ class Job:
             if timeout_error is not None:
                 self._stop_all()
                 continue
+            released_at = self._release_finished(states, now)
             overdue = [
                 s.rank for s in states
-                if s.finished_at is not None and s.returncode is None
-                and now - s.finished_at > EXIT_GRACE_SECONDS
+                if released_at is not None and s.returncode is None
+                and now - released_at > EXIT_GRACE_SECONDS
             ]
             if overdue:
                 log.warning("ranks %s finished but did not exit within %ss; stopping them",
@@ -401,6 +408,19 @@ class Job:
                 self.placement.stop()
         failure = self._failure_error() or self.placement.failure()
         return failure if failure is not None else timeout_error
+
+    def _release_finished(self, states: List[WorkerRecord], now: float) -> Optional[float]:
+        """Once every rank has finished, tell those held (`PayloadFlag.HOLD`) to exit; return
+        when that happened (None before)."""
+        if self._released_at is None and all(s.finished_at is not None for s in states):
+            self._released_at = now
+            for s in states:
+                if s.channel is not None and not s.disconnected:
+                    try:
+                        s.channel.send(Kind.STOP)
+                    except OSError:
+                        pass  # it has exited already
+        return self._released_at
 
     def _check_timeouts(self, states: List[WorkerRecord], elapsed: float, now: float) -> Optional[BaseException]:
         request = self.request
@@ -412,7 +432,7 @@ class Job:
                 "waiting for resources; raise start_timeout if startup is slow."
             )
         if request.timeout is not None and elapsed > request.timeout:
-            running = [s.rank for s in states if s.returncode is None]
+            running = [s.rank for s in states if s.returncode is None and s.finished_at is None]
             return JobTimeoutError(
                 f"The job exceeded timeout={request.timeout:g}s; ranks {running} were still running "
                 "and have been stopped. Their last output lines above show where they were."
@@ -491,7 +511,7 @@ class Job:
         self._stopping = True
         with self._lock:
             for s in self._states.values():
-                if s.returncode is None:
+                if s.returncode is None and s.finished_at is None:  # (a finished one is held)
                     s.move(WorkerState.STOPPED)
                     if not s.disconnected:  # (under mpirun an exited rank's status comes later)
                         self._stopped_running.add(s.rank)

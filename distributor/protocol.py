@@ -68,9 +68,25 @@ class Kind(enum.IntEnum):
     WORKER = 18  # driver → Spark task of an elastic job: ("start", RankSpec) or ("stop", worker id)
 
 
-#: First byte of a PAYLOAD frame: whether the rank must send its return value back.
-SEND_NOTHING = b"\x00"
-SEND_RESULT = b"\x01"
+class PayloadFlag(enum.IntFlag):
+    """First byte of a PAYLOAD frame: what the driver asks of the rank besides running it."""
+
+    SEND_RESULT = 1  # send the return value back (else an empty RESULT says it succeeded)
+    #: After its RESULT, a rank whose process holds a torch.distributed process group keeps the
+    #: process (the TCPStore rank 0 serves, its gloo connections) until the driver's STOP, which
+    #: comes once every rank has finished: a peer may still be connecting to it (torchrun's agent
+    #: keeps the store alive in the same way).
+    HOLD = 2
+
+
+def payload_frame(flags: PayloadFlag, payload: bytes) -> bytes:
+    """The body of a PAYLOAD frame."""
+    return bytes([int(flags)]) + payload
+
+
+def split_payload(body: bytes) -> Tuple[PayloadFlag, bytes]:
+    """A PAYLOAD frame's body as (flags, pickled target)."""
+    return PayloadFlag(body[0]), body[1:]
 
 
 def new_secret() -> bytes:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from . import failure_report, netif, protocol, worker
 from .payload import dumps_value, loads_target
-from .protocol import SEND_RESULT, Channel, Kind
+from .protocol import Channel, Kind, PayloadFlag, split_payload
 from .rank_env import (
     HUB_ADDRESS_VAR,
     PARENT_PID_VAR,
@@ -85,12 +85,27 @@ def _kill_self() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _holds_process_group() -> bool:
+    """Whether this process holds torch.distributed's default process group (never imports torch).
+
+    A rank that returns right after `init_process_group` may do so before its peers have made
+    their connections to it; a peer then fails with gloo's "Connection closed by peer" or, when
+    the store rank 0 serves has gone, "Connection reset by peer"."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return dist is not None and dist.is_available() and dist.is_initialized()
+    except Exception:  # noqa: BLE001 - a torch in an odd state holds nothing we can keep
+        return False
+
+
 class _DriverLink:
-    """The rank's connection to the hub: heartbeats out, STOP or a lost driver ends the rank."""
+    """The rank's connection to the hub: heartbeats out, STOP or a lost driver ends the rank
+    (after its result: `released`, it may exit)."""
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.finished = threading.Event()
+        self.released = threading.Event()
         threading.Thread(target=self._watch, name="distributor-watchdog", daemon=True).start()
         threading.Thread(target=self._beat, name="distributor-heartbeat", daemon=True).start()
 
@@ -105,6 +120,7 @@ class _DriverLink:
         except (ConnectionError, OSError):
             pass
         worker.link_closed()
+        self.released.set()
         if not self.finished.is_set():
             _kill_self()
 
@@ -294,7 +310,8 @@ def main() -> int:
         raise RuntimeError(f"driver hub sent {kind.name} instead of the payload")
     link = _DriverLink(channel)
     worker.attach(channel, rank)
-    send_result, payload = body[:1] == SEND_RESULT, body[1:]
+    flags, payload = split_payload(body)
+    send_result = PayloadFlag.SEND_RESULT in flags
 
     def early(report: dict) -> None:  # a command's failure report, before the command exits
         try:
@@ -332,6 +349,10 @@ def main() -> int:
     if exit_code == 0:
         channel.send(Kind.RESULT, data or b"", raw=True)  # empty: done, no value asked for
     link.finished.set()
+    if exit_code == 0 and PayloadFlag.HOLD in flags and _holds_process_group():
+        # the driver's SIGTERM (another rank failed) releases it too: it exits as it would have
+        signal.signal(signal.SIGTERM, lambda *_: link.released.set())
+        link.released.wait()
     global _channel
     _channel = channel  # closed by _exit, after the atexit handlers
     return exit_code

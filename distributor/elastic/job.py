@@ -44,7 +44,7 @@ from ..errors import (
     describe_exit,
 )
 from ..launchers import Launcher, PythonLauncher
-from ..protocol import Kind
+from ..protocol import Kind, PayloadFlag
 from ..spec import LaunchRequest
 from ..worker import ELASTIC_VAR
 from ..worker_state import WorkerState
@@ -111,8 +111,10 @@ class ElasticJob(Job):
         self.timeline: List[Tuple[float, str]] = []
 
     # ---- events from hub threads -----------------------------------------------------------
-    def _sends_result(self, rank: int) -> bool:
-        return True  # any worker may hold rank 0 of the last round
+    def _payload_flags(self, rank: int) -> PayloadFlag:
+        # any worker may hold rank 0 of the last round; a worker that finished is not held: the
+        # driver serves each round's store, and a round ends when its members exit
+        return PayloadFlag.SEND_RESULT
 
     def _on_worker_frame(self, state: WorkerRecord, kind: Kind, body: Any) -> None:
         if kind == Kind.JOIN:

@@ -377,7 +377,8 @@ class _PlacementDriver:
         from distributor.hub import DriverHub
 
         self.secret = protocol.new_secret()
-        self._payload = protocol.SEND_RESULT + payload.dumps_target(FunctionTarget(fn))
+        self._payload = protocol.payload_frame(protocol.PayloadFlag.SEND_RESULT,
+                                               payload.dumps_target(FunctionTarget(fn)))
         self.results, self.exits, self.lines = {}, {}, []
         self.changed = threading.Condition()
         self.hub = DriverHub(self.secret, self._on_frame, lambda channel: None)
