@@ -6,13 +6,18 @@ extra (`pip install lightning`); without it these tests are skipped and say so.
 """
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from distributor import TorchDistributor
 
 from test_spark_placement import _lightning_fit
 
-pytest.importorskip("lightning", reason="lightning is an optional test extra: pip install lightning")
+# found, not imported: importing Lightning takes seconds of CPU, which every worker of the suite
+# paid at collection (the ranks import it)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
+                                reason="lightning is an optional test extra: pip install lightning")
 
 
 def test_lightning_ddp_fit_in_local_mode(monkeypatch):
