@@ -351,7 +351,8 @@ def main() -> int:
     link.finished.set()
     if exit_code == 0 and PayloadFlag.HOLD in flags and _holds_process_group():
         # the driver's SIGTERM (another rank failed) releases it too: it exits as it would have
-        signal.signal(signal.SIGTERM, lambda *_: link.released.set())
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: link.released.set())
         link.released.wait()
     global _channel
     _channel = channel  # closed by _exit, after the atexit handlers
