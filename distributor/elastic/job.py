@@ -57,7 +57,8 @@ log = logging.getLogger(__name__)
 #: How often the control thread looks at timers when no event wakes it.
 TICK_SECONDS = 0.1
 #: How long a worker whose connection was lost may take to report its exit status (which names
-#: the signal that killed it) before its failure is handled without it.
+#: the signal that killed it), and a worker that exited to have its last frames read (its error
+#: report), before its failure is handled without them.
 EXIT_WAIT_SECONDS = 1.0
 
 
@@ -235,7 +236,10 @@ class ElasticJob(Job):
             rounds.leave(s.worker_id)
         for wid, (was_member, deadline) in list(self._failures.items()):
             s = self._record(wid)
-            if s.returncode is not None or now >= deadline:
+            # its exit status, and every frame it sent before it (its error report, read by a hub
+            # thread that a loaded machine may run after the exit is seen)
+            drained = s.channel is None or s.disconnected
+            if (s.returncode is not None and drained) or now >= deadline:
                 del self._failures[wid]
                 self._on_failure(s, was_member, now)
         for wid in joins:
