@@ -104,7 +104,11 @@ class _DriverLink:
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
-        self.finished = threading.Event()
+        self.finished = threading.Event()  # its result or error sent: no more heartbeats
+        # Its target has returned: a STOP from here on releases it (the driver sends one once every
+        # rank has finished, maybe before `finished` is set here); killing it would skip its
+        # atexit handlers and the flush of its output.
+        self.returned = threading.Event()
         self.released = threading.Event()
         threading.Thread(target=self._watch, name="distributor-watchdog", daemon=True).start()
         threading.Thread(target=self._beat, name="distributor-heartbeat", daemon=True).start()
@@ -121,7 +125,7 @@ class _DriverLink:
             pass
         worker.link_closed()
         self.released.set()
-        if not self.finished.is_set():
+        if not self.returned.is_set():
             _kill_self()
 
     def _beat(self) -> None:
@@ -321,7 +325,10 @@ def main() -> int:
 
     exit_code = 0
     try:
-        value = _run_target(payload, early)
+        try:
+            value = _run_target(payload, early)
+        finally:
+            link.returned.set()
         data: Optional[bytes] = dumps_value(value, f"The return value of rank {rank}") if send_result else None
     except SystemExit as exc:
         code = exc.code
