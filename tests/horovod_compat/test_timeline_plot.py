@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from distributor import run_function
 from horovod_compat.timeline.__main__ import _parser
 from horovod_compat.timeline.merge import merge_files
 from horovod_compat.timeline.plot import view_window
 from horovod_compat.timeline.reader import parse, summarize
 from horovod_compat.timeline.writer import (INTERNAL_LABEL, STEP, TimelineRecorder, is_internal,
                                             mark_internal)
+from warm import run_function_warm
 
 REF = str(Path(__file__).resolve().parents[3] / "shared" / "reference" / "horovod_timeline")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -136,7 +136,7 @@ def _train_job():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("tl") / "train.json")
-    results = run_function(_train_job, num_processes=2, return_all=True, timeout=180,
+    results = run_function_warm(_train_job, num_processes=2, return_all=True, timeout=180,
                            env={"HOROVOD_TIMELINE": path})
     return results, json.load(open(path)), path
 

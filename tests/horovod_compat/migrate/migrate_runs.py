@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Optional
 
-from distributor import run_script
+from warm import run_script_warm
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -43,12 +43,12 @@ HOROVODRUN = ("-m", "horovod_compat.run", "-np")
 
 def native_printed(script: Path, ranks: int, pattern: str, env: Optional[Dict[str, str]] = None) -> list:
     """Run a native script on `ranks` local ranks under the torchrun contract (this project's
-    engine, as TorchDistributor runs scripts) and return the sorted matches of `pattern` in what
+    engine's script mode, its ranks forked warm: tests/warm.py) and return the sorted matches of `pattern` in what
     its ranks printed. Not `torchrun` itself: with gloo on torch 2.13 a rank of plain torchrun
     sometimes aborts at interpreter exit after the script finished ("terminate called without an
     active exception"), plain DDP scripts included (migration_guide/troubleshooting.md)."""
     lines: list = []
-    run_script(str(script), num_processes=ranks, env={"OMP_NUM_THREADS": "1", **(env or {})}, timeout=240,
+    run_script_warm(str(script), num_processes=ranks, env={"OMP_NUM_THREADS": "1", **(env or {})}, timeout=240,
                output=lambda rank, stream, line: lines.append(line) if stream == "stdout" else None)
     return sorted(re.findall(pattern, "\n".join(lines)))
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from distributor import run_script
 from horovod_compat.migrate import Kind, migrate_source
+from warm import run_script_warm
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "migration_guide" / "examples"
@@ -27,8 +27,8 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
 def run_torchrun_script(script: Path, timeout: float = 120, env=None) -> str:
-    """Run `script`, written for torchrun, on 2 local ranks under the torchrun contract (our engine,
-    as TorchDistributor runs scripts); return rank 0's stdout. A failing rank raises with its
+    """Run `script`, written for torchrun, on 2 local ranks under the torchrun contract (our engine's
+    script mode, its ranks forked warm: tests/warm.py); return rank 0's stdout. A failing rank raises with its
     traceback. Unlike plain torchrun, ranks leave without the interpreter's teardown, where gloo's
     threads sometimes abort (SIGABRT) after a script has already succeeded."""
     lines = []
@@ -37,7 +37,7 @@ def run_torchrun_script(script: Path, timeout: float = 120, env=None) -> str:
         if rank == 0 and stream == "stdout":
             lines.append(line)
 
-    run_script(str(script), num_processes=2, env={"OMP_NUM_THREADS": "1", **(env or {})},
+    run_script_warm(str(script), num_processes=2, env={"OMP_NUM_THREADS": "1", **(env or {})},
                timeout=timeout, output=keep_rank0_stdout)
     return "\n".join(lines) + "\n"
 

@@ -12,7 +12,7 @@ import struct
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from distributor import run_script
+from warm import run_script_warm
 
 ROOT = Path(__file__).resolve().parents[3]
 UPSTREAM = Path(os.environ.get("HOROVOD_UPSTREAM_DIR") or ROOT.parent / "shared" / "upstream" / "horovod-0.28.1")
@@ -78,7 +78,7 @@ def write_image_folder(root: Path, classes: int = 2, per_class: int = 4, size: i
 def run_ranks(script: Path, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
               timeout: float = 600) -> List[str]:
     """Run `script` on 2 local ranks under the torchrun contract (RANK, WORLD_SIZE, LOCAL_RANK,
-    MASTER_ADDR/PORT: the engine's script mode, as TorchDistributor and torchrun run scripts);
+    MASTER_ADDR/PORT: the engine's script mode, its ranks forked warm: tests/warm.py);
     return rank 0's stdout lines.  A failing rank raises with its traceback."""
     lines: List[str] = []
 
@@ -86,7 +86,7 @@ def run_ranks(script: Path, argv: Sequence[str], env: Optional[Dict[str, str]] =
         if rank == 0 and stream == "stdout":
             lines.append(line)
 
-    run_script(str(script), list(argv), num_processes=2,
+    run_script_warm(str(script), list(argv), num_processes=2,
                env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})},
                timeout=timeout, output=keep)
     return lines

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from distributor import run_function
+from warm import run_function_warm
+
 
 DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
 
@@ -120,7 +121,7 @@ TRANSPORTS = pytest.mark.parametrize("shm_data", ["1", "0"], ids=["shm", "gloo"]
 
 @TRANSPORTS
 def test_every_dtype_and_op_on_two_ranks(shm_data):
-    reports = run_function(_dtype_op_matrix, num_processes=2, return_all=True, timeout=180,
+    reports = run_function_warm(_dtype_op_matrix, num_processes=2, return_all=True, timeout=180,
                            env={"HOROVOD_COMPAT_SHM_DATA": shm_data})
     for rows in reports:
         failures = [r for r in rows if not r[1]]
@@ -372,7 +373,7 @@ def _semantics():
 
 @TRANSPORTS
 def test_semantics_async_autograd_join_on_two_ranks(shm_data):
-    reports = run_function(_semantics, num_processes=2, return_all=True, timeout=180,
+    reports = run_function_warm(_semantics, num_processes=2, return_all=True, timeout=180,
                            env={"HOROVOD_COMPAT_SHM_DATA": shm_data})
     for rows in reports:
         failures = [r for r in rows if not r[1]]

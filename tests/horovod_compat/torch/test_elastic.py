@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from distributor import run_function
+from warm import run_function_warm
+
 
 
 def _elastic_report():
@@ -73,7 +74,7 @@ def _elastic_report():
 
 @pytest.fixture(scope="module")
 def reports():
-    return run_function(_elastic_report, num_processes=2, return_all=True, timeout=120)
+    return run_function_warm(_elastic_report, num_processes=2, return_all=True, timeout=120)
 
 
 def test_failed_collective_restores_last_commit_and_matches_uninterrupted_run(reports):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from distributor import run_function
+from warm import run_function_warm
+
 
 
 def _init():
@@ -103,7 +104,7 @@ def _functions_report():
 
 @pytest.fixture(scope="module")
 def reports():
-    return run_function(_functions_report, num_processes=2, return_all=True, timeout=120)
+    return run_function_warm(_functions_report, num_processes=2, return_all=True, timeout=120)
 
 
 def test_broadcast_parameters_state_dict_named_list_and_tensors(reports):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from distributor import RankFailedError, run_function
+from distributor import RankFailedError
+from warm import run_function_warm
 
 
 def _mismatches():
@@ -121,7 +122,7 @@ CONTROLS = {"shm": ({}, "ShmExchange"),
 @pytest.mark.parametrize("control", list(CONTROLS))
 def test_mismatches_fail_on_every_rank_and_job_keeps_working(control):
     env, exchange = CONTROLS[control]
-    reports = run_function(_mismatches, num_processes=2, return_all=True, timeout=120, env=env)
+    reports = run_function_warm(_mismatches, num_processes=2, return_all=True, timeout=120, env=env)
     r0, r1 = (dict(rep) for rep in reports)
     want = {
         "shape": "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [4], but another "
@@ -253,7 +254,7 @@ def _submitted_in_different_orders():
 @pytest.mark.parametrize("data", ["shm", "gloo"])
 def test_ops_submitted_in_different_orders_are_paired_by_name(data):
     env = {"HOROVOD_COMPAT_SHM_DATA": "1" if data == "shm" else "0"}
-    for rep in run_function(_submitted_in_different_orders, num_processes=2, return_all=True,
+    for rep in run_function_warm(_submitted_in_different_orders, num_processes=2, return_all=True,
                             timeout=120, env=env):
         assert rep["control"] == "ShmExchange"
         if "resubmitted at once" in rep:  # rank 1
@@ -292,7 +293,7 @@ def _stall(capture: bool):
 
 def test_stall_inspector_names_missing_ranks_and_tensors():
     env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"}
-    r0, r1 = run_function(_stall, True, num_processes=2, return_all=True, timeout=60, env=env)
+    r0, r1 = run_function_warm(_stall, True, num_processes=2, return_all=True, timeout=60, env=env)
     assert "Missing ranks:\n1: [late.tensor]" in r0, r0
     assert "waiting for remainder of ranks for more than 1 seconds" in r0
     assert "Missing ranks" not in r1
@@ -300,7 +301,7 @@ def test_stall_inspector_names_missing_ranks_and_tensors():
 
 def test_stall_check_disable():
     env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_CHECK_DISABLE": "1"}
-    r0, _ = run_function(_stall, True, num_processes=2, return_all=True, timeout=60, env=env)
+    r0, _ = run_function_warm(_stall, True, num_processes=2, return_all=True, timeout=60, env=env)
     assert "Missing ranks" not in r0
 
 
@@ -318,7 +319,7 @@ def _never_joins():
 def test_stall_shutdown_ends_the_job():
     env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"}
     with pytest.raises(RankFailedError) as info:
-        run_function(_never_joins, num_processes=2, timeout=50, env=env)
+        run_function_warm(_never_joins, num_processes=2, timeout=50, env=env)
     assert info.value.rank == 0
     assert info.value.exit_code == 1
 
@@ -347,7 +348,7 @@ def test_a_long_wait_on_an_op_every_rank_submitted_is_not_a_stall():
     # limits a loaded machine's skew between the ranks' submissions stays far below, and a wait
     # (10 s) clearly longer than both
     env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "3", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "6"}
-    for out, err in run_function(_slow_synchronize, num_processes=2, return_all=True, timeout=60,
+    for out, err in run_function_warm(_slow_synchronize, num_processes=2, return_all=True, timeout=60,
                                  env=env):
         assert out == [2.0, 2.0]
         assert "Missing ranks" not in err
@@ -394,5 +395,5 @@ def test_async_bursts_of_unnamed_ops_with_changing_shapes():
     """Regression: a rank that had already verified an earlier op of the same (unnamed) key used to
     speculate on the new agreement while its peer used the old one; gloo then aborted a rank on
     the size mismatch (most runs of 5 repetitions; 12 are run)."""
-    for bad in run_function(_async_bursts, 12, num_processes=2, return_all=True, timeout=60):
+    for bad in run_function_warm(_async_bursts, 12, num_processes=2, return_all=True, timeout=60):
         assert bad == []

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from distributor import run_function
+from warm import run_function_warm
+
 
 TOL = 1e-5
 
@@ -458,7 +459,7 @@ def _validation_and_size1():
 
 @pytest.fixture(scope="module")
 def report():
-    return run_function(_scenarios, num_processes=2, return_all=True, timeout=120)
+    return run_function_warm(_scenarios, num_processes=2, return_all=True, timeout=120)
 
 
 def test_is_dynamic_subclass_with_same_name(report):
@@ -571,7 +572,7 @@ def test_memory_one_gradient_copy(report):
 
 
 def test_sparse_gradients():
-    rep = run_function(_sparse_scenarios, num_processes=2, return_all=True, timeout=120)
+    rep = run_function_warm(_sparse_scenarios, num_processes=2, return_all=True, timeout=120)
     for r in rep:
         d, is_sparse = r["sparse"]
         assert d < TOL and is_sparse
@@ -597,7 +598,7 @@ EXPECTED_ERRORS = {
 
 def test_validation_errors_and_size_one():
     for nproc in (1,):
-        r = run_function(_validation_and_size1, num_processes=nproc, timeout=120)
+        r = run_function_warm(_validation_and_size1, num_processes=nproc, timeout=120)
         for key, text in EXPECTED_ERRORS.items():
             assert r["errors"][key] is not None and r["errors"][key].startswith(text), (key, r["errors"][key])
         plain, d = r["size1"]
@@ -640,7 +641,7 @@ def _process_set_scenarios():
 
 
 def test_explicit_process_set_argument():
-    reps = run_function(_process_set_scenarios, num_processes=2, return_all=True, timeout=120)
+    reps = run_function_warm(_process_set_scenarios, num_processes=2, return_all=True, timeout=120)
     for r in reps:
         assert r["diff"] < TOL
         assert r["objects"] == [0, 10]

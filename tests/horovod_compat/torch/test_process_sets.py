@@ -1,7 +1,7 @@
 """Process sets on 3 real ranks: static sets from init, dynamic add/remove, torch_group."""
 from __future__ import annotations
 
-from distributor import run_function
+from warm import run_function_warm
 
 
 def _process_sets():
@@ -97,7 +97,7 @@ def _process_sets():
 
 
 def test_process_sets_on_three_ranks():
-    reps = run_function(_process_sets, num_processes=3, return_all=True, timeout=180)
+    reps = run_function_warm(_process_sets, num_processes=3, return_all=True, timeout=180)
     for rank, res in enumerate(reps):
         assert res["before_init"] == (None, None, None, None, [0, 2])
         assert res["ids"] == (0, 1, 2)

@@ -12,7 +12,8 @@ import textwrap
 
 import pytest
 
-from distributor import run_function
+from warm import run_function_warm
+
 
 SMALL_SLOT = {"HOROVOD_COMPAT_SHM_SLOT_KB": "64"}
 
@@ -75,7 +76,7 @@ def _matrix():
 
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_every_dtype_op_and_size_matches_the_exact_result(ranks):
-    reports = run_function(_matrix, num_processes=ranks, return_all=True, timeout=240,
+    reports = run_function_warm(_matrix, num_processes=ranks, return_all=True, timeout=240,
                            env=SMALL_SLOT)
     for rows in reports:
         failures = [row for row in rows if not row[1]]
@@ -110,7 +111,7 @@ def _ordering():
 
 
 def test_async_ops_keep_submission_order_and_progress_under_poll():
-    reports = run_function(_ordering, num_processes=2, return_all=True, timeout=120,
+    reports = run_function_warm(_ordering, num_processes=2, return_all=True, timeout=120,
                            env=SMALL_SLOT)
     for rep in reports:
         assert rep["sync between"] == [3.0] * 3
@@ -179,7 +180,7 @@ def test_gloo_carries_the_data_when_shared_memory_is_off():
 
     for env, used in (({}, True), ({"HOROVOD_COMPAT_SHM_DATA": "0"}, False),
                       ({"HOROVOD_COMPAT_SHM_CONTROL": "0"}, False)):
-        for got, shm_used in run_function(probe, num_processes=2, return_all=True, timeout=60,
+        for got, shm_used in run_function_warm(probe, num_processes=2, return_all=True, timeout=60,
                                           env=env):
             assert got == [3.0] * 3 and shm_used is used, env
 
@@ -210,7 +211,7 @@ def _optimizer_step():
 
 
 def test_distributed_optimizer_buckets_go_through_shared_memory():
-    for used, lo, hi in run_function(_optimizer_step, num_processes=2, return_all=True,
+    for used, lo, hi in run_function_warm(_optimizer_step, num_processes=2, return_all=True,
                                      timeout=120):
         assert used > 0
         assert lo == hi == -6.0  # minus the averaged gradient (4 * 1 + 4 * 2) / 2

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from distributor import run_function
+from warm import run_function_warm
+
 
 
 def _init():
@@ -73,7 +74,7 @@ def _sync_bn_report():
 
 @pytest.fixture(scope="module")
 def reports():
-    return run_function(_sync_bn_report, num_processes=2, return_all=True, timeout=120)
+    return run_function_warm(_sync_bn_report, num_processes=2, return_all=True, timeout=120)
 
 
 @pytest.mark.parametrize("dims", [2, 4])
