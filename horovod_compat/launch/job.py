@@ -127,6 +127,10 @@ def _expected_imports(target: Any) -> tuple:
     a ``horovod.run`` function. A daemon started for the launch imports them once, before it
     forks the ranks (`DaemonSettings.expect`); an import the file hides (in a module it
     imports, through importlib) is learned as before, after the launch."""
+    if isinstance(target, ScriptTarget):  # an elastic launch's script
+        return _expensive_imports_of(target.path)
+    if not isinstance(target, FunctionTarget):
+        return ()
     fn, args = target.fn, target.args
     if fn is call_with_slot_env and args and args[0] is run_as_main:
         script, _argv, is_module = args[1:4]
@@ -134,8 +138,10 @@ def _expected_imports(target: Any) -> tuple:
     else:
         inner = args[0] if fn is call_with_slot_env and args else fn
         path = getattr(sys.modules.get(getattr(inner, "__module__", None) or ""), "__file__", None)
-    if not isinstance(path, str):
-        return ()
+    return _expensive_imports_of(path) if isinstance(path, str) else ()
+
+
+def _expensive_imports_of(path: str) -> tuple:
     found = []
     for name in forkserver_daemon.imported_modules(path):
         for prefix, modules in _EXPENSIVE_IMPORTS.items():
@@ -319,9 +325,24 @@ class HorovodJob:
         fn = target.args[0] if target.fn is call_with_slot_env and target.args else target.fn
         return fn is run_as_main or not forkserver_daemon.function_sets_environment(fn)
 
+    @staticmethod
+    def _elastic_preload(target: Any) -> tuple:
+        """What an elastic job's fork server imports before it forks the workers: torch, and the
+        TensorFlow a TensorFlow script or function imports, unless it sets environment variables
+        itself (``TF_USE_LEGACY_KERAS``, ``TF_CPP_MIN_LOG_LEVEL`` before ``import tensorflow``
+        would come too late)."""
+        if "tensorflow" not in _expected_imports(target):
+            return ("torch",)
+        if isinstance(target, ScriptTarget):
+            sets = forkserver_daemon.sets_environment(target.path)
+        else:
+            fn = target.args[0] if target.fn is call_with_slot_env and target.args else target.fn
+            sets = forkserver_daemon.function_sets_environment(fn)
+        return ("torch",) if sets else ("torch", "tensorflow")
+
     def _launcher(self, target: Any) -> Any:
         if self.elastic is not None:  # workers import torch; replacements fork with it imported
-            return PythonLauncher(python=self.executable, preload=("torch",))
+            return PythonLauncher(python=self.executable, preload=self._elastic_preload(target))
         if not self.use_mpi:
             warm = self._across_launches if self._forks_warm(target) else None
             if warm is not None:

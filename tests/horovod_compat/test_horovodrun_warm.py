@@ -186,3 +186,19 @@ def test_the_daemon_expects_the_expensive_imports_of_the_script(tmp_path, source
     (tmp_path / "script.py").write_text(source)
     target = FunctionTarget(call_with_slot_env, (run_as_main, str(tmp_path / "script.py"), (), False))
     assert _expected_imports(target) == expected
+
+
+@pytest.mark.parametrize("source, preload", [
+    ("import tensorflow as tf\nimport horovod.tensorflow.keras as hvd\n", ("torch", "tensorflow")),
+    ("import os\nos.environ['TF_USE_LEGACY_KERAS'] = '1'\nimport tensorflow as tf\n", ("torch",)),
+    ("import horovod.torch as hvd\n", ("torch",)),
+])
+def test_an_elastic_jobs_fork_server_imports_tensorflow_for_a_script_that_imports_it(
+        tmp_path, source, preload):
+    """Elastic workers and their replacements fork from the job's own fork server: it imports
+    TensorFlow once for them, unless the script sets variables that TensorFlow reads at import."""
+    from distributor import ScriptTarget
+    from horovod_compat.launch.job import HorovodJob
+
+    (tmp_path / "script.py").write_text(source)
+    assert HorovodJob._elastic_preload(ScriptTarget(str(tmp_path / "script.py"))) == preload
