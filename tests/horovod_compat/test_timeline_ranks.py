@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from distributor import RankFailedError, run_function
+from distributor import RankFailedError
 from horovod_compat.timeline.merge import merge_files
 from horovod_compat.timeline.reader import format_summary, load_events, summarize
+from warm import run_function_warm
 
 REF = str(Path(__file__).resolve().parents[3] / "shared" / "reference" / "horovod_timeline")
 
@@ -72,7 +73,7 @@ def _dynamic_job(path):
 @pytest.fixture(scope="module")
 def dynamic_run(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("tl") / "dyn.json")
-    results = run_function(_dynamic_job, path, num_processes=2, env={"HOROVOD_TIMELINE": "DYNAMIC"},
+    results = run_function_warm(_dynamic_job, path, num_processes=2, env={"HOROVOD_TIMELINE": "DYNAMIC"},
                            return_all=True, timeout=120)
     with open(path) as f:
         return results, json.load(f), path
@@ -168,7 +169,7 @@ def test_sigkilled_ranks_leave_valid_per_rank_files_that_merge(tmp_path):
     pattern = str(tmp_path / "tl.{rank}.json")
     steps = 15
     with pytest.raises(RankFailedError):
-        run_function(_crash_job, pattern, steps, num_processes=2, timeout=120,
+        run_function_warm(_crash_job, pattern, steps, num_processes=2, timeout=120,
                      env={"HOROVOD_TIMELINE": "DYNAMIC", "HOROVOD_TIMELINE_FLUSH_MS": "50",
                           "HOROVOD_STALL_CHECK_DISABLE": "1"})
     files = [pattern.replace("{rank}", str(r)) for r in (0, 1)]
@@ -223,7 +224,7 @@ def _env_job():
 
 def test_horovod_timeline_env_starts_at_init_and_records_the_optimizer(tmp_path):
     path = str(tmp_path / "env.json")
-    writing = run_function(_env_job, num_processes=2, return_all=True, timeout=120,
+    writing = run_function_warm(_env_job, num_processes=2, return_all=True, timeout=120,
                            env={"HOROVOD_TIMELINE": path, "HOROVOD_TIMELINE_MARK_CYCLES": "1"})
     assert writing == [path, None]                    # only rank 0 writes, as in Horovod
     ev = json.load(open(path))
@@ -284,7 +285,7 @@ def test_negotiation_shows_each_ranks_readiness(tmp_path: Any, shm: str, control
     late tensor, rank 1's as late as rank 1 really was, over either control transport."""
     path = str(tmp_path / "late.json")
     delay = 0.3
-    used = run_function(_late_rank_job, delay, num_processes=2, return_all=True, timeout=120,
+    used = run_function_warm(_late_rank_job, delay, num_processes=2, return_all=True, timeout=120,
                         env={"HOROVOD_TIMELINE": path, "HOROVOD_COMPAT_SHM_CONTROL": shm,
                              "HOROVOD_STALL_CHECK_DISABLE": "1"})
     assert used == [control, control]

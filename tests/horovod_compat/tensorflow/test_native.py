@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from distributor import run_function
+from warm import warm_launcher
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
                                 reason="tensorflow is not installed (pip install "
@@ -69,8 +70,6 @@ def test_without_a_compiler_the_binding_still_works_and_says_why(tmp_path):
 
 
 def _graph_errors():
-    import os
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import tensorflow as tf
     import horovod.tensorflow as hvd
     hvd.init()
@@ -115,11 +114,12 @@ def _graph_errors():
 def test_a_mismatch_in_a_graph_raises_horovods_error_type(native):
     """With the op (from the run's shared cache) and with ``HOROVOD_COMPAT_TF_NATIVE=0``; the
     ranks' ``status()`` must say which (the check of the switch's status, in this launch)."""
-    env = {} if native == "on" else {"HOROVOD_COMPAT_TF_NATIVE": "0"}
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", **({} if native == "on" else {"HOROVOD_COMPAT_TF_NATIVE": "0"})}
     expected = "FailedPreconditionError" if native == "on" else "UnknownError"
     status = ("compiled error-status op loaded" if native == "on"
               else "not available (disabled by HOROVOD_COMPAT_TF_NATIVE=0)")
-    for rep in run_function(_graph_errors, num_processes=2, return_all=True, timeout=300, env=env):
+    for rep in run_function(_graph_errors, num_processes=2, return_all=True, timeout=300, env=env,
+                            launcher=warm_launcher(expect=("tensorflow", "torch"))):
         assert rep["status"] == status, rep["status"]
         for key, shapes in (("session", "shape [17, 17], but another rank sent a tensor of shape "
                                         "[18, 18]"),
