@@ -121,6 +121,11 @@ _EXPENSIVE_IMPORTS = {"torch": ("torch",), "horovod.torch": ("torch",),
                       "horovod.keras": ("torch", "tensorflow")}
 
 
+def _user_function(target: FunctionTarget) -> Any:
+    """The user's function of a ``horovod.run`` target (`call_with_slot_env` wraps it)."""
+    return target.args[0] if target.fn is call_with_slot_env and target.args else target.fn
+
+
 def _expected_imports(target: Any) -> tuple:
     """The expensive modules (`_EXPENSIVE_IMPORTS`) the ranks of a warm `target` will import,
     read off its file: the script of ``python script.py`` / ``-m module``, or the module file of
@@ -136,7 +141,7 @@ def _expected_imports(target: Any) -> tuple:
         script, _argv, is_module = args[1:4]
         path = forkserver_daemon.module_file(script, os.getcwd()) if is_module else script
     else:
-        inner = args[0] if fn is call_with_slot_env and args else fn
+        inner = _user_function(target)
         path = getattr(sys.modules.get(getattr(inner, "__module__", None) or ""), "__file__", None)
     return _expensive_imports_of(path) if isinstance(path, str) else ()
 
@@ -322,7 +327,7 @@ class HorovodJob:
         `_warm_script`)."""
         if self._across_launches is None or not isinstance(target, FunctionTarget):
             return False
-        fn = target.args[0] if target.fn is call_with_slot_env and target.args else target.fn
+        fn = _user_function(target)
         return fn is run_as_main or not forkserver_daemon.function_sets_environment(fn)
 
     @staticmethod
@@ -336,8 +341,7 @@ class HorovodJob:
         if isinstance(target, ScriptTarget):
             sets = forkserver_daemon.sets_environment(target.path)
         else:
-            fn = target.args[0] if target.fn is call_with_slot_env and target.args else target.fn
-            sets = forkserver_daemon.function_sets_environment(fn)
+            sets = forkserver_daemon.function_sets_environment(_user_function(target))
         return ("torch",) if sets else ("torch", "tensorflow")
 
     def _launcher(self, target: Any) -> Any:
