@@ -4,6 +4,7 @@ from a checkpoint, and the bad inputs that must fail before any rank starts."""
 from __future__ import annotations
 
 import io
+import subprocess
 import sys
 from pathlib import Path
 
@@ -353,6 +354,32 @@ class RecordingBackend(Backend):
 
     def run(self, fn, args=(), kwargs=None, env=None):
         raise AssertionError("training started despite bad input")
+
+
+class _Captured(Exception):
+    pass
+
+
+class CapturingBackend(RecordingBackend):
+    """A backend that keeps what the ranks would be sent, and starts nothing."""
+
+    def run(self, fn, args=(), kwargs=None, env=None):
+        self.payload = cloudpickle.dumps((fn, args, kwargs))
+        raise _Captured
+
+
+def test_a_rank_unpickles_its_training_config_without_importing_pyspark(spark, tmp_path):
+    """The ranks read Parquet shards and train: the config they unpickle (model, store, the
+    prepared data's paths) imports no pyspark (pyspark.ml alone is ~0.5 s of CPU per rank)."""
+    backend = CapturingBackend()
+    with pytest.raises(_Captured):
+        estimator(Store.create(str(tmp_path / "store")), backend=backend).fit(linear_df(spark, 40))
+    probe = ("import pickle, sys; pickle.loads(sys.stdin.buffer.read()); "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j')))")
+    done = subprocess.run([sys.executable, "-c", probe], input=backend.payload, capture_output=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    assert done.stdout.decode().strip() == "[]"
 
 
 def bad_estimator(store, **overrides):

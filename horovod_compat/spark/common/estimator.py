@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numbers
 import uuid
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from distributor.extras import require
 
@@ -19,6 +18,7 @@ require("spark", "The Spark estimators (horovod.spark.torch, .keras, .lightning)
 from pyspark.ml import Estimator, Model  # noqa: E402
 
 from .params import EstimatorParams, ModelParams
+from .prepared import PreparedData
 from .serialization import Persistable
 
 #: Name of the column that says which rows are for validation, in the written Parquet data.
@@ -27,18 +27,6 @@ VALIDATION_FLAG = "__horovod_validation"
 
 class EstimatorError(ValueError):
     """An estimator parameter or input that cannot be trained on; says what to change."""
-
-
-@dataclass(frozen=True)
-class PreparedData:
-    """Where the training (and validation) rows are, and what their columns hold."""
-
-    train_path: str
-    val_path: Optional[str]
-    filesystem: Any
-    columns: Dict[str, Any]
-    train_rows: int
-    val_rows: int
 
 
 def as_list(value: Any) -> List[Any]:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import uuid
 from typing import Any, Optional
 
-from ..common.estimator import EstimatorError, HorovodEstimator, HorovodModel, PreparedData, as_list
+from ..common.estimator import EstimatorError, HorovodEstimator, HorovodModel, as_list
+from ..common.prepared import PreparedData
 from ..common.params import declare
 from ..common.serialization import register_codec
 from . import remote

@@ -11,7 +11,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ..common.estimator import EstimatorError, HorovodEstimator, PreparedData, as_list
+from ..common.estimator import EstimatorError, HorovodEstimator, as_list
+from ..common.prepared import PreparedData
 from ..common.params import declare
 from ..torch.estimator import TorchModel as _TorchModel
 from ..torch.remote import load_checkpoint

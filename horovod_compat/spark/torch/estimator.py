@@ -13,7 +13,8 @@ from __future__ import annotations
 import copy
 from typing import Any, List, Optional
 
-from ..common.estimator import EstimatorError, HorovodEstimator, HorovodModel, PreparedData, as_list
+from ..common.estimator import EstimatorError, HorovodEstimator, HorovodModel, as_list
+from ..common.prepared import PreparedData
 from ..common.params import declare
 from . import remote
 
