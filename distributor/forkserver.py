@@ -24,8 +24,10 @@ front end cannot know a job needs (TensorFlow: a ``horovod.spark.run`` / ``Horov
 function that trains with ``horovod.tensorflow``), and that one of its ranks imported, the server
 imports itself once its ranks have all ended, so the worker's next job forks ranks that have it
 already (a TensorFlow rank then starts as fast as a torch rank: no 4-6 s of CPU per rank for
-``import tensorflow``). Only modules checked safe to fork after are learned: importing TensorFlow
-starts no thread and no eager context (its thread pools start in the rank, at its first op).
+``import tensorflow``); so does ``torch._dynamo``, which torch imports at a rank's first optimizer.
+Only modules checked safe to fork after are learned: importing TensorFlow starts no thread and no
+eager context (its thread pools start in the rank, at its first op), nor does ``torch._dynamo``
+(its compile workers start at a rank's first ``torch.compile``).
 A spawn that arrives while the server imports waits for it, once per server.
 """
 from __future__ import annotations
@@ -57,7 +59,9 @@ MAX_MESSAGE = 1 << 20
 #: How long a spawn waits for the server's answer (the preload import of a cold server included).
 SPAWN_TIMEOUT = 300.0
 #: What a worker's server imports for later jobs once one of its ranks imported it (see above).
-LEARNED: Tuple[str, ...] = ("tensorflow",)
+#: ``torch._dynamo``: torch imports it lazily, at a rank's first optimizer (every training
+#: rank), for about 1 s of CPU more than ``import torch``.
+LEARNED: Tuple[str, ...] = ("torch._dynamo", "tensorflow")
 
 
 def startup_environment(env: Mapping[str, str]) -> Dict[str, str]:

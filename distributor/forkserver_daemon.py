@@ -7,7 +7,8 @@ CPU; ``import torch``: 1.5-2 s). Here the first launch starts a *daemon*: ``pyth
 distributor.forkserver_daemon``, a `forkserver` that listens on a Unix socket instead of one
 socket pair, serves one launch per connection, and stays after its launch for
 `DaemonSettings.idle_seconds` (default `DEFAULT_IDLE_SECONDS`). It
-starts with nothing but the engine imported and *learns* (`LEARNED`: torch, TensorFlow) what
+starts with nothing but the engine imported and *learns* (`LEARNED`: torch, the ``torch._dynamo``
+that torch imports at a rank's first optimizer, TensorFlow) what
 its ranks imported: when the next launch connects, it imports that once (the launch waits for it,
 about as long as one of its ranks would have taken to import it) and forks that launch's ranks,
 and every later launch's, with it imported. A server no launch comes back to costs no import.
@@ -67,7 +68,7 @@ log = logging.getLogger(__name__)
 DEFAULT_IDLE_SECONDS = 300.0
 #: What a daemon imports between launches once one of its ranks has: modules that cost seconds,
 #: checked safe to fork after (no thread, no device context at import).
-LEARNED: Tuple[str, ...] = ("torch", "tensorflow")
+LEARNED: Tuple[str, ...] = ("torch", "torch._dynamo", "tensorflow")
 #: Variables a shell or test runner changes from command to command; not part of a daemon's key.
 VOLATILE_VARS = ("_", "PWD", "OLDPWD", "SHLVL", "PYTEST_CURRENT_TEST")
 #: How long a launch waits for a daemon it started to listen.

@@ -242,3 +242,25 @@ def test_a_server_learns_only_what_a_rank_imported_and_a_jobs_own_server_nothing
             "a job's own server (PythonLauncher.keep_warm) has no later job to learn for"
     finally:
         job_server.close()
+
+
+def _train_one_step():
+    already = "torch._dynamo" in sys.modules
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # torch imports torch._dynamo here
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    return already, "torch._dynamo" in sys.modules
+
+
+def test_a_torch_server_learns_the_dynamo_that_a_ranks_first_optimizer_imports():
+    """The production `LEARNED`: torch imports torch._dynamo lazily, at a rank's first optimizer
+    (about 1 s of CPU per rank); the worker's server learns it from the first job."""
+    pytest.importorskip("torch")
+    launcher = warm_launcher("torch")
+    first = run_function(_train_one_step, num_processes=1, launcher=launcher, output=lambda *a: None)
+    second = run_function(_train_one_step, num_processes=1, launcher=launcher, output=lambda *a: None)
+    assert first == (False, True), "the first job's rank imports it itself, at its optimizer"
+    assert second == (True, True), "the next job's rank is forked with it"
