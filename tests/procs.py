@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import List
+from typing import Dict, List
 
 
 def alive(pid: int) -> bool:
@@ -38,6 +38,18 @@ def _with(needle: str, warm_servers: bool) -> List[int]:
             continue
         if alive(int(entry)):
             found.append(int(entry))
+    return found
+
+
+def commands(pids: List[int]) -> Dict[int, str]:
+    """{pid: command line} of those of `pids` still there (what a failure report names)."""
+    found = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                found[pid] = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
     return found
 
 

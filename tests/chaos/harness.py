@@ -373,7 +373,7 @@ def _check_left(out: Outcome, find: Callable[[], List[int]]) -> None:
         left = find()
     if left:
         out.left = left
-        out.problems.append(f"processes left running: {left}")
+        out.problems.append(f"processes left running: {procs.commands(left) or left}")
         procs.sigkill(left)
 
 
@@ -602,6 +602,8 @@ def run_spark(seed: int, fault: str, spark: Any, target: Optional[int] = None) -
 
     _importable(HERE)
     import train_program  # noqa: PLC0415
+    _importable(HERE.parent / "distributor")  # spark_clusters, the Spark tests' helpers
+    from spark_clusters import no_active_jobs  # noqa: PLC0415
 
     planned, step, delay = plan(seed)
     target = planned if target is None else target
@@ -648,8 +650,10 @@ def run_spark(seed: int, fault: str, spark: Any, target: Optional[int] = None) -
     _judge(out)
     pids = list(watch.pids.values())
     _check_left(out, lambda: sorted({p for p in pids if procs.alive(p)} | set(spark_ranks(spark.chaos_jvm))))
-    if spark.sparkContext.statusTracker().getActiveJobsIds():
-        out.problems.append("a Spark job is still active after horovod.spark.run returned")
+    # run() returns once the job's action has ended; the status tracker hears of that end from
+    # Spark's listener bus, later (no_active_jobs): 10 s, as for processes above
+    if not no_active_jobs(spark, timeout=10.0):
+        out.problems.append("a Spark job is still active 10 s after horovod.spark.run returned")
     return out
 
 

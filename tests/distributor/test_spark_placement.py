@@ -36,6 +36,7 @@ from spark_clusters import (
     descendants,
     kill_tree,
     mirror_spark_home,
+    no_active_jobs,
     start_session,
     stop_session,
 )
@@ -63,14 +64,6 @@ def spark(tmp_path_factory):
     finally:
         stop_session(session)
         env.restore()
-
-
-def _no_active_jobs(spark, timeout=60.0):
-    tracker = spark.sparkContext.statusTracker()
-    deadline = time.monotonic() + timeout
-    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not tracker.getActiveJobsIds()
 
 
 def _wait_dead(pids, timeout=60.0):
@@ -117,7 +110,7 @@ def test_ranks_run_in_the_executors_with_the_torchrun_contract(spark):
     assert results[0][3] != results[1][3], "two executors, two work directories"
     assert (0, "stdout", "rank 0 says hello") in lines and (1, "stdout", "rank 1 says hello") in lines
     assert (1, "stderr", "rank 1 to stderr") in lines
-    assert _no_active_jobs(spark)
+    assert no_active_jobs(spark)
 
 
 def test_torch_distributor_runs_a_torchrun_script_unchanged(spark, tmp_path, capsys):
@@ -169,7 +162,7 @@ def test_rank_failure_stops_every_rank_and_raises_the_rank_error(spark):
     assert elapsed < EARLY, f"failure took {elapsed:.1f}s to surface: was rank 0 waited for?"
     assert len(pids) == 2
     assert _wait_dead(pids) == [], "rank processes left running on the executors"
-    assert _no_active_jobs(spark), "the barrier job was not cancelled"
+    assert no_active_jobs(spark), "the barrier job was not cancelled"
 
 
 def _fail_on_rank_1_first_time(marker):
@@ -194,7 +187,7 @@ def test_max_restarts_runs_every_rank_again_in_a_new_barrier_stage(spark, tmp_pa
     tracker = spark.sparkContext.statusTracker()
     assert len(set(groups)) == 2 and all(tracker.getJobIdsForGroup(g) for g in groups), \
         "each attempt must run as its own Spark job"
-    assert (tmp_path / "marker").exists() and _no_active_jobs(spark)
+    assert (tmp_path / "marker").exists() and no_active_jobs(spark)
     assert TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
                             max_restarts=1).run(_fail_on_rank_1_first_time,
                                                 str(tmp_path / "marker2"))[0] == "1"
@@ -210,7 +203,7 @@ def test_job_timeout_cancels_the_stage_and_kills_the_ranks(spark):
         )
     assert time.monotonic() - started < EARLY
     assert len(pids) == 2 and _wait_dead(pids) == []
-    assert _no_active_jobs(spark)
+    assert no_active_jobs(spark)
 
 
 def test_losing_the_hub_connection_kills_the_ranks(spark):
@@ -233,7 +226,7 @@ def test_losing_the_hub_connection_kills_the_ranks(spark):
     assert _wait_dead(pids) == [], "ranks survived the loss of the driver hub"
     runner.join(60)
     assert not runner.is_alive()
-    assert _no_active_jobs(spark), "the barrier tasks did not end after their ranks"
+    assert no_active_jobs(spark), "the barrier tasks did not end after their ranks"
 
 
 def _capture(fn):
@@ -290,7 +283,7 @@ def test_executor_python_without_a_required_module_is_reported(spark):
     assert "has no 'no_such_module_xyz' module" in message and "PYSPARK_PYTHON" in message
     assert "org.apache" not in message
     assert time.monotonic() - started < EARLY
-    assert _no_active_jobs(spark)
+    assert no_active_jobs(spark)
 
 
 def _lightning_fit():
@@ -464,5 +457,5 @@ def test_elastic_placement_replaces_a_killed_worker_inside_its_task(spark):
         driver.hub.close()
     assert placement.failure() is None and placement.finished()
     assert sorted(report["ranks"] for report in placement.task_reports) == [[0, 4], [1, 2]]
-    assert _no_active_jobs(spark)
+    assert no_active_jobs(spark)
     assert _wait_dead([int(words[3]) for words in started.values()]) == []

@@ -20,6 +20,8 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
+import procs
+
 ROOT = Path(__file__).parents[2]
 CLUSTER = ROOT / "scripts" / "cluster.sh"
 STATE = Path(os.environ.get("HOROVOD_COMPAT_CLUSTER_DIR", "/run/horovod-compat-cluster"))
@@ -59,14 +61,7 @@ class Cluster:
 
     def commands(self, name: str) -> Dict[int, str]:
         """{pid: command line} of the processes on host `name`, its sshd listener left out."""
-        found = {}
-        for pid in self.processes(name):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    found[pid] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            except OSError:
-                continue
-        return found
+        return procs.commands(self.processes(name))
 
     def stop_spark_workers(self, timeout: float = 60) -> Dict[str, Dict[int, str]]:
         """SIGTERM each host's Spark worker JVM (it stops its executors and their Python
@@ -79,7 +74,7 @@ class Cluster:
         while True:
             left = {name: self.commands(name) for name, _ in self.hosts}
             if not any(left.values()) or time.monotonic() > deadline:
-                return {name: procs for name, procs in left.items() if procs}
+                return {name: found for name, found in left.items() if found}
             time.sleep(0.2)
 
     def kill_all(self, name: str) -> None:
