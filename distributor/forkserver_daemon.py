@@ -85,9 +85,7 @@ class DaemonSettings:
     started with the launch's settings), `directory` the private directory (None: the default,
     ``$XDG_RUNTIME_DIR/distributor-warm`` or ``/tmp/distributor-warm-UID``), `expect` the modules
     the launch's ranks will import (`imported_modules` of its script): a daemon started for this
-    launch imports those of `LEARNED` before it forks the ranks, once instead of once per rank
-    (a module of `LEARNED` inside an expected package too: ``torch._dynamo``, which torch
-    imports at a rank's first optimizer, with ``torch``)."""
+    launch imports those of `LEARNED` before it forks the ranks, once instead of once per rank."""
 
     idle_seconds: float = DEFAULT_IDLE_SECONDS
     directory: Optional[str] = None
@@ -291,15 +289,13 @@ def _try(path: str, secret: bytes) -> Optional[forkserver.ForkServer]:
 def _start(python: str, env: Mapping[str, str], directory: str, key: str, idle: float,
            expect: Sequence[str] = ()) -> bool:
     """Start the daemon `key` and wait until it listens; False if it could not. It imports the
-    modules of `LEARNED` that `expect` names (or whose package it names) when its first launch
-    connects."""
+    modules of `LEARNED` that `expect` names when its first launch connects."""
     ready_r, ready_w = os.pipe()
     try:
         environment = forkserver.startup_environment(env)
         proc = subprocess.Popen(
             [python, "-m", "distributor.forkserver_daemon", directory, key, str(idle), str(ready_w),
-             *(f"{EXPECT_MARK}{name}" if name.split(".")[0] in expect or name in expect else name
-               for name in LEARNED)],
+             *(f"{EXPECT_MARK}{name}" if name in expect else name for name in LEARNED)],
             env=environment, cwd=directory, pass_fds=[ready_w], stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:

@@ -93,23 +93,6 @@ def test_a_daemon_started_for_a_launch_imports_what_it_expects_before_forking(wa
         DaemonSettings(expect=["torch"])
 
 
-def _has_warm_sub():
-    return "warm_pkg.sub" in sys.modules, os.getppid()
-
-
-def test_a_learned_submodule_is_expected_with_its_package(warm_dir, tmp_path, monkeypatch):
-    """torch._dynamo, which torch imports at a rank's first optimizer, comes with an expected
-    torch: here a package and a submodule of `LEARNED` stand for them."""
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "warm_pkg").mkdir()
-    (tmp_path / "warm_pkg" / "__init__.py").write_text("")
-    (tmp_path / "warm_pkg" / "sub.py").write_text("VALUE = 1\n")
-    monkeypatch.setattr(forkserver_daemon, "LEARNED", ("warm_pkg.sub", "fractions"))
-    first = _launch(warm_dir, _has_warm_sub, expect=("warm_pkg",))
-    (daemon,) = _daemon_pids(warm_dir)
-    assert first == [(True, daemon), (True, daemon)]
-
-
 @pytest.mark.parametrize("source, modules", [
     ("import a.b, c\nfrom d import e, f as g\nfrom . import h\nfrom .i import j\n",
      {"a.b", "c", "d", "d.e", "d.f"}),
