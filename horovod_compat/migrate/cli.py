@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, TextIO, Tuple
 
+from horovod_compat.migrate import torch_api
 from horovod_compat.migrate.engine import MigrationError, migrate_source
 from horovod_compat.migrate.notebook import migrate_notebook, python_cells
 from horovod_compat.migrate.report import Finding, Kind, write_report
@@ -197,6 +198,7 @@ def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = sys.stdout, stde
     would_change = False
     work_left = False
     backups: List[Path] = []
+    outputs: List[str] = []
     for path, rel in files:
         try:
             text = path.read_text(encoding="utf-8")
@@ -209,6 +211,7 @@ def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = sys.stdout, stde
         all_findings += findings
         changed = new_text != text
         sources = python_cells(new_text, str(path)) if path.suffix == ".ipynb" else [new_text]
+        outputs += sources
         why = not_native(sources, findings)
         records.append(_file_record(path, changed, findings, why))
         would_change |= changed or any(f.kind is Kind.TODO for f in findings)
@@ -238,6 +241,10 @@ def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = sys.stdout, stde
         stdout.write(json_report(records, errors, status))
     else:
         write_report(all_findings, stderr, verbose=args.verbose)
+        if would_change:
+            version, api = torch_api.minimum_torch(outputs)
+            stderr.write(f"horovod-compat-migrate: the output needs torch >= {version} ({api}; "
+                         "migration_guide/torch_apis.md)\n")
         for backup in backups:
             stderr.write(f"horovod-compat-migrate: the original is kept as {backup}\n")
         if len(records) > 1 or any(not r["native"] for r in records):

@@ -29,6 +29,8 @@ IMPORT_FOR_NAME: Dict[str, str] = {
     "dist": "import torch.distributed as dist",
     "DDP": "from torch.nn.parallel import DistributedDataParallel as DDP",
     "default_hooks": "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks",
+    # DDP in place (rules/inplace.py): torch's composable API, under its private package name
+    "replicate": "from torch.distributed._composable import replicate",
     "functools": "import functools",
     "contextlib": "import contextlib",
     # horovod-compat's own TorchDistributor (PySpark's API; no Horovod in it): unlike PySpark's,

@@ -115,6 +115,7 @@ _CANONICAL: Dict[str, Tuple[str, ...]] = {
     "functools": ("functools",),
     "contextlib": ("contextlib",),
     "distributor": ("distributor",),
+    "replicate": ("torch.distributed._composable.replicate",),
     "TorchDistributor": ("distributor.TorchDistributor",
                          "distributor.torch_distributor.TorchDistributor",
                          "pyspark.ml.torch.distributor.TorchDistributor"),

@@ -46,12 +46,14 @@ def todo_comment(name: str, message: str) -> str:
 
 
 def write_report(findings: Iterable[Finding], stream: TextIO, verbose: bool = False) -> None:
-    """Print TODO findings (always) and rewrites (when `verbose`) to `stream`, then a summary."""
+    """Print TODO findings and what each DistributedOptimizer became (always) and the other
+    rewrites (when `verbose`) to `stream`, then a summary."""
     findings = list(findings)
     todos: List[Finding] = [f for f in findings if f.kind is Kind.TODO]
     rewrites: List[Finding] = [f for f in findings if f.kind is Kind.REWRITE]
     for finding in findings:
-        if finding.kind is Kind.TODO or verbose:
+        # what each DistributedOptimizer became (DDP, in place, the fallback) and why: always
+        if finding.kind is Kind.TODO or verbose or finding.name == "hvd.DistributedOptimizer":
             stream.write(finding.format() + "\n")
     stream.write(
         f"horovod-compat-migrate: {len(rewrites)} rewrite(s), "

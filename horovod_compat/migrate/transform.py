@@ -35,6 +35,15 @@ _COMPOUND = (
 )
 
 
+def _assigns_to_itself(statement: cst.SimpleStatementLine) -> bool:
+    """True for ``x = x`` (``self.opt = self.opt``)."""
+    if len(statement.body) != 1 or not isinstance(statement.body[0], cst.Assign):
+        return False
+    assign = statement.body[0]
+    code = cst.Module([]).code_for_node
+    return len(assign.targets) == 1 and code(assign.targets[0].target).strip() == code(assign.value).strip()
+
+
 class _Frame:
     """One statement being rewritten: TODO comments to attach above it."""
 
@@ -135,7 +144,14 @@ class HorovodTransformer(cst.CSTTransformer):
             self.ctx.rewrite(line, "statement", self.plan.remove[original_node])
             return cst.RemoveFromParent()
         replacement: Optional[List[cst.BaseStatement]] = None
-        if original_node in self.plan.replace:
+        before = [(call, wrap) for call, wrap in self.plan.inplace.items() if wrap.statement is original_node]
+        if before:  # models made data-parallel in place before the statement that wraps their optimizer
+            replacement = [cst.parse_statement(text) for _, wrap in before for text in wrap.lines]
+            if not _assigns_to_itself(updated_node):  # `opt = opt` (the optimizer itself) goes
+                replacement.append(updated_node)
+            for call, wrap in before:
+                self.ctx.rewrite(self._line(call), "hvd.DistributedOptimizer", wrap.note)
+        elif original_node in self.plan.replace:
             outcome = self.plan.replace[original_node]
             self.ctx.rewrite(line, "hvd.DistributedOptimizer", outcome.note)
             replacement = list(outcome.node)
@@ -290,6 +306,12 @@ class HorovodTransformer(cst.CSTTransformer):
             if isinstance(outcome, Flagged):
                 self._flag(original_node, f"hvd.{name}", outcome.message)
             return updated_node
+        if original_node in self.plan.inplace:  # the optimizer itself; its model is replicated
+            args = updated_node.args
+            inner = next((a.value for a in args if a.keyword is not None and a.keyword.value == "optimizer"),
+                         args[0].value)
+            return inner.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar) if updated_node.lpar \
+                else inner
         if name == "DistributedOptimizer" and original_node not in self.plan.flagged:
             return updated_node  # its statement is replaced in leave_SimpleStatementLine
         if original_node in self.plan.flagged:

@@ -86,4 +86,7 @@ def native_expression(node: cst.BaseExpression, ctx: RewriteContext) -> Optional
         return None
     for name in replace.found:
         native_value(name, ctx)
-    return cst.Module([]).code_for_node(out).strip()
+    code = cst.Module([]).code_for_node(out).strip()
+    # An argument written over several lines (`named_parameters=\n  self.net.\n  named_parameters()`)
+    # parses inside the call's parentheses, not on its own: it is kept whole in parentheses.
+    return f"({code})" if "\n" in code else code

@@ -32,11 +32,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
 from libcst.metadata import CodeRange, GlobalScope, Scope
 
+from horovod_compat.migrate import torch_api
 from horovod_compat.migrate.context import (
     HVD,
     RewriteContext,
@@ -47,7 +48,7 @@ from horovod_compat.migrate.context import (
     keyword_args,
     positional_args,
 )
-from horovod_compat.migrate.rules import constants, dataflow, parameter_use
+from horovod_compat.migrate.rules import constants, dataflow, inplace, parameter_use
 from horovod_compat.migrate.rules.accumulation import Accumulation, plan_accumulation
 
 
@@ -68,6 +69,8 @@ class OptimizerPlan:
     accumulate: Dict[cst.For, Tuple[Accumulation, str]] = dataclasses.field(default_factory=dict)
     #: Horovod constants of a run-time choice bound to a name -> their native value (dataflow.py).
     constants: Dict[cst.Attribute, str] = dataclasses.field(default_factory=dict)
+    #: Calls made data-parallel in place (inplace.py): the call becomes its inner optimizer.
+    inplace: Dict[cst.Call, "inplace.InPlace"] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -391,7 +394,7 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
         facts.module_code)
     if unproven:
         return unproven
-    if any(re.search(rf"\b{re.escape(alias)}\.join\(", facts.module_code) for alias in ctx.hvd_aliases):
+    if _calls_join(facts, ctx):
         return ("the program calls hvd.join(): its joined ranks stand in for the native optimizer's "
                 "reductions (DDP would need its Join context manager around the training loop)")
     touched = _reads_gradients(facts.module_code)
@@ -428,7 +431,11 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     # Horovod synced buffers (BatchNorm statistics) once, with broadcast_parameters, and never again;
     # DDP's default re-broadcasts rank 0's at every forward. forward_sync_buffers=False keeps the
     # sync at construction only, as Horovod did (so per-rank evaluation gives the same metrics).
-    lines.append(f"{ddp_name} = DDP({model}, forward_sync_buffers=False)\n")
+    # A torch without it (torch_api.py) gets broadcast_buffers=False, which syncs no buffer at
+    # all: the program's own broadcast of the state_dict then stays, for the one sync.
+    sync_once = torch_api.has("DDP.forward_sync_buffers")
+    buffers = "forward_sync_buffers=False" if sync_once else "broadcast_buffers=False"
+    lines.append(f"{ddp_name} = DDP({model}, {buffers})\n")
     ctx.need(HVD, "DDP")
     if options.hook_name is not None:
         lines.append(f"if {options.hook_name} is not None:\n"
@@ -442,7 +449,7 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
         ctx.need(HVD, "default_hooks")
     statements = [cst.parse_statement(line) for line in lines]
     statements[0] = statements[0].with_changes(leading_lines=stmt.leading_lines)
-    note = f"-> {ddp_name} = DDP({model}, forward_sync_buffers=False); forward calls of `{model}` now go through {ddp_name}"
+    note = f"-> {ddp_name} = DDP({model}, {buffers}); forward calls of `{model}` now go through {ddp_name}"
     if options.fp16 != "False":
         note += "; fp16 compression -> fp16_compress_hook"
         if options.fp16 != "True":
@@ -452,7 +459,7 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     plan.constants.update(options.constants)
     plan.replace[stmt] = Rewritten(statements, note)
     plan.rename.update(renames)
-    for other in _redundant_broadcasts(stmt, model, facts, ctx):
+    for other in _redundant_broadcasts(stmt, model, facts, ctx) if sync_once else ():
         plan.remove[other] = "removed: DDP broadcasts parameters and buffers from rank 0 when it wraps the model"
     _plan_optimizer_uses(scope, target.value, facts, plan)
     return None
@@ -477,6 +484,10 @@ def _state_made_before(name: str, stmt: cst.CSTNode, facts: _Facts) -> bool:
     before = "\n".join(facts.module_code.splitlines()[:facts.positions[stmt].start.line - 1])
     return re.search(rf"broadcast_optimizer_state\(\s*{re.escape(name)}\b|\b{re.escape(name)}\."
                      r"(?:load_state_dict|step)\(", before) is not None
+
+
+def _calls_join(facts: _Facts, ctx: RewriteContext) -> bool:
+    return any(re.search(rf"\b{re.escape(alias)}\.join\(", facts.module_code) for alias in ctx.hvd_aliases)
 
 
 def _reads_gradients(code: str) -> Optional[str]:
@@ -526,6 +537,7 @@ def plan_optimizers(
     plan = OptimizerPlan()
     names = {n.value for n in _all_names(module)}
     facts = _Facts(positions, scopes, parents, names, names_elsewhere, module.code)
+    replicated: Set[str] = set()
     for call in finder.calls:
         assign = parents.get(call)
         stmt = parents.get(assign) if assign is not None else None
@@ -535,14 +547,92 @@ def plan_optimizers(
             and isinstance(stmt, cst.SimpleStatementLine)
             and len(stmt.body) == 1
         ):
-            plan.flagged[call] = (
-                "only `opt = hvd.DistributedOptimizer(...)` as a statement of its own is rewritten"
-            )
+            reason = "it is not `opt = hvd.DistributedOptimizer(...)` as a statement of its own"
+        else:
+            reason = _plan_one(stmt, call, facts, ctx, plan)
+        if reason is None:
             continue
-        reason = _plan_one(stmt, call, facts, ctx, plan)
-        if reason is not None:
-            plan.flagged[call] = reason
+        why_not = _plan_in_place(call, facts, ctx, plan, replicated)
+        if why_not is not None:
+            plan.flagged[call] = reason if why_not == reason else f"{reason}; not in place either: {why_not}"
     return plan
+
+
+def _plan_in_place(call: cst.Call, facts: _Facts, ctx: RewriteContext, plan: OptimizerPlan,
+                   replicated: Set[str]) -> Optional[str]:
+    """Plan `call` as a model made data-parallel in place (inplace.py); the reason when it cannot."""
+    options = _check_options(call, ctx, facts)
+    if options.error:
+        return options.error
+    if _calls_join(facts, ctx):
+        return "the program calls hvd.join() (DDP would need its Join context manager)"
+    uses = _optimizer_uses_by_text(call, facts)
+    if isinstance(uses, str):
+        return uses
+    touched = _reads_gradients(facts.module_code)
+    if touched and not uses.remove:
+        return (f"{GRADIENTS_READ} (`{touched}`) and the optimizer's synchronize() is never called: "
+                "under Horovod that code saw the gradients before their averaging finished")
+    first = []
+    stmt = _statement_of(call, facts)
+    inner = positional_args(call)[0].value if positional_args(call) else None
+    if isinstance(inner, cst.Name) and stmt is not None and _state_made_before(inner.value, stmt, facts):
+        first.append(f"{inner.value}.state.clear()  # as under Horovod: the wrap started without state\n")
+        options.notes.append(f"`{inner.value}` had state before the wrap, which Horovod's wrapper did not keep: cleared")
+    if options.adasum != "False":
+        where = f"{os.path.basename(ctx.location)}:{facts.positions[call].start.line}"
+        first.append(_ADASUM_GUARD.format(condition=options.adasum, where=where))
+    outcome = inplace.plan(call, facts, ctx, options, replicated, first)
+    if isinstance(outcome, str):
+        return outcome
+    plan.inplace[call] = outcome
+    plan.constants.update(options.constants)
+    plan.remove.update(uses.remove)
+    plan.unwrap.update(uses.unwrap)
+    return None
+
+
+def _statement_of(node: cst.CSTNode, facts: _Facts) -> Optional[cst.SimpleStatementLine]:
+    while node is not None and not isinstance(node, cst.SimpleStatementLine):
+        node = facts.parents.get(node)
+    return node
+
+
+#: Receivers of `.synchronize()` that are not a Horovod optimizer.
+_DEVICE_SYNC = re.compile(r"^(?:torch\.)?(?:cuda|mps|xpu|xm|torch_xla\.\w+)$|\.(?:cuda|mps|xpu)$")
+
+
+def _optimizer_uses_by_text(call: cst.Call, facts: _Facts) -> Union["OptimizerPlan", str]:
+    """The ``T.synchronize()`` statements to drop and ``with T.skip_synchronize():`` blocks to
+    unwrap, where T is the target the wrapped optimizer is assigned to (a name or attribute
+    chain); or why some call of them cannot be told to be this optimizer's (a plain torch
+    optimizer has neither method, so none may stay)."""
+    assign = facts.parents.get(call)
+    target = code_of(assign.targets[0].target).strip() \
+        if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
+    found = OptimizerPlan()
+    for node, parent in facts.parents.items():
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and not node.args
+                and node.func.attr.value in ("synchronize", "skip_synchronize")):
+            continue
+        receiver = code_of(node.func.value).strip()
+        if node.func.attr.value == "synchronize" and _DEVICE_SYNC.search(receiver):
+            continue
+        line = facts.positions[node].start.line
+        if receiver != target:
+            return (f"`{receiver}.{node.func.attr.value}()` at line {line} may be this optimizer's, which "
+                    "the rewriter cannot tell")
+        holder = parent
+        statement = facts.parents.get(holder)
+        if node.func.attr.value == "synchronize" and isinstance(holder, cst.Expr) \
+                and isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+            found.remove[statement] = "removed: DDP has already averaged the gradients after backward()"
+        elif node.func.attr.value == "skip_synchronize" and isinstance(holder, cst.WithItem) \
+                and isinstance(statement, cst.With) and len(statement.items) == 1 and holder.asname is None:
+            found.unwrap.add(statement)
+        else:
+            return f"`{receiver}.{node.func.attr.value}()` at line {line} is used in a way the rewriter cannot drop"
+    return found
 
 
 def _all_names(module: cst.Module) -> List[cst.Name]:

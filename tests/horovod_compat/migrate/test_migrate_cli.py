@@ -194,7 +194,7 @@ def test_notebook_keeps_hvd_import_used_in_another_cell(tmp_path):
     assert f"{path}[cell 1]:2: TODO hvd.alltoall" in err
 
 
-def test_notebook_model_used_in_another_cell_is_not_wrapped(tmp_path):
+def test_notebook_model_used_in_another_cell_is_made_data_parallel_in_place(tmp_path):
     nb = _notebook([
         _code(["import torch\n", "import horovod.torch as hvd\n", "model = torch.nn.Linear(1, 1)\n",
                "opt = torch.optim.SGD(model.parameters(), lr=1.0)\n",
@@ -203,15 +203,16 @@ def test_notebook_model_used_in_another_cell_is_not_wrapped(tmp_path):
     ])
     path = tmp_path / "nb.ipynb"
     _write_nb(path, nb)
-    status, _, err = run("-v", path)
+    status, _, err = run(path)  # (what the optimizer became is reported without -v)
     assert status == 0, err
-    # no DDP wrap (the forward pass in cell 1 could not be redirected): the optimizer averages
-    # the gradients itself, as Horovod's did, and says why it is not DDP
-    assert "not DDP because `model` is also used in another notebook cell" in err
+    # no DDP wrap (the forward pass in cell 1 could not be redirected to it): the module object
+    # itself becomes data-parallel, so cell 1, unchanged, averages the gradients too
+    assert "-> replicate(model) before this line" in err
+    assert "not DDP because `model` is also used in another notebook cell" not in err  # (the wrap's own reason, -v)
     new = json.loads(path.read_text())
     first = "".join(new["cells"][0]["source"])
-    assert "opt = _native_distributed_optimizer(opt, named_parameters=model.named_parameters())\n" in first
-    assert "DDP(" not in first
+    assert "replicate(model, find_unused_parameters=True)" in first and "\nopt = opt\n" not in first
+    assert "DDP(" not in first and "_native_distributed_optimizer" not in first
     assert new["cells"][1] == nb["cells"][1]
 
 
@@ -276,7 +277,7 @@ def test_from_import_of_another_torch_distributor_is_left_to_it(tmp_path):
     assert "TorchDistributor_(" in text and "sparkdl" not in text
 
 
-def test_notebook_model_created_in_another_cell_is_not_wrapped(tmp_path):
+def test_notebook_model_created_in_another_cell_is_made_data_parallel_in_place(tmp_path):
     nb = _notebook([
         _code(["import torch\n", "model = torch.nn.Linear(1, 1)\n"]),
         _code(["def train():\n", "    import horovod.torch as hvd\n",
@@ -288,10 +289,9 @@ def test_notebook_model_created_in_another_cell_is_not_wrapped(tmp_path):
     _write_nb(path, nb)
     status, _, err = run("-v", path)
     assert status == 0, err
-    assert f"{path}[cell 1]:4: rewrote hvd.DistributedOptimizer: -> _native_distributed_optimizer(...), same arguments" in err
-    assert "not DDP because `model` is not bound in this file or cell" in err
-    assert "opt = _native_distributed_optimizer(opt, named_parameters=model.named_parameters())" \
-        in "".join(json.loads(path.read_text())["cells"][1]["source"])
+    assert f"{path}[cell 1]:4: rewrote hvd.DistributedOptimizer: -> replicate(model) before this line" in err
+    cell = "".join(json.loads(path.read_text())["cells"][1]["source"])
+    assert "    replicate(model, find_unused_parameters=True)" in cell and "opt = opt" not in cell
 
 
 def test_check_json_reports_per_file_what_changes_and_what_needs_a_person(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from horovod_compat.migrate import Kind, migrate_source
-from horovod_compat.migrate import engine, syntax
+from horovod_compat.migrate import engine, syntax, torch_api
 from migrate_runs import HOROVODRUN, native_printed, printed
 
 FSTRINGS = textwrap.dedent('''\
@@ -280,3 +280,32 @@ def test_input_without_a_horovod_import_takes_the_shortcut_and_the_pipeline_agre
 ])
 def test_any_horovod_import_takes_the_pipeline(source):
     assert engine._may_use_horovod(engine.Unit(source, "x.py"))
+
+
+def test_an_argument_written_over_several_lines_is_kept_whole(monkeypatch):
+    """`named_parameters=\n self.network.\n named_parameters()` once stopped the CLI with libcst's
+    ParserSyntaxError: an argument the rewrite keeps as it is is reparsed on its own, where its
+    line breaks are only legal inside parentheses. (Written for a torch without replicate(), so
+    that the call keeps its arguments: rules/optimizer_hooks.py.)"""
+    monkeypatch.setenv(torch_api.ENV, "")
+    torch_api.available.cache_clear()
+    source = textwrap.dedent('''\
+        import torch
+        import horovod.torch as hvd
+
+        class Trainer:
+            def __init__(self):
+                self.network = torch.nn.Linear(4, 2)
+                self.optimizer = hvd.DistributedOptimizer(
+                    torch.optim.SGD(self.network.parameters(), lr=0.1),
+                    named_parameters=
+                    self.network.
+                    named_parameters())
+        ''')
+    try:
+        result = migrate_source(source, "lines.py")
+    finally:
+        monkeypatch.delenv(torch_api.ENV)
+        torch_api.available.cache_clear()
+    ast.parse(result.source, feature_version=(3, 9))
+    assert "named_parameters=\n            (self.network.\n            named_parameters()))" in result.source

@@ -1,0 +1,278 @@
+"""``hvd.DistributedOptimizer`` where the ``DDP(model)`` wrapper cannot be proven -> the model made
+data-parallel in place with torch's composable ``replicate(model)``.
+
+``optimizer.py`` writes ``ddp_model = DDP(model)`` only when every forward pass provably goes
+through the wrapper. Real programs keep the model on an attribute, pass it to other functions,
+build it from a registry or keep several models under one optimizer. ``replicate(model)`` covers
+them: it turns the module object the program already holds into a data-parallel one (DDP's reducer
+in forward hooks), so every ``model(...)`` call, wherever it is made, averages the gradients in
+``backward()``. What it cannot cover stays with the caller's own choice of fallback:
+
+* the model must be found: ``named_parameters=M.named_parameters()``, or an optimizer built over
+  ``M.parameters()``, param groups (``[{"params": M.parameters()}, ...]``), ``list(A.parameters())
+  + list(B.parameters())``, ``itertools.chain(...)`` or a filter over them (one model per module
+  found, each a name or attribute chain); a raw tensor in the params (a learned temperature) is not
+  a module DDP can own, so it blocks the rewrite;
+* ``M.forward(...)`` bypasses the hooks, ``copy.deepcopy(M)`` after the wrap and ``torch.save(M)``
+  (the whole module) fail on a replicated module: each blocks the rewrite;
+* the wrap runs once per module (``replicate`` refuses a second application), so not in a loop;
+* options as in optimizer.py: fp16 compression -> DDP's fp16 comm hook; ``groups`` dropped;
+  Average only; ``backward_passes_per_step`` above 1, process sets, and ``**kwargs`` block it.
+
+Every parameter is not proven to get a gradient on every step, so the wrap passes
+``find_unused_parameters=True`` (DDP refuses such a step without it); a parameter that no rank used
+keeps ``grad=None`` where Horovod averaged zeros (migration_guide/differences.md).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import TYPE_CHECKING, Dict, List, Optional, Set, Union
+
+import libcst as cst
+from libcst.metadata import Scope
+
+from horovod_compat.migrate import torch_api
+from horovod_compat.migrate.context import HVD, RewriteContext, code_of, has_star_args, keyword_args, positional_args
+
+if TYPE_CHECKING:  # (optimizer.py imports this module)
+    from horovod_compat.migrate.rules.optimizer import _Facts, _Options
+
+
+@dataclasses.dataclass
+class InPlace:
+    """The in-place rewrite of one DistributedOptimizer call."""
+
+    #: the statement before which the replicate() lines go
+    statement: cst.SimpleStatementLine
+    lines: List[str]
+    note: str
+
+
+#: Calls that pass parameters through unchanged (``list(m.parameters())``, ``chain(a, b)``).
+_PASS_THROUGH = {"list", "tuple", "chain", "itertools.chain", "filter"}
+_BLOCKS_FUNCTIONS = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+
+
+def _is_module_expr(node: cst.BaseExpression) -> bool:
+    """A name or attribute chain (``model``, ``self.model``, ``self.heads[0]``) with no calls."""
+    while True:
+        if isinstance(node, cst.Name):
+            return True
+        if isinstance(node, cst.Attribute):
+            node = node.value
+        elif isinstance(node, cst.Subscript) and all(
+                isinstance(e.slice, cst.Index) and isinstance(e.slice.value, (cst.Integer, cst.SimpleString))
+                for e in node.slice):
+            node = node.value
+        else:
+            return False
+
+
+class _Models:
+    """The modules whose parameters a parameter expression holds, or why they cannot be told."""
+
+    def __init__(self, scope: Optional[Scope], before_line: int, facts: "_Facts") -> None:
+        self.scope, self.before_line, self.facts = scope, before_line, facts
+        self.found: Dict[str, None] = {}
+        self.problem: Optional[str] = None
+
+    def fail(self, node: cst.CSTNode, why: str) -> None:
+        if self.problem is None:
+            self.problem = f"`{code_of(node).strip()}` {why}"
+
+    def params(self, node: cst.BaseExpression, depth: int = 0) -> None:
+        """Follow `node`, an expression that yields parameters (or (name, parameter) pairs)."""
+        if self.problem is not None:
+            return
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and node.func.attr.value in ("parameters", "named_parameters"):
+            if not _is_module_expr(node.func.value):
+                return self.fail(node.func.value, "is not a name or attribute the rewriter can hand to replicate()")
+            self.found[code_of(node.func.value).strip()] = None
+            return
+        if isinstance(node, cst.Call) and code_of(node.func).strip() in _PASS_THROUGH and not has_star_args(node):
+            for arg in node.args:
+                if arg.keyword is None:
+                    if code_of(node.func).strip() == "filter" and arg is node.args[0]:
+                        continue  # the predicate
+                    self.params(arg.value, depth)
+            return
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
+            self.params(node.left, depth)
+            self.params(node.right, depth)
+            return
+        if isinstance(node, (cst.List, cst.Tuple)):
+            for element in node.elements:
+                if isinstance(element, cst.StarredElement):
+                    self.params(element.value, depth)
+                elif isinstance(element.value, cst.Dict):  # a param group
+                    groups = {code_of(e.key).strip().strip("'\""): e.value for e in element.value.elements
+                              if isinstance(e, cst.DictElement)}
+                    if "params" not in groups:
+                        return self.fail(element.value, "is a param group without a literal \"params\" key")
+                    self.params(groups["params"], depth)
+                else:
+                    self.params(element.value, depth)
+            return
+        if isinstance(node, (cst.ListComp, cst.GeneratorExp)) and len(_comp_fors(node)) == 1:
+            self.params(_comp_fors(node)[0].iter, depth)
+            return
+        if isinstance(node, cst.Name) and depth < 3:
+            value = self._bound_value(node)
+            if value is not None:
+                return self.params(value, depth + 1)
+        self.fail(node, "is not a module's parameters() the rewriter can follow")
+
+    def optimizer(self, node: cst.BaseExpression, depth: int = 0) -> None:
+        """Follow `node`, the optimizer Horovod wraps: the parameters it was built over."""
+        if isinstance(node, cst.Name) and depth < 3:
+            value = self._bound_value(node)
+            if value is not None:
+                return self.optimizer(value, depth + 1)
+        if isinstance(node, cst.Call) and not has_star_args(node):
+            kw, pos = keyword_args(node), positional_args(node)
+            if "params" in kw:
+                return self.params(kw["params"].value)
+            if pos:
+                return self.params(pos[0].value)
+        self.fail(node, "is an optimizer whose parameters the rewriter cannot follow (pass "
+                        "named_parameters=model.named_parameters() to DistributedOptimizer)")
+
+    def _bound_value(self, name: cst.Name) -> Optional[cst.BaseExpression]:
+        """The value of the one ``name = value`` binding of `name` in this scope, before the wrap."""
+        if self.scope is None:
+            return None
+        bindings = [a for a in self.scope[name.value] if hasattr(a, "node")]
+        if len(bindings) != 1 or bindings[0].scope is not self.scope:
+            return None
+        target = bindings[0].node
+        assign = self.facts.parents.get(self.facts.parents.get(target))
+        if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 \
+                or self.facts.positions[assign].start.line >= self.before_line:
+            return None
+        return assign.value
+
+
+def _comp_fors(node: Union[cst.ListComp, cst.GeneratorExp]) -> List[cst.CompFor]:
+    fors, current = [], node.for_in
+    while current is not None:
+        fors.append(current)
+        current = current.inner_for_in
+    return fors
+
+
+def _statement(call: cst.Call, facts: "_Facts") -> Union[cst.SimpleStatementLine, str]:
+    """The statement the call is part of, where lines can go before it, or why there is none."""
+    node: cst.CSTNode = call
+    while not isinstance(node, cst.SimpleStatementLine):
+        node = facts.parents.get(node)
+        if node is None or isinstance(node, cst.BaseCompoundStatement):
+            return "the call is not part of a simple statement"
+        if isinstance(node, _BLOCKS_FUNCTIONS):
+            return "the call sits in a lambda or comprehension"
+    stmt, up = node, facts.parents.get(node)
+    while up is not None and not isinstance(up, (cst.FunctionDef, cst.Module)):
+        if isinstance(up, (cst.For, cst.While)):
+            return "the wrap sits inside a loop, and replicate() makes a module data-parallel only once"
+        up = facts.parents.get(up)
+    return stmt
+
+
+def _end_of_function(stmt: cst.SimpleStatementLine, facts: "_Facts") -> int:
+    """The last line of the function around `stmt` (of the file at module level)."""
+    up = facts.parents.get(stmt)
+    while up is not None and not isinstance(up, cst.FunctionDef):
+        up = facts.parents.get(up)
+    return facts.positions[up].end.line if up is not None else len(facts.module_code.splitlines())
+
+
+#: Module methods that return the module itself: `model = model.cpu()` keeps the replicated object.
+_SELF_MOVES = "cuda|cpu|to|half|float|double|bfloat16|train|eval|requires_grad_"
+
+
+def _hazard(model: str, code: str, line: int, end: int) -> Optional[str]:
+    """What in the file would break on a replicated `model` (see the module docstring), for a wrap
+    at `line` of a function (or module) that ends at line `end`."""
+    m = re.escape(model)
+    if re.search(rf"(?<![\w.]){m}\s*\.\s*forward\s*\(", code):
+        return f"`{model}.forward(...)` would bypass the data-parallel hooks"
+    after = "\n".join(code.splitlines()[line:])
+    if re.search(rf"deepcopy\(\s*{m}\s*\)", after):
+        return f"`copy.deepcopy({model})` after the wrap fails on a replicated module (copy its state_dict instead)"
+    if re.search(rf"(?:torch\.save|pickle\.dumps?|cloudpickle\.dumps?)\(\s*{m}\s*[,)]", code):
+        return f"the whole module `{model}` is pickled, which fails once it is replicated (save its state_dict)"
+    later = [i + line + 1 for i, text in enumerate(code.splitlines()[line:end])
+             if re.match(rf"\s*{m}\s*=[^=]", text) and not re.match(rf"\s*{m}\s*=\s*{m}\.(?:{_SELF_MOVES})\(", text)]
+    if later:
+        return f"`{model}` is re-bound at line {later[0]}, after the wrap"
+    return None
+
+
+#: The comment at each replicate() line: the difference from Horovod it carries.
+_COMMENT = "# DDP in place; unused parameters keep grad None (Horovod: zeros)"
+
+
+def plan(call: cst.Call, facts: "_Facts", ctx: RewriteContext, options: "_Options",
+         taken: Set[str], first: List[str]) -> Union[InPlace, str]:
+    """The in-place rewrite of the DistributedOptimizer `call`, or why it cannot be made.
+
+    `options` is what optimizer.py made of the call's options (without an error); `taken` holds
+    the models other wraps of this module already replicated; `first`, the lines that go first
+    (optimizer.py's: the inner optimizer's state cleared, the Adasum guard)."""
+    if not torch_api.has("replicate"):
+        return "this torch has no torch.distributed._composable.replicate"
+    if has_star_args(call):
+        return "its options come as **kwargs, which the rewriter cannot read"
+    if options.passes != "1":
+        return (f"backward_passes_per_step={options.passes} on a model made data-parallel in place "
+                "is not rewritten yet")
+    if options.fp16 != "False" and not torch_api.has("replicate.register_comm_hook"):
+        return "this torch's replicate() takes no comm hook for fp16 compression"
+    stmt = _statement(call, facts)
+    if isinstance(stmt, str):
+        return stmt
+    line = facts.positions[stmt].start.line
+    kw, pos = keyword_args(call), positional_args(call)
+    models = _Models(facts.scopes.get(call), line, facts)
+    named = kw["named_parameters"].value if "named_parameters" in kw else pos[1].value if len(pos) > 1 else None
+    if named is not None:
+        models.params(named)
+    else:
+        inner = kw["optimizer"].value if "optimizer" in kw else pos[0].value if pos else None
+        if inner is None:
+            return "the call names no optimizer"
+        models.optimizer(inner)
+    if models.problem:
+        return models.problem
+    found = list(models.found)
+    if not found:
+        return "it holds no module's parameters"
+    for model in found:
+        if model in taken:
+            return f"`{model}` is also under another DistributedOptimizer; replicate() applies once per module"
+        hazard = _hazard(model, facts.module_code, line, _end_of_function(stmt, facts))
+        if hazard:
+            return hazard
+    taken.update(found)
+    lines = list(first)
+    for model in found:
+        lines.append(f"replicate({model}, find_unused_parameters=True)  {_COMMENT}\n")
+        if options.hook_name is not None:
+            lines.append(f"if {options.hook_name} is not None:\n"
+                         f"    {model}.register_comm_hook(None, {options.hook_name})\n")
+        elif options.fp16 == "True":
+            lines.append(f"{model}.register_comm_hook(None, default_hooks.fp16_compress_hook)\n")
+        elif options.fp16 != "False":
+            lines.append(f"if {options.fp16}:\n"
+                         f"    {model}.register_comm_hook(None, default_hooks.fp16_compress_hook)\n")
+    ctx.need(HVD, "replicate")
+    if options.fp16 != "False" or any("fp16" in v for v in options.constants.values()):
+        ctx.need(HVD, "default_hooks")
+    names = ", ".join(f"`{m}`" for m in found)
+    note = (f"-> replicate({', '.join(found)}) before this line, and the optimizer itself: every call of "
+            f"{names} averages its gradients in backward() (DDP in place); find_unused_parameters=True, "
+            "so a parameter no rank used in a step keeps grad None where Horovod averaged zeros")
+    if options.notes:
+        note += "; " + "; ".join(options.notes)
+    return InPlace(stmt, lines, note)
