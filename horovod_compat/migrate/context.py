@@ -37,8 +37,8 @@ IMPORT_FOR_NAME: Dict[str, str] = {
     # it needs no SparkSession for local_mode=True, which is what HorovodRunner(np=-N) becomes.
     # Switching the import to pyspark.ml.torch.distributor later needs no other change.
     "TorchDistributor": "from distributor import TorchDistributor",
-    # horovod.run(fn, ...) -> distributor.run_function(fn, ..., return_all=True)
-    "distributor": "import distributor",
+    # horovod.run(fn, ...) -> torch's own launcher, on this host
+    "elastic_launch": "from torch.distributed.launcher.api import LaunchConfig, elastic_launch",
 }
 
 
@@ -50,6 +50,8 @@ class Rewritten:
     note: str
     #: What the replacement cannot carry over (a dropped argument): a TODO left beside it.
     todo: Optional[str] = None
+    #: Statements (source text) that go before the statement holding the replaced expression.
+    before: List[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

@@ -45,10 +45,13 @@ def _assigns_to_itself(statement: cst.SimpleStatementLine) -> bool:
 
 
 class _Frame:
-    """One statement being rewritten: TODO comments to attach above it."""
+    """One statement being rewritten: TODO comments to attach above it, and (a simple statement
+    only) statements that a rule's rewrite of an expression in it needs before it."""
 
-    def __init__(self) -> None:
+    def __init__(self, simple: bool = False) -> None:
         self.todos: List[str] = []
+        self.simple = simple
+        self.before: List[cst.BaseStatement] = []
 
 
 class HorovodTransformer(cst.CSTTransformer):
@@ -118,7 +121,7 @@ class HorovodTransformer(cst.CSTTransformer):
 
     # -- statements --------------------------------------------------------------------------
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> Optional[bool]:
-        self.frames.append(_Frame())
+        self.frames.append(_Frame(simple=True))
         if node in self.plan.remove:
             return False  # the whole statement goes; rewriting inside it would only add noise
         if len(node.body) == 1 and isinstance(node.body[0], cst.Expr) and isinstance(node.body[0].value, cst.Call):
@@ -168,6 +171,8 @@ class HorovodTransformer(cst.CSTTransformer):
                 name = hvd_attr_name(original_node.body[0].value.func, self.ctx.hvd_aliases)
                 self.ctx.rewrite(line, f"hvd.{name}", outcome.note)
                 replacement = list(outcome.node)
+        if frame.before:
+            replacement = [*frame.before, *(replacement if replacement is not None else [updated_node])]
         if replacement is None:
             return self._with_todos(updated_node, frame)
         first = replacement[0].with_changes(leading_lines=updated_node.leading_lines)
@@ -295,7 +300,9 @@ class HorovodTransformer(cst.CSTTransformer):
             return self._apply(original_node, updated_node, "Trainer(accelerator='horovod')",
                                lightning.rewrite_trainer(updated_node, self.ctx))
         if runner.is_horovod_run(original_node, shared.horovod_aliases):
-            return self._apply(original_node, updated_node, "horovod.run", runner.rewrite_horovod_run(updated_node, self.ctx))
+            used = not isinstance(self.get_metadata(ParentNodeProvider, original_node, None), cst.Expr)
+            return self._apply(original_node, updated_node, "horovod.run",
+                               runner.rewrite_horovod_run(updated_node, self.ctx, value_used=used))
         if sampler.is_sampler(original_node):
             return sampler.rewrite_sampler(original_node, updated_node, self.ctx, line)
         name = hvd_attr_name(original_node.func, self.ctx.hvd_aliases)
@@ -337,13 +344,19 @@ class HorovodTransformer(cst.CSTTransformer):
             return updated
         node = outcome.node
         assert isinstance(node, cst.BaseExpression)
+        if outcome.before:
+            if not (self.frames and self.frames[-1].simple):
+                self._flag(original, label, "only rewritten in a statement of its own line (it needs a "
+                           "statement before it)")
+                return updated
+            self.frames[-1].before += [cst.parse_statement(text) for text in outcome.before]
         if node is not updated:
             self.ctx.rewrite(self._line(original), label, outcome.note)
         if outcome.todo:
             self._flag(original, label, outcome.todo)
         if updated.lpar:
             return node.with_changes(lpar=updated.lpar, rpar=updated.rpar)
-        if not isinstance(node, (cst.Call, cst.Name, cst.Attribute, cst.Subscript)):
+        if not isinstance(node, (cst.Call, cst.Name, cst.Attribute, cst.Subscript, cst.ListComp)):
             # e.g. `a // b` replacing a call inside `x / hvd.cross_size()`: keep precedence.
             return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         return node

@@ -12,13 +12,18 @@
   API), which needs no SparkSession for ``local_mode=True``; see ``IMPORT_FOR_NAME``.
 
 ``horovod.run(fn, args=(...), kwargs={...}, np=N, ...)`` (Horovod's in-process launcher, which
-returned every rank's value in rank order) becomes
-``distributor.run_function(fn, *args, num_processes=N, return_all=True, **kwargs)``: the engine
-horovod-compat ships, which starts the ranks on this host under the torchrun contract.  Options
-that only chose how Horovod talked (``use_gloo``, ``use_mpi``, ``verbose``, ``disable_cache``,
-``network_interfaces``, ...) are dropped with a note; ``hosts``/``hostfile`` are dropped with a
-note too (every rank starts on this host; several hosts are launched with torchrun on each one,
-see the guide); elastic options (``min_np``, ``max_np``, ``reset_limit``, ``slots``) are flagged.
+returned every rank's value in rank order) becomes torch's own launcher on this host,
+``elastic_launch(LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=N, rdzv_backend="c10d",
+rdzv_endpoint="localhost:0", run_id=..., max_restarts=0), fn)(*args)`` (what torchrun runs: a
+rendezvous on a free local port, no restarts, as Horovod made none), its ``{rank: value}`` turned
+into the list in rank order where the call's value is used; keyword arguments are bound with
+``functools.partial`` (kept named for elastic_launch, which names the job after the function).
+Options that only chose how Horovod talked (``use_gloo``, ``use_mpi``, ``verbose``,
+``disable_cache``, ...) are dropped with a note. Placement options (``hosts``, ``hostfile``,
+``network_interfaces``, ...) written as literals keep a TODO (several hosts are launched with
+torchrun on each one, see the guide); chosen at run time (``hosts=args.hosts``), they get a check
+before the statement that stops a run that sets one, with that advice. Elastic options
+(``min_np``, ``max_np``, ``reset_limit``, ``slots``) are flagged.
 """
 from __future__ import annotations
 
@@ -149,8 +154,10 @@ def is_horovod_run(call: cst.Call, aliases: Set[str]) -> bool:
             and isinstance(func.value, cst.Name) and func.value.value in aliases)
 
 
-def rewrite_horovod_run(call: cst.Call, ctx: RewriteContext) -> Outcome:
-    """``horovod.run(fn, args=..., kwargs=..., np=N)`` -> ``distributor.run_function(..., return_all=True)``."""
+def rewrite_horovod_run(call: cst.Call, ctx: RewriteContext, value_used: bool = True) -> Outcome:
+    """``horovod.run(fn, args=..., kwargs=..., np=N)`` -> torch's own launcher, ``elastic_launch``
+    (what torchrun runs), on this host; its ``{rank: value}`` becomes the list in rank order that
+    horovod.run returned (`value_used`: the call's value is used, not a statement of its own)."""
     if any(a.star for a in call.args):
         return Flagged("horovod.run(*args/**kwargs): its arguments cannot be read")
     given = {}
@@ -168,39 +175,58 @@ def rewrite_horovod_run(call: cst.Call, ctx: RewriteContext) -> Outcome:
     if elastic:
         return Flagged(f"horovod.run({', '.join(elastic)}=...) is elastic; launch the script with "
                        "torchrun --nnodes=MIN:MAX --max-restarts=K instead (see the guide)")
-    pieces = [code_of(given["func"]).strip()]
+    func = code_of(given["func"]).strip()
     args = given.get("args")
     if isinstance(args, cst.Tuple):
-        pieces += [code_of(e.value).strip() for e in args.elements if not isinstance(e, cst.StarredElement)]
         if any(isinstance(e, cst.StarredElement) for e in args.elements):
             return Flagged("horovod.run(args=(*...)) with a starred element is not rewritten")
+        call_args = ", ".join(code_of(e.value).strip() for e in args.elements)
     elif args is not None:
-        pieces.append("*" + code_of(args).strip())
-    pieces.append(f"num_processes={code_of(given['np']).strip() if 'np' in given else '1'}")
-    if "start_timeout" in given and code_of(given["start_timeout"]).strip() != "None":
-        timeout = code_of(given["start_timeout"]).strip()
-        pieces.append(f"start_timeout={timeout}" if isinstance(given["start_timeout"], (cst.Integer, cst.Float))
-                      else f"start_timeout={timeout} or 120.0")
-    pieces.append("return_all=True")
+        call_args = "*" + code_of(args).strip()
+    else:
+        call_args = ""
     kwargs = given.get("kwargs")
-    if isinstance(kwargs, cst.Dict) and all(
-            isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
-            and str(e.key.evaluated_value).isidentifier() for e in kwargs.elements):
-        pieces += [f"{e.key.evaluated_value}={code_of(e.value).strip()}" for e in kwargs.elements]
-    elif kwargs is not None and code_of(kwargs).strip() != "None":
-        pieces.append("**" + code_of(kwargs).strip())
-    ctx.need(HOROVOD, "distributor")
-    text = f"distributor.run_function({', '.join(pieces)})"
-    note = "-> " + text + " (every rank's value, in rank order, as horovod.run returned)"
+    entry = func
+    if kwargs is not None and code_of(kwargs).strip() != "None":
+        # elastic_launch passes positional arguments only, and names the job after the function
+        if isinstance(kwargs, cst.Dict) and all(
+                isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
+                and str(e.key.evaluated_value).isidentifier() for e in kwargs.elements):
+            bound = ", ".join(f"{e.key.evaluated_value}={code_of(e.value).strip()}" for e in kwargs.elements)
+        else:
+            bound = "**" + code_of(kwargs).strip()
+        entry = f"functools.update_wrapper(functools.partial({func}, {bound}), {func})"
+        ctx.need(HOROVOD, "functools")
+    options = [f"nproc_per_node={code_of(given['np']).strip() if 'np' in given else '1'}"]
+    timeout = code_of(given["start_timeout"]).strip() if "start_timeout" in given else "None"
+    if timeout != "None":
+        options.append(f"rdzv_timeout=int({timeout})" if not isinstance(given["start_timeout"], cst.Integer)
+                       else f"rdzv_timeout={timeout}")
+    config = (f"LaunchConfig(min_nodes=1, max_nodes=1, {', '.join(options)}, rdzv_backend=\"c10d\", "
+              "rdzv_endpoint=\"localhost:0\", run_id=\"horovod_run\", max_restarts=0)")
+    launch = f"elastic_launch({config}, {entry})({call_args})"
+    text = f"[value for _, value in sorted({launch}.items())]" if value_used else launch
+    ctx.need(HOROVOD, "elastic_launch")
+    note = ("-> torch's elastic_launch (torchrun's launcher) on this host"
+            + (", its {rank: value} as the list in rank order horovod.run returned" if value_used else "")
+            + "; a failed rank raises torch's ChildFailedError (Horovod raised RuntimeError)")
     dropped = sorted(_RUN_DROPPED & set(given))
     if dropped:
-        note += (f"; {', '.join(dropped)} dropped: ranks start on this host with gloo (nccl on GPUs); "
-                 "for several hosts run the script under torchrun on each host")
-    lost = [k for k in dropped if k in _RUN_WHERE and code_of(given[k]).strip() != "None"]
-    todo = None
-    if lost:
-        todo = (f"horovod.run({', '.join(f'{k}=...' for k in lost)}) placed the ranks (hosts, ssh, "
-                "interfaces, output); distributor.run_function starts them on this host. For several "
-                "hosts run the function's script under torchrun on each host (see the guide), then "
-                "delete this call's placement arguments from your launch code")
-    return Rewritten(cst.parse_expression(text), note, todo)
+        note += f"; {', '.join(dropped)} dropped: ranks start on this host with gloo (nccl on GPUs)"
+    where = [k for k in dropped if k in _RUN_WHERE and code_of(given[k]).strip() != "None"]
+    literal = [k for k in where if isinstance(given[k], (cst.SimpleString, cst.List, cst.Tuple, cst.Integer,
+                                                         cst.ConcatenatedString))]
+    todo, before = None, []
+    if literal:
+        todo = (f"horovod.run({', '.join(f'{k}=...' for k in literal)}) placed the ranks (hosts, ssh, "
+                "interfaces, output); elastic_launch starts them on this host. For several hosts run "
+                "the function's script under torchrun on each host (see the guide), then delete this "
+                "call's placement arguments from your launch code")
+    elif where:  # chosen at run time (`hosts=args.hosts`): only a run that sets one is refused
+        condition = " or ".join(f"{code_of(given[k]).strip()} is not None" for k in where)
+        before.append(
+            f"if {condition}:  # horovod.run placed ranks on other hosts; torch's launcher here does not\n"
+            f"    raise SystemExit(\"{', '.join(where)}: run this script under torchrun on each host \"\n"
+            f"                     \"(migration_guide/api_mapping.md, horovod.run)\")\n")
+        note += f"; a run that sets {', '.join(where)} stops with a message (torchrun on each host)"
+    return Rewritten(cst.parse_expression(text), note, todo, before)

@@ -335,21 +335,23 @@ def test_in_place_keeps_the_original_beside_the_file(tmp_path):
 def test_many_files_end_with_a_table_of_what_is_native(tmp_path):
     (tmp_path / "a.py").write_text(HVD_SCRIPT)
     (tmp_path / "b.py").write_text(FLAGGED_SCRIPT)
-    (tmp_path / "c.py").write_text("import horovod\nhorovod.run(print, np=2)\n")
+    (tmp_path / "c.py").write_text("from sparkdl import HorovodRunner\nHorovodRunner(np=2).run(print)\n")
+    (tmp_path / "d.py").write_text("import horovod\nhorovod.run(print, np=2)\n")  # -> torch's launcher
     status, _, err = run("-o", tmp_path / "out", tmp_path)
     assert status == 1
     rows = {line.split()[0]: line for line in err.splitlines() if line.startswith(str(tmp_path))}
     assert rows[str(tmp_path / "a.py")].endswith("  native")
     assert rows[str(tmp_path / "b.py")].endswith("not native: 1 TODO(s)")
     assert rows[str(tmp_path / "c.py")].endswith("not native: imports distributor")
-    assert "1 of 3 file(s) native" in err
+    assert rows[str(tmp_path / "d.py")].endswith("  native")
+    assert "2 of 4 file(s) native" in err
 
 
 def test_a_notebook_that_imports_this_project_is_not_native(tmp_path):
     """Its cells are checked for imports like a .py file (magics and top-level await allowed)."""
     nb = _notebook([
-        _code(["%pip install torch\n", "import horovod\n"]),
-        _code(["def train():\n", "    return 1\n", "horovod.run(train, np=2)\n"]),
+        _code(["%pip install torch\n", "from sparkdl import HorovodRunner\n"]),
+        _code(["def train():\n", "    return 1\n", "HorovodRunner(np=2).run(train)\n"]),
         _code(["await asyncio.sleep(0)\n"]),
     ])
     path = tmp_path / "launch.ipynb"

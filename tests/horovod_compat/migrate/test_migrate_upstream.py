@@ -41,9 +41,6 @@ ALLOWED_TODOS = {
     # with Lightning 1, so they have no native stack to run on.
     "examples/pytorch/pytorch_lightning_mnist.py": {"validation_epoch_end", "on_epoch_end", "on_init_start",
                                                     "on_init_end"},
-    # horovod.run(main, ..., hosts=args.hosts): ranks on other hosts from inside a program have no
-    # native form (torchrun runs on each host); dropping `hosts` silently changed what it did.
-    "examples/pytorch/pytorch_mnist.py": {"horovod.run"},
 }
 
 
@@ -97,7 +94,10 @@ def test_pytorch_mnist_rewritten_trains_like_the_unchanged_script_on_the_shim(tm
     want = metrics(run_ranks(UPSTREAM / "examples/pytorch/pytorch_mnist.py", argv, env), prefixes)
     assert any(line.startswith("Test set") for line in want)
     assert_same_metrics(got, want)
-    # --num-proc 2: the script's own launcher path, horovod.run -> distributor.run_function.
+    # --num-proc 2: the script's own launcher path, horovod.run -> torch's elastic_launch, whose
+    # ranks print to the one stdout unprefixed: rank 0's lines are among them, and rank 1's
+    # "Train Epoch" lines beside (the "Test set" ones are rank 0's only)
+    import re
     import subprocess
     import sys
 
@@ -105,10 +105,29 @@ def test_pytorch_mnist_rewritten_trains_like_the_unchanged_script_on_the_shim(tm
                           env={**os.environ, **env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # the rewritten launch is distributor.run_function: the engine's own "[rank N] " prefix
-    rank0 = [line[len("[rank 0] "):] for line in proc.stdout.splitlines()
-             if line.startswith("[rank 0] ")]
-    assert_same_metrics(metrics(rank0, prefixes), want)
+    both = metrics(proc.stdout.splitlines(), prefixes)
+    test_lines = [line for line in want if line.startswith("Test set")]
+    assert_same_metrics([line for line in both if line.startswith("Test set")], test_lines)
+    # (a print's text and its newline are two writes: one rank's line may run into the other's)
+    train = re.findall(r"Train Epoch: \d+ \[\d+/\d+ \(\d+%\)\]\tLoss: \d+\.\d{6}", proc.stdout)
+    assert len(train) == 2 * (len(want) - len(test_lines)), (train, want)
+    for line in want:
+        if line.startswith("Train Epoch"):
+            assert any(_same(line, other) for other in train), (line, train)
+    # --hosts: horovod.run put ranks on those hosts; the native launch stops and says what to do
+    proc = subprocess.run([sys.executable, str(native), "--num-proc", "2", "--hosts", "a:1,b:1"] + argv,
+                          cwd=tmp_path, env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "hosts: run this script under torchrun on each host" in proc.stderr, proc.stderr
+    assert "Train Epoch" not in proc.stdout
+
+
+def _same(got: str, want: str) -> bool:
+    try:
+        assert_same_metrics([got], [want])
+    except AssertionError:
+        return False
+    return True
 
 
 BENCHMARK_ARGS = ["--model", "squeezenet1_1", "--batch-size", "2", "--num-warmup-batches", "1",

@@ -1,6 +1,7 @@
 import horovod
 import torch
-import distributor
+import functools
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 import atexit
 import os
 import torch.distributed as dist
@@ -16,9 +17,9 @@ def work(scale, offset=0):
 
 
 if __name__ == "__main__":
-    results = distributor.run_function(work, 10, num_processes=2, return_all=True, offset=1)
+    results = [value for _, value in sorted(elastic_launch(LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d", rdzv_endpoint="localhost:0", run_id="horovod_run", max_restarts=0), functools.update_wrapper(functools.partial(work, offset=1), work))(10).items())]
     print(results)
-    single = distributor.run_function(work, 3, num_processes=1, return_all=True)
+    single = [value for _, value in sorted(elastic_launch(LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, rdzv_backend="c10d", rdzv_endpoint="localhost:0", run_id="horovod_run", max_restarts=0), work)(3).items())]
     # TODO(horovod-compat): horovod.run: horovod.run(max_np, min_np=...) is elastic; launch the script with torchrun --nnodes=MIN:MAX --max-restarts=K instead (see the guide)
     elastic = horovod.run(work, args=(1,), np=2, min_np=1, max_np=4)
     print(torch.__version__)

@@ -3,7 +3,7 @@ import torch
 import atexit
 import os
 import torch.distributed as dist
-import distributor
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 
 def _native_broadcast_parameters(params, root_rank):
@@ -158,4 +158,4 @@ def shadowed(allreduce=None):
 
 
 if __name__ == "__main__":
-    distributor.run_function(main, num_processes=2, return_all=True)
+    elastic_launch(LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d", rdzv_endpoint="localhost:0", run_id="horovod_run", max_restarts=0), main)()
