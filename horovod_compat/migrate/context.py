@@ -33,10 +33,9 @@ IMPORT_FOR_NAME: Dict[str, str] = {
     "replicate": "from torch.distributed._composable import replicate",
     "functools": "import functools",
     "contextlib": "import contextlib",
-    # horovod-compat's own TorchDistributor (PySpark's API; no Horovod in it): unlike PySpark's,
-    # it needs no SparkSession for local_mode=True, which is what HorovodRunner(np=-N) becomes.
-    # Switching the import to pyspark.ml.torch.distributor later needs no other change.
-    "TorchDistributor": "from distributor import TorchDistributor",
+    # HorovodRunner -> PySpark's own TorchDistributor (it needs an active SparkSession, which a
+    # Databricks notebook has; this project's distributor.TorchDistributor, same API, does not)
+    "TorchDistributor": "from pyspark.ml.torch.distributor import TorchDistributor",
     # horovod.run(fn, ...) -> torch's own launcher, on this host
     "elastic_launch": "from torch.distributed.launcher.api import LaunchConfig, elastic_launch",
 }

@@ -116,9 +116,9 @@ _CANONICAL: Dict[str, Tuple[str, ...]] = {
     "contextlib": ("contextlib",),
     "replicate": ("torch.distributed._composable.replicate",),
     "elastic_launch": ("torch.distributed.launcher.api.elastic_launch",),
-    "TorchDistributor": ("distributor.TorchDistributor",
-                         "distributor.torch_distributor.TorchDistributor",
-                         "pyspark.ml.torch.distributor.TorchDistributor"),
+    "TorchDistributor": ("pyspark.ml.torch.distributor.TorchDistributor",
+                         "distributor.TorchDistributor",
+                         "distributor.torch_distributor.TorchDistributor"),
 }
 
 
@@ -212,7 +212,7 @@ def _other_frameworks(units: Sequence[Unit]) -> Optional[List[UnitResult]]:
     (``import horovod.tensorflow.keras as hvd``), when the input has one; else None.
 
     The rewriter migrates horovod.torch programs; in TensorFlow or Keras code its only rewrites
-    would be the launchers (HorovodRunner -> TorchDistributor, horovod.run -> run_function), which
+    would be the launchers (HorovodRunner -> TorchDistributor, horovod.run -> elastic_launch), which
     would bring torch into a program that does not use it and move it no closer to native."""
     results = [UnitResult(unit.source, [], unit.source) for unit in units]
     found = False

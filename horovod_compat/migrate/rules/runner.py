@@ -8,8 +8,10 @@
 * ``run(main, **kwargs)`` called ``main(**kwargs)``; ``TorchDistributor.run(main, *args)`` passes
   positional arguments only, so keyword arguments are bound with ``functools.partial``.
 * ``driver_log_verbosity`` only chose how much output the driver shows; it is dropped.
-* ``TorchDistributor`` is imported from ``distributor`` (shipped with horovod-compat, PySpark's
-  API), which needs no SparkSession for ``local_mode=True``; see ``IMPORT_FOR_NAME``.
+* ``TorchDistributor`` is PySpark's own (``pyspark.ml.torch.distributor``): the migrated notebook
+  needs nothing from this project. It needs an active SparkSession, which a Databricks notebook
+  has (HorovodRunner ran there); this project's ``distributor.TorchDistributor`` has the same API
+  and runs ``local_mode=True`` without one, and an import of either is kept as it is.
 
 ``horovod.run(fn, args=(...), kwargs={...}, np=N, ...)`` (Horovod's in-process launcher, which
 returned every rank's value in rank order) becomes torch's own launcher on this host,

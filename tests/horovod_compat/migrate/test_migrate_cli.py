@@ -270,10 +270,10 @@ def test_from_import_of_another_torch_distributor_is_left_to_it(tmp_path):
               "def train(lr):\n    return lr\nHorovodRunner(np=2).run(train, lr=0.1)\n")
     script.write_text(source)
     status, _, err = run(script)
-    assert status == 1, err  # native but for `from distributor import ...`: not native
+    assert status == 0, err
     text = script.read_text()
     assert "from mylib.launch import TorchDistributor\n" in text
-    assert "from distributor import TorchDistributor as TorchDistributor_\n" in text
+    assert "from pyspark.ml.torch.distributor import TorchDistributor as TorchDistributor_\n" in text
     assert "TorchDistributor_(" in text and "sparkdl" not in text
 
 
@@ -335,7 +335,7 @@ def test_in_place_keeps_the_original_beside_the_file(tmp_path):
 def test_many_files_end_with_a_table_of_what_is_native(tmp_path):
     (tmp_path / "a.py").write_text(HVD_SCRIPT)
     (tmp_path / "b.py").write_text(FLAGGED_SCRIPT)
-    (tmp_path / "c.py").write_text("from sparkdl import HorovodRunner\nHorovodRunner(np=2).run(print)\n")
+    (tmp_path / "c.py").write_text("import distributor\ndistributor.run_function(print, num_processes=2)\n")
     (tmp_path / "d.py").write_text("import horovod\nhorovod.run(print, np=2)\n")  # -> torch's launcher
     status, _, err = run("-o", tmp_path / "out", tmp_path)
     assert status == 1
@@ -350,8 +350,8 @@ def test_many_files_end_with_a_table_of_what_is_native(tmp_path):
 def test_a_notebook_that_imports_this_project_is_not_native(tmp_path):
     """Its cells are checked for imports like a .py file (magics and top-level await allowed)."""
     nb = _notebook([
-        _code(["%pip install torch\n", "from sparkdl import HorovodRunner\n"]),
-        _code(["def train():\n", "    return 1\n", "HorovodRunner(np=2).run(train)\n"]),
+        _code(["%pip install torch\n", "from distributor import TorchDistributor\n"]),
+        _code(["def train():\n", "    return 1\n", "TorchDistributor(num_processes=2).run(train)\n"]),
         _code(["await asyncio.sleep(0)\n"]),
     ])
     path = tmp_path / "launch.ipynb"

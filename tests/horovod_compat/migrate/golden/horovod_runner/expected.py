@@ -1,7 +1,7 @@
 from sparkdl import HorovodRunner
 import torch
 import functools
-from distributor import TorchDistributor
+from pyspark.ml.torch.distributor import TorchDistributor
 
 params = {"lr": 0.1}
 np_workers = 4
