@@ -24,6 +24,7 @@ FAMILIES = (HVD, RUNNER, HOROVOD)
 #: The import statement that binds each name a rewrite may need.
 IMPORT_FOR_NAME: Dict[str, str] = {
     "atexit": "import atexit",
+    "gc": "import gc",
     "os": "import os",
     "torch": "import torch",
     "dist": "import torch.distributed as dist",

@@ -107,6 +107,7 @@ def _module_level_families(module: cst.Module, shared: SharedState) -> Set[str]:
 #: first is what the rewrite imports). Either TorchDistributor will do: they have one API.
 _CANONICAL: Dict[str, Tuple[str, ...]] = {
     "atexit": ("atexit",),
+    "gc": ("gc",),
     "os": ("os",),
     "torch": ("torch",),
     "dist": ("torch.distributed",),

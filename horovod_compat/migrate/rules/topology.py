@@ -39,10 +39,19 @@ _EXPRESSIONS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
 # hvd.init() also left the job at interpreter exit; without it a gloo/NCCL thread can abort the
 # process during Python's finalization after the script succeeded. Guarded: the script may have
 # destroyed the group itself (hvd.shutdown()), and a second destroy raises at exit.
+#: A group that something still references outlives destroy_process_group(): its gloo threads
+#: outlive the interpreter and may abort the exit (troubleshooting.md). torch.distributed.nn,
+#: imported after the group exists (torch._dynamo imports it at the first optimizer), keeps it in
+#: its default arguments: imported first, they stay None. (It is bound as `dist_nn`: a plain
+#: `import torch.distributed.nn` would make `torch` a local name of the function around it.) A
+#: module made data-parallel in place (replicate) that the program dropped still holds the group
+#: until the garbage collector runs: gc.collect, registered last, runs first at exit.
 _INIT = """\
 if not dist.is_initialized():
+    import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
 """
 _SET_DEVICE = """\
 if torch.cuda.is_available():
@@ -91,10 +100,10 @@ def rewrite_init(call: cst.Call, ctx: RewriteContext, pin_device: bool = True) -
             ctx.need_helper("_NativeProcessSet")
             kept = _statements(f"for _process_set in {code_of(sets)}:\n    _process_set.register()\n") + kept
     if not pin_device:  # the script pins its device itself, right after hvd.init()
-        ctx.need(HVD, "dist", "torch", "atexit")
+        ctx.need(HVD, "dist", "torch", "atexit", "gc")
         return Rewritten(_statements(_INIT) + kept,
                          "-> dist.init_process_group(nccl on CUDA else gloo)" + _kept_note("init", kept))
-    ctx.need(HVD, "dist", "torch", "os", "atexit")
+    ctx.need(HVD, "dist", "torch", "os", "atexit", "gc")
     return Rewritten(
         _statements(_INIT, _SET_DEVICE) + kept,
         "-> dist.init_process_group(nccl on CUDA else gloo) + torch.cuda.set_device(LOCAL_RANK)"

@@ -4,6 +4,9 @@ their native replacements while Horovod calls remain)."""
 from __future__ import annotations
 
 import ast
+import os
+import re
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -309,3 +312,62 @@ def test_an_argument_written_over_several_lines_is_kept_whole(monkeypatch):
         torch_api.available.cache_clear()
     ast.parse(result.source, feature_version=(3, 9))
     assert "named_parameters=\n            (self.network.\n            named_parameters()))" in result.source
+
+
+EXIT_PROGRAM = textwrap.dedent('''\
+    import atexit
+    import os
+
+    import torch
+    import horovod.torch as hvd
+
+
+    def gloo_threads_left():
+        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+        print(f"EXIT rank={os.environ['RANK']} gloo_threads={sum('gloo' in n for n in names)}", flush=True)
+
+
+    atexit.register(gloo_threads_left)  # registered first: runs after every other exit handler
+
+
+    class Trainer:
+        def __init__(self):
+            self.model = torch.nn.Linear(4, 1)
+            self.optimizer = hvd.DistributedOptimizer(torch.optim.SGD(self.model.parameters(), lr=0.1),
+                                                      named_parameters=self.model.named_parameters())
+
+        def step(self):
+            self.optimizer.zero_grad()
+            self.model(torch.ones(2, 4)).sum().backward()
+            self.optimizer.step()
+
+
+    def main():
+        hvd.init()
+        trainer = Trainer()
+        for _ in range(2):
+            trainer.step()
+        print("gathered", tuple(hvd.allgather(trainer.model.weight.detach()).shape), flush=True)
+
+
+    if __name__ == "__main__":
+        main()
+    ''')
+
+
+def test_a_migrated_program_ends_its_gloo_threads_before_the_interpreter_exits(tmp_path):
+    """A gloo thread alive while Python finalizes may abort the exit after the work is done
+    (troubleshooting.md; a migrated trainer did, 1 run in 20 under torchrun). The native init
+    imports torch.distributed.nn before the group exists and collects garbage at exit, so that
+    destroy_process_group() frees the group: run under real torchrun (a fresh interpreter per
+    rank, as users run it), every rank ends with no gloo thread left. Without those two lines
+    this trainer (replicate in place, an allgather) ends with 3 per rank."""
+    native = tmp_path / "native.py"
+    native.write_text(migrate_source(EXIT_PROGRAM, "trainer.py").source)
+    assert "replicate(self.model" in native.read_text()
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(native)], cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(re.findall(r"EXIT rank=\d gloo_threads=\d+", done.stdout)) == [
+        "EXIT rank=0 gloo_threads=0", "EXIT rank=1 gloo_threads=0"], done.stdout

@@ -1,6 +1,7 @@
 """Rows per rank differ: predictions of an evaluation loop, gathered for a metric."""
 import torch
 import atexit
+import gc
 import os
 import torch.distributed as dist
 
@@ -48,8 +49,10 @@ def _native_allgather(tensor, process_set=None):
     return gather(tensor.detach())[0]
 
 if not dist.is_initialized():
+    import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
 if torch.cuda.is_available():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 preds = torch.arange(dist.get_rank() + 2, dtype=torch.float32)

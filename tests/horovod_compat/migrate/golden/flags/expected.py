@@ -3,13 +3,16 @@ import os
 import torch
 import horovod.torch as hvd
 import atexit
+import gc
 import torch.distributed as dist
 
 # TODO(horovod-compat): HOROVOD_TIMELINE: has no effect without Horovod; record with torch.profiler instead (see the guide)
 os.environ["HOROVOD_TIMELINE"] = "/dbfs/ml/timeline.json"
 if not dist.is_initialized():
+    import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
 if torch.cuda.is_available():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 hvd.init()

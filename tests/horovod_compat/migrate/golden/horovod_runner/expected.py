@@ -9,11 +9,14 @@ np_workers = 4
 
 def train(lr=0.01, epochs=1):
     import atexit
+    import gc
     import os
     import torch.distributed as dist
     if not dist.is_initialized():
+        import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+        atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     return dist.get_rank()

@@ -2,6 +2,7 @@
 import torch
 
 import atexit
+import gc
 import os
 import torch.distributed as dist
 
@@ -108,8 +109,10 @@ def _native_allreduce(tensor, op="average", inplace=False, **options):
 
 def main():
     if not dist.is_initialized():
+        import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+        atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     total = _native_allreduce(torch.ones(1), "sum")

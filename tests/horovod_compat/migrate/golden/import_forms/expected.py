@@ -1,6 +1,7 @@
 """Horovod imported name by name and by submodule, as real projects do."""
 import torch
 import atexit
+import gc
 import os
 import torch.distributed as dist
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -139,8 +140,10 @@ def _native_broadcast_object(obj, root_rank=0, process_set=None):
 
 def main():
     if not dist.is_initialized():
+        import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+        atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     model = torch.nn.Linear(2, 1)

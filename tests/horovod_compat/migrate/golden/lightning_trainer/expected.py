@@ -1,6 +1,7 @@
 import pytorch_lightning as pl
 import torch
 import atexit
+import gc
 import os
 import torch.distributed as dist
 
@@ -29,8 +30,10 @@ class Printer(pl.Callback):
 
 def fit(use_gpu):
     if not dist.is_initialized():
+        import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+        atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     trainer = pl.Trainer(strategy="ddp", accelerator="gpu" if (1 if use_gpu else 0) else "cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), num_nodes=int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")), max_epochs=2, callbacks=[Printer()])

@@ -5,6 +5,7 @@ import torch.nn.functional as F
 import torch.optim as optim
 import torch.utils.data.distributed
 import atexit
+import gc
 import os
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -189,8 +190,10 @@ def test():
 if __name__ == '__main__':
     args = parser.parse_args()
     if not dist.is_initialized():
+        import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+        atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
     torch.manual_seed(args.seed)
     if args.cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

@@ -2,6 +2,7 @@
 no DDP wrap can be proven; the optimizer averages the gradients itself (gradient hooks)."""
 import torch
 import atexit
+import gc
 import os
 import torch.distributed as dist
 
@@ -240,8 +241,10 @@ class Trainer:
 
 def main():
     if not dist.is_initialized():
+        import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+        atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     torch.manual_seed(0)

@@ -1,13 +1,16 @@
 import torch
 import atexit
+import gc
 import os
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 if not dist.is_initialized():
+    import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
 if torch.cuda.is_available():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 dataset = TensorDataset(torch.arange(100.0))

@@ -2,6 +2,7 @@
 collectives.py)."""
 import torch
 import atexit
+import gc
 import os
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -375,8 +376,10 @@ def make_optimizer(model, compression, op="average"):
 def main(fp16=False):
     print("horovod", torch.__version__)
     if not dist.is_initialized():
+        import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+        atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     compression = default_hooks.fp16_compress_hook if fp16 else None
