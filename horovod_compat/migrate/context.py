@@ -86,6 +86,10 @@ class SharedState:
     #: native values (rules/constants.py), async handles, process sets and join are rewritten.
     #: Off in the second pass when Horovod uses remain: those calls need Horovod's own objects.
     all_native: bool = True
+    #: Every name the input uses (a name the rewrite introduces, such as a loop variable, avoids them).
+    names: Set[str] = dataclasses.field(default_factory=set)
+    #: The input calls hvd.join(): its reductions must tell joined ranks to take part.
+    calls_join: bool = False
 
     def aliases(self, family: str) -> Set[str]:
         """The local names an import of `family` binds."""
@@ -170,3 +174,26 @@ def positional_args(call: cst.Call) -> List[cst.Arg]:
 def has_star_args(call: cst.Call) -> bool:
     """True when `call` uses ``*args`` or ``**kwargs`` (its arguments cannot be read statically)."""
     return any(a.star != "" for a in call.args)
+
+
+def all_names(module: cst.Module) -> List[cst.Name]:
+    """Every Name node of `module`."""
+    class Collect(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.names: List[cst.Name] = []
+
+        def visit_Name(self, node: cst.Name) -> None:
+            self.names.append(node)
+
+    collector = Collect()
+    module.visit(collector)
+    return collector.names
+
+
+def free_name(base: str, taken: Set[str]) -> str:
+    """`base`, or `base_2`, `base_3`, ... : the first not in `taken` (which it joins)."""
+    name, i = base, 2
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name

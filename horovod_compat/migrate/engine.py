@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, ScopeProvider
 
 from horovod_compat.migrate import renaming, syntax
-from horovod_compat.migrate.context import FAMILIES, HVD, RewriteContext, SharedState
+from horovod_compat.migrate.context import FAMILIES, HVD, RewriteContext, SharedState, all_names
 from horovod_compat.migrate.report import Finding, Kind
 from horovod_compat.migrate.rules import import_forms, lightning
 from horovod_compat.migrate.rules.imports import (
@@ -260,6 +261,9 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
     for module in modules:
         module.visit(RunnerVarScan(shared.runner_names, shared.runner_vars))
     shared.lightning = any(lightning.uses_lightning(unit.source) for unit in units)
+    shared.names = {name.value for module in modules for name in all_names(module)}
+    shared.calls_join = any(re.search(rf"\b{re.escape(alias)}\.join\(", unit.source)
+                            for alias in shared.hvd_aliases for unit in units)
 
     rewritten: List[cst.Module] = []
     contexts: List[RewriteContext] = []

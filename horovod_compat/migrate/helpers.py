@@ -111,6 +111,21 @@ def _native_allreduce(tensor, op="average", inplace=False, **options):
         return out * options.get("postscale_factor", 1.0)
     return _native_allreduce_async(tensor, op, inplace, **options).wait()
 ''',
+    # hvd.allreduce(tensor) as metrics use it (average, nothing else): what _native_allreduce does
+    # for that case, in a few lines.
+    "_native_average": '''
+def _native_average(tensor):
+    """hvd.allreduce(tensor): the average over all ranks, in a new tensor (differentiable, as
+    Horovod's; integer tensors truncate, as Horovod's did)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.nn.functional as dist_nn
+
+    total = dist_nn.all_reduce(tensor)
+    if total.is_floating_point() or total.is_complex():
+        return total / dist.get_world_size()
+    return torch.div(total, dist.get_world_size(), rounding_mode="trunc")
+''',
     "_native_broadcast": '''
 def _native_broadcast(tensor, root_rank, inplace=False, process_set=None):
     """hvd.broadcast on torch.distributed: root_rank's values, in a new tensor (or in place).
@@ -148,14 +163,9 @@ def _native_broadcast_parameters(params, root_rank):
 ''',
     "_native_broadcast_optimizer_state": '''
 def _native_broadcast_optimizer_state(optimizer, root_rank):
-    """hvd.broadcast_optimizer_state on torch.distributed, with Horovod's exact behaviour.
-
-    Like Horovod, an optimizer with no state yet first takes one step on zero gradients to
-    create its state (this advances e.g. Adam's step counter; the weights are put back after it,
-    so weight decay does not move them, as on horovod-compat); then root_rank's state and
-    options (lr, momentum, ...) are loaded on every rank.  On a fresh optimizer under DDP the
-    call is not needed at all; removing it changes the trajectory slightly for stateful optimizers.
-    """
+    """hvd.broadcast_optimizer_state: root_rank's state and options (lr, ...) on every rank. A
+    fresh optimizer first steps once on zero gradients to make its state, as Horovod's did (Adam
+    counts that step; the weights are put back). migration_guide/differences.md."""
     import contextlib
 
     import torch
@@ -163,23 +173,18 @@ def _native_broadcast_optimizer_state(optimizer, root_rank):
 
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    state_dict = optimizer.state_dict()
-    if len(state_dict["state"]) == 0:
-        saved = [(p, p.detach().clone()) for group in optimizer.param_groups
-                 for p in group["params"] if p.requires_grad]
+    if not optimizer.state_dict()["state"]:
+        saved = [(p, p.detach().clone()) for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         for p, _ in saved:
             p.grad = torch.zeros_like(p)
-        # a distributed optimizer steps without reducing: the other ranks may already have state
-        skip = getattr(optimizer, "skip_synchronize", contextlib.nullcontext)
-        with skip():
+        with getattr(optimizer, "skip_synchronize", contextlib.nullcontext)():  # (the fallback optimizer's)
             optimizer.step()
         with torch.no_grad():
             for p, value in saved:
                 p.copy_(value)
-        state_dict = optimizer.state_dict()
-    box = [state_dict]
-    dist.broadcast_object_list(box, src=root_rank)
-    optimizer.load_state_dict(box[0])
+    state = [optimizer.state_dict()]
+    dist.broadcast_object_list(state, src=root_rank)
+    optimizer.load_state_dict(state[0])
 ''',
     "_native_broadcast_object": '''
 def _native_broadcast_object(obj, root_rank=0, process_set=None):

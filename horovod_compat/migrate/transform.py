@@ -28,7 +28,7 @@ CALL_RULES: Dict[str, CallRule] = {
     **state_sync.CALLS,
     **elastic.CALLS,
 }
-STATEMENT_RULES = topology.STATEMENTS
+STATEMENT_RULES = {**topology.STATEMENTS, **state_sync.STATEMENTS}
 
 _COMPOUND = (
     cst.If, cst.For, cst.While, cst.With, cst.Try, cst.FunctionDef, cst.ClassDef, cst.ExceptHandler,

@@ -100,8 +100,13 @@ def rewrite_allreduce(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome
     op = _reduce_op(call, ctx)
     if isinstance(op, Flagged):
         return op
-    ctx.need_helper("_native_allreduce")
     inplace = name.endswith("_")
+    if op == '"average"' and not (options or is_async or inplace or ctx.shared.calls_join):
+        # (hvd.join() programs keep the full helper: its reductions tell joined ranks to take part)
+        ctx.need_helper("_native_average")
+        return Rewritten(cst.parse_expression(f"_native_average({code_of(pos[0].value)})"),
+                         "-> the average over all ranks into a new tensor (integers truncate)")
+    ctx.need_helper("_native_allreduce")
     if inplace:
         options.append("inplace=True")
     func = "_native_allreduce_async" if is_async else "_native_allreduce"

@@ -41,6 +41,8 @@ from horovod_compat.migrate import torch_api
 from horovod_compat.migrate.context import (
     HVD,
     RewriteContext,
+    all_names,
+    free_name,
     Rewritten,
     code_of,
     has_star_args,
@@ -260,14 +262,6 @@ def _references(scope: Scope, name: str) -> Tuple[list, list]:
     return list(accesses.values()), assignments
 
 
-def _unique_name(base: str, taken: Set[str]) -> str:
-    name, i = base, 2
-    while name in taken:
-        name, i = f"{base}_{i}", i + 1
-    taken.add(name)
-    return name
-
-
 def _mentions(stmt: cst.CSTNode, model: str) -> bool:
     text = code_of(stmt)
     return bool(re.search(rf"\b({re.escape(model)}|rank|get_rank|local_rank)\b", text))
@@ -394,7 +388,7 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
         facts.module_code)
     if unproven:
         return unproven
-    if _calls_join(facts, ctx):
+    if ctx.shared.calls_join:
         return ("the program calls hvd.join(): its joined ranks stand in for the native optimizer's "
                 "reductions (DDP would need its Join context manager around the training loop)")
     touched = _reads_gradients(facts.module_code)
@@ -412,7 +406,7 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
         accumulation = plan_accumulation(passes, target.value, forward_calls, facts.parents)
         if isinstance(accumulation, str):
             return accumulation
-    ddp_name = _unique_name(ddp_name, facts.names_in_module)
+    ddp_name = free_name(ddp_name, facts.names_in_module)
     renames = {node: ddp_name for node in renames}
     if accumulation is not None:
         plan.accumulate[accumulation.loop] = (accumulation, ddp_name)
@@ -486,10 +480,6 @@ def _state_made_before(name: str, stmt: cst.CSTNode, facts: _Facts) -> bool:
                      r"(?:load_state_dict|step)\(", before) is not None
 
 
-def _calls_join(facts: _Facts, ctx: RewriteContext) -> bool:
-    return any(re.search(rf"\b{re.escape(alias)}\.join\(", facts.module_code) for alias in ctx.hvd_aliases)
-
-
 def _reads_gradients(code: str) -> Optional[str]:
     """The first gradient read/clip in the module (``p.grad``, ``clip_grad_norm_``), if any."""
     match = _GRAD_READ.search(code)
@@ -535,7 +525,7 @@ def plan_optimizers(
     finder = _FindOptimizers(ctx.hvd_aliases)
     module.visit(finder)
     plan = OptimizerPlan()
-    names = {n.value for n in _all_names(module)}
+    names = {n.value for n in all_names(module)}
     facts = _Facts(positions, scopes, parents, names, names_elsewhere, module.code)
     replicated: Set[str] = set()
     for call in finder.calls:
@@ -564,7 +554,7 @@ def _plan_in_place(call: cst.Call, facts: _Facts, ctx: RewriteContext, plan: Opt
     options = _check_options(call, ctx, facts)
     if options.error:
         return options.error
-    if _calls_join(facts, ctx):
+    if ctx.shared.calls_join:
         return "the program calls hvd.join() (DDP would need its Join context manager)"
     uses = _optimizer_uses_by_text(call, facts)
     if isinstance(uses, str):
@@ -633,16 +623,3 @@ def _optimizer_uses_by_text(call: cst.Call, facts: _Facts) -> Union["OptimizerPl
         else:
             return f"`{receiver}.{node.func.attr.value}()` at line {line} is used in a way the rewriter cannot drop"
     return found
-
-
-def _all_names(module: cst.Module) -> List[cst.Name]:
-    class Collect(cst.CSTVisitor):
-        def __init__(self) -> None:
-            self.names: List[cst.Name] = []
-
-        def visit_Name(self, node: cst.Name) -> None:
-            self.names.append(node)
-
-    collector = Collect()
-    module.visit(collector)
-    return collector.names

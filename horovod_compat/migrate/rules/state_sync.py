@@ -2,8 +2,11 @@
 
 When DistributedDataParallel wraps the same model right next to a ``broadcast_parameters`` of
 that model from rank 0, the call is redundant (DDP broadcasts parameters and buffers from rank 0
-when it is constructed) and optimizer.py removes it.  Everywhere else the call becomes a helper
-that does exactly what Horovod did.
+when it is constructed) and optimizer.py removes it.  A statement
+``hvd.broadcast_parameters(M.state_dict(), root_rank=r)`` (the form Horovod's docs use) becomes
+the two lines a person would write, a ``dist.broadcast`` of each tensor of the state_dict (its
+tensors share storage with the module's); everywhere else the call becomes a helper that does
+exactly what Horovod did with any params (a dict in sorted key order, pairs, tensors).
 """
 from __future__ import annotations
 
@@ -12,11 +15,13 @@ from typing import Callable, Dict, Optional, Tuple
 import libcst as cst
 
 from horovod_compat.migrate.context import (
+    HVD,
     Flagged,
     Outcome,
     RewriteContext,
     Rewritten,
     code_of,
+    free_name,
     has_star_args,
     keyword_args,
     positional_args,
@@ -46,6 +51,24 @@ def rewrite_broadcast_parameters(name: str, call: cst.Call, ctx: RewriteContext)
     return Rewritten(cst.parse_expression(text), "-> dist.broadcast of every tensor from root_rank")
 
 
+def broadcast_parameters_statement(call: cst.Call, ctx: RewriteContext) -> Outcome:
+    """A statement ``hvd.broadcast_parameters(M.state_dict(), root_rank=r)`` -> a loop of
+    ``dist.broadcast`` over the state_dict's tensors; any other as a statement of the helper."""
+    args = split_args(call)
+    target = args[0] if args is not None else None
+    if (isinstance(target, cst.Call) and not target.args and isinstance(target.func, cst.Attribute)
+            and target.func.attr.value == "state_dict"):
+        ctx.need(HVD, "dist")
+        tensor = free_name("tensor", set(ctx.shared.names))  # (a name of the input is not reused)
+        text = (f"for {tensor} in {code_of(target).strip()}.values():  # hvd.broadcast_parameters\n"
+                f"    dist.broadcast({tensor}, src={code_of(args[1]).strip()})\n")
+        return Rewritten([cst.parse_statement(text)], "-> dist.broadcast of each tensor of the state_dict")
+    outcome = rewrite_broadcast_parameters("broadcast_parameters", call, ctx)
+    if isinstance(outcome, Rewritten):
+        outcome.node = [cst.SimpleStatementLine([cst.Expr(outcome.node)])]
+    return outcome
+
+
 def rewrite_broadcast_optimizer_state(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
     """``hvd.broadcast_optimizer_state(opt, root_rank=r)`` -> helper keeping Horovod's behaviour."""
     args = split_args(call)
@@ -64,4 +87,9 @@ def rewrite_broadcast_optimizer_state(name: str, call: cst.Call, ctx: RewriteCon
 CALLS: Dict[str, Callable[[str, cst.Call, RewriteContext], Outcome]] = {
     "broadcast_parameters": rewrite_broadcast_parameters,
     "broadcast_optimizer_state": rewrite_broadcast_optimizer_state,
+}
+
+#: Rewrites of a call that is a statement of its own (transform.py's STATEMENT_RULES).
+STATEMENTS: Dict[str, Callable[[cst.Call, RewriteContext], Outcome]] = {
+    "broadcast_parameters": broadcast_parameters_statement,
 }

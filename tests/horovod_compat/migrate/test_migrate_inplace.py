@@ -221,7 +221,8 @@ def test_the_ddp_wrap_syncs_buffers_once_on_every_torch(torch_offers):
     torch_offers("replicate", "replicate.register_comm_hook")
     old = migrate(body).source
     assert "ddp_model = DDP(model, broadcast_buffers=False)" in old and "forward_sync_buffers" not in old
-    assert "_native_broadcast_parameters(model.state_dict(), root_rank=0)" in old
+    assert "for tensor in model.state_dict().values():  # hvd.broadcast_parameters\n" \
+           "        dist.broadcast(tensor, src=0)\n" in old
 
 
 def test_named_parameters_written_over_several_lines_does_not_stop_the_tool(torch_offers):

@@ -2,6 +2,19 @@ import torch
 import horovod.torch as hvd
 
 
+def _native_average(tensor):
+    """hvd.allreduce(tensor): the average over all ranks, in a new tensor (differentiable, as
+    Horovod's; integer tensors truncate, as Horovod's did)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.nn.functional as dist_nn
+
+    total = dist_nn.all_reduce(tensor)
+    if total.is_floating_point() or total.is_complex():
+        return total / dist.get_world_size()
+    return torch.div(total, dist.get_world_size(), rounding_mode="trunc")
+
+
 def _native_wire_dtype(compression):
     """The dtype Horovod's compression sent tensors in: None (no compression), or float16 for
     hvd.Compression.fp16, which became DDP's default_hooks.fp16_compress_hook (bf16 likewise)."""
@@ -104,7 +117,7 @@ def _native_allreduce(tensor, op="average", inplace=False, **options):
 
 def metric_average(val, name):
     tensor = torch.tensor(val)
-    avg_tensor = _native_allreduce(tensor, "average")
+    avg_tensor = _native_average(tensor)
     return avg_tensor.item()
 
 

@@ -5,36 +5,10 @@ import os
 import torch.distributed as dist
 
 
-def _native_broadcast_parameters(params, root_rank):
-    """hvd.broadcast_parameters on torch.distributed: copy root_rank's tensors to every rank.
-
-    Accepts what Horovod accepted: a state_dict (broadcast in sorted key order), or a list of
-    (name, tensor) pairs or of tensors.
-    """
-    import torch
-    import torch.distributed as dist
-
-    if isinstance(params, dict):
-        tensors = [t for _, t in sorted(params.items())]
-    elif isinstance(params, list):
-        tensors = [p[1] if isinstance(p, tuple) else p for p in params]
-    else:
-        raise ValueError("invalid params of type: %s" % type(params))
-    with torch.no_grad():
-        for t in tensors:
-            if isinstance(t, torch.Tensor):
-                dist.broadcast(t.data, src=root_rank)
-
-
 def _native_broadcast_optimizer_state(optimizer, root_rank):
-    """hvd.broadcast_optimizer_state on torch.distributed, with Horovod's exact behaviour.
-
-    Like Horovod, an optimizer with no state yet first takes one step on zero gradients to
-    create its state (this advances e.g. Adam's step counter; the weights are put back after it,
-    so weight decay does not move them, as on horovod-compat); then root_rank's state and
-    options (lr, momentum, ...) are loaded on every rank.  On a fresh optimizer under DDP the
-    call is not needed at all; removing it changes the trajectory slightly for stateful optimizers.
-    """
+    """hvd.broadcast_optimizer_state: root_rank's state and options (lr, ...) on every rank. A
+    fresh optimizer first steps once on zero gradients to make its state, as Horovod's did (Adam
+    counts that step; the weights are put back). migration_guide/differences.md."""
     import contextlib
 
     import torch
@@ -42,23 +16,18 @@ def _native_broadcast_optimizer_state(optimizer, root_rank):
 
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    state_dict = optimizer.state_dict()
-    if len(state_dict["state"]) == 0:
-        saved = [(p, p.detach().clone()) for group in optimizer.param_groups
-                 for p in group["params"] if p.requires_grad]
+    if not optimizer.state_dict()["state"]:
+        saved = [(p, p.detach().clone()) for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         for p, _ in saved:
             p.grad = torch.zeros_like(p)
-        # a distributed optimizer steps without reducing: the other ranks may already have state
-        skip = getattr(optimizer, "skip_synchronize", contextlib.nullcontext)
-        with skip():
+        with getattr(optimizer, "skip_synchronize", contextlib.nullcontext)():  # (the fallback optimizer's)
             optimizer.step()
         with torch.no_grad():
             for p, value in saved:
                 p.copy_(value)
-        state_dict = optimizer.state_dict()
-    box = [state_dict]
-    dist.broadcast_object_list(box, src=root_rank)
-    optimizer.load_state_dict(box[0])
+    state = [optimizer.state_dict()]
+    dist.broadcast_object_list(state, src=root_rank)
+    optimizer.load_state_dict(state[0])
 
 
 def _native_broadcast_object(obj, root_rank=0, process_set=None):
@@ -105,7 +74,8 @@ optimizer = torch.optim.Adam(model.parameters())
 if dist.get_rank() == 0:
     model.load_state_dict(torch.load("/tmp/ckpt.pt"))
 # Only rank 0 loaded the checkpoint: these broadcasts must stay.
-_native_broadcast_parameters(model.state_dict(), root_rank=0)
+for tensor in model.state_dict().values():  # hvd.broadcast_parameters
+    dist.broadcast(tensor, src=0)
 _native_broadcast_optimizer_state(optimizer, root_rank=0)
 start_epoch = _native_broadcast_object(7, 0)
 everyone = _native_allgather_object({"rank": dist.get_rank()})

@@ -179,27 +179,6 @@ def _native_distributed_optimizer(optimizer, named_parameters=None, compression=
     return DistributedOptimizer()
 
 
-def _native_broadcast_parameters(params, root_rank):
-    """hvd.broadcast_parameters on torch.distributed: copy root_rank's tensors to every rank.
-
-    Accepts what Horovod accepted: a state_dict (broadcast in sorted key order), or a list of
-    (name, tensor) pairs or of tensors.
-    """
-    import torch
-    import torch.distributed as dist
-
-    if isinstance(params, dict):
-        tensors = [t for _, t in sorted(params.items())]
-    elif isinstance(params, list):
-        tensors = [p[1] if isinstance(p, tuple) else p for p in params]
-    else:
-        raise ValueError("invalid params of type: %s" % type(params))
-    with torch.no_grad():
-        for t in tensors:
-            if isinstance(t, torch.Tensor):
-                dist.broadcast(t.data, src=root_rank)
-
-
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -249,7 +228,8 @@ def main():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     torch.manual_seed(0)
     model = Net()
-    _native_broadcast_parameters(model.state_dict(), root_rank=0)
+    for tensor in model.state_dict().values():  # hvd.broadcast_parameters
+        dist.broadcast(tensor, src=0)
     trainer = Trainer(model, lr=0.05, passes=2, fp16=False)
     g = torch.Generator().manual_seed(100 + dist.get_rank())
     for step in range(6):
