@@ -258,17 +258,8 @@ def plan(call: cst.Call, facts: "_Facts", ctx: RewriteContext, options: "_Option
     lines = list(first)
     for model in found:
         lines.append(f"replicate({model}, find_unused_parameters=True)  {_COMMENT}\n")
-        if options.hook_name is not None:
-            lines.append(f"if {options.hook_name} is not None:\n"
-                         f"    {model}.register_comm_hook(None, {options.hook_name})\n")
-        elif options.fp16 == "True":
-            lines.append(f"{model}.register_comm_hook(None, default_hooks.fp16_compress_hook)\n")
-        elif options.fp16 != "False":
-            lines.append(f"if {options.fp16}:\n"
-                         f"    {model}.register_comm_hook(None, default_hooks.fp16_compress_hook)\n")
+        lines += options.comm_hook_lines(model, ctx)
     ctx.need(HVD, "replicate")
-    if options.fp16 != "False" or any("fp16" in v for v in options.constants.values()):
-        ctx.need(HVD, "default_hooks")
     names = ", ".join(f"`{m}`" for m in found)
     note = (f"-> replicate({', '.join(found)}) before this line, and the optimizer itself: every call of "
             f"{names} averages its gradients in backward() (DDP in place); find_unused_parameters=True, "

@@ -130,6 +130,19 @@ class _Options:
     #: Horovod constants bound to names, replaced in place by their native values.
     constants: Dict[cst.Attribute, str] = dataclasses.field(default_factory=dict)
 
+    def comm_hook_lines(self, module: str, ctx: RewriteContext) -> List[str]:
+        """The lines that register the compression's comm hook on `module` (a DDP wrapper or a
+        replicated module), when one is chosen."""
+        if self.fp16 != "False" or any("fp16" in v for v in self.constants.values()):
+            ctx.need(HVD, "default_hooks")
+        if self.hook_name is not None:
+            return [f"if {self.hook_name} is not None:\n    {module}.register_comm_hook(None, {self.hook_name})\n"]
+        if self.fp16 == "True":
+            return [f"{module}.register_comm_hook(None, default_hooks.fp16_compress_hook)\n"]
+        if self.fp16 != "False":
+            return [f"if {self.fp16}:\n    {module}.register_comm_hook(None, default_hooks.fp16_compress_hook)\n"]
+        return []
+
 
 #: The constants DDP can take, with their native values (rules/constants.py).
 _COMPRESSION = {c: constants.NATIVE_VALUES[c] for c in ("Compression.none", "Compression.fp16")}
@@ -431,16 +444,7 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     buffers = "forward_sync_buffers=False" if sync_once else "broadcast_buffers=False"
     lines.append(f"{ddp_name} = DDP({model}, {buffers})\n")
     ctx.need(HVD, "DDP")
-    if options.hook_name is not None:
-        lines.append(f"if {options.hook_name} is not None:\n"
-                     f"    {ddp_name}.register_comm_hook(None, {options.hook_name})\n")
-    elif options.fp16 == "True":
-        lines.append(f"{ddp_name}.register_comm_hook(None, default_hooks.fp16_compress_hook)\n")
-    elif options.fp16 != "False":
-        lines.append(f"if {options.fp16}:\n"
-                     f"    {ddp_name}.register_comm_hook(None, default_hooks.fp16_compress_hook)\n")
-    if options.fp16 != "False" or any("fp16" in v for v in options.constants.values()):
-        ctx.need(HVD, "default_hooks")
+    lines += options.comm_hook_lines(ddp_name, ctx)
     statements = [cst.parse_statement(line) for line in lines]
     statements[0] = statements[0].with_changes(leading_lines=stmt.leading_lines)
     note = f"-> {ddp_name} = DDP({model}, {buffers}); forward calls of `{model}` now go through {ddp_name}"
