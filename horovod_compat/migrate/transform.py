@@ -151,7 +151,7 @@ class HorovodTransformer(cst.CSTTransformer):
         if before:  # models made data-parallel in place before the statement that wraps their optimizer
             replacement = [cst.parse_statement(text) for _, wrap in before for text in wrap.lines]
             if not _assigns_to_itself(updated_node):  # `opt = opt` (the optimizer itself) goes
-                replacement.append(updated_node)
+                replacement.append(updated_node.with_changes(leading_lines=[]))  # (its comments go first)
             for call, wrap in before:
                 self.ctx.rewrite(self._line(call), "hvd.DistributedOptimizer", wrap.note)
         elif original_node in self.plan.replace:
@@ -171,8 +171,9 @@ class HorovodTransformer(cst.CSTTransformer):
                 name = hvd_attr_name(original_node.body[0].value.func, self.ctx.hvd_aliases)
                 self.ctx.rewrite(line, f"hvd.{name}", outcome.note)
                 replacement = list(outcome.node)
-        if frame.before:
-            replacement = [*frame.before, *(replacement if replacement is not None else [updated_node])]
+        if frame.before:  # (the statement's comments go above the first of them)
+            replacement = [*frame.before, *(replacement if replacement is not None
+                                            else [updated_node.with_changes(leading_lines=[])])]
         if replacement is None:
             return self._with_todos(updated_node, frame)
         first = replacement[0].with_changes(leading_lines=updated_node.leading_lines)

@@ -335,3 +335,15 @@ def test_a_replicated_trainer_prints_the_numbers_it_printed_under_horovod(tmp_pa
     for a, b in zip(got16, want16):
         assert numbers.sub("#", a) == numbers.sub("#", b)
         assert all(abs(float(x) - float(y)) <= 1e-3 for x, y in zip(numbers.findall(a), numbers.findall(b))), (a, b)
+
+
+def test_the_comment_above_the_wrap_stays_above_it_once():
+    out = migrate('''
+        class Trainer:
+            def __init__(self, model):
+                # Horovod: wrap the optimizer
+                self.optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                                          named_parameters=model.named_parameters())
+        ''').source
+    assert out.count("# Horovod: wrap the optimizer") == 1
+    assert out.index("# Horovod: wrap the optimizer") < out.index("replicate(model")
