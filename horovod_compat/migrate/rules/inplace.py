@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import TYPE_CHECKING, Dict, List, Optional, Set, Union
+from typing import Any, Dict, List, Optional, Set, Union
 
 import libcst as cst
 from libcst.metadata import Scope
@@ -35,8 +35,11 @@ from libcst.metadata import Scope
 from horovod_compat.migrate import torch_api
 from horovod_compat.migrate.context import HVD, RewriteContext, code_of, has_star_args, keyword_args, positional_args
 
-if TYPE_CHECKING:  # (optimizer.py imports this module)
-    from horovod_compat.migrate.rules.optimizer import _Facts, _Options
+#: `facts` and `options` below are optimizer.py's (its analysis metadata: positions, scopes,
+#: parents, module_code; and what the call's options become), passed in by it: this module sits
+#: below optimizer.py and imports nothing of it.
+Facts = Any
+Options = Any
 
 
 @dataclasses.dataclass
@@ -72,7 +75,7 @@ def _is_module_expr(node: cst.BaseExpression) -> bool:
 class _Models:
     """The modules whose parameters a parameter expression holds, or why they cannot be told."""
 
-    def __init__(self, scope: Optional[Scope], before_line: int, facts: "_Facts") -> None:
+    def __init__(self, scope: Optional[Scope], before_line: int, facts: Facts) -> None:
         self.scope, self.before_line, self.facts = scope, before_line, facts
         self.found: Dict[str, None] = {}
         self.problem: Optional[str] = None
@@ -162,7 +165,7 @@ def _comp_fors(node: Union[cst.ListComp, cst.GeneratorExp]) -> List[cst.CompFor]
     return fors
 
 
-def _statement(call: cst.Call, facts: "_Facts") -> Union[cst.SimpleStatementLine, str]:
+def _statement(call: cst.Call, facts: Facts) -> Union[cst.SimpleStatementLine, str]:
     """The statement the call is part of, where lines can go before it, or why there is none."""
     node: cst.CSTNode = call
     while not isinstance(node, cst.SimpleStatementLine):
@@ -179,7 +182,7 @@ def _statement(call: cst.Call, facts: "_Facts") -> Union[cst.SimpleStatementLine
     return stmt
 
 
-def _end_of_function(stmt: cst.SimpleStatementLine, facts: "_Facts") -> int:
+def _end_of_function(stmt: cst.SimpleStatementLine, facts: Facts) -> int:
     """The last line of the function around `stmt` (of the file at module level)."""
     up = facts.parents.get(stmt)
     while up is not None and not isinstance(up, cst.FunctionDef):
@@ -213,7 +216,7 @@ def _hazard(model: str, code: str, line: int, end: int) -> Optional[str]:
 _COMMENT = "# DDP in place; unused parameters keep grad None (Horovod: zeros)"
 
 
-def plan(call: cst.Call, facts: "_Facts", ctx: RewriteContext, options: "_Options",
+def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
          taken: Set[str], first: List[str]) -> Union[InPlace, str]:
     """The in-place rewrite of the DistributedOptimizer `call`, or why it cannot be made.
 
