@@ -426,15 +426,7 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
         ctx.need(HVD, "contextlib")
         notes.append(f"backward_passes_per_step={passes} -> no_sync() on the other backward passes")
 
-    lines = []
-    inner = pos[0].value
-    if isinstance(inner, cst.Name) and _state_made_before(inner.value, stmt, facts):
-        # Horovod's wrapper was a new optimizer over the same parameter groups, without the state
-        lines.append(f"{inner.value}.state.clear()  # as under Horovod: the wrap started without state\n")
-        notes.append(f"`{inner.value}` had state before the wrap, which Horovod's wrapper did not keep: cleared")
-    if options.adasum != "False":
-        where = f"{os.path.basename(ctx.location)}:{facts.positions[call].start.line}"
-        lines.append(_ADASUM_GUARD.format(condition=options.adasum, where=where))
+    lines = _before_the_wrap(call, stmt, options, facts, ctx)
     # Horovod synced buffers (BatchNorm statistics) once, with broadcast_parameters, and never again;
     # DDP's default re-broadcasts rank 0's at every forward. forward_sync_buffers=False keeps the
     # sync at construction only, as Horovod did (so per-rank evaluation gives the same metrics).
@@ -476,6 +468,23 @@ if {condition}:
 _GRAD_READ = re.compile(r"clip_grad_\w+|\.grad\b(?!_)")
 
 
+def _before_the_wrap(call: cst.Call, stmt: cst.CSTNode, options: _Options, facts: _Facts,
+                     ctx: RewriteContext) -> List[str]:
+    """The lines either rewrite (DDP wrap or in place) puts first: the inner optimizer's state
+    cleared where it had one, and the Adasum guard of a run-time choice."""
+    lines = []
+    pos = positional_args(call)
+    inner = pos[0].value if pos else None
+    if isinstance(inner, cst.Name) and stmt is not None and _state_made_before(inner.value, stmt, facts):
+        # Horovod's wrapper was a new optimizer over the same parameter groups, without the state
+        lines.append(f"{inner.value}.state.clear()  # as under Horovod: the wrap started without state\n")
+        options.notes.append(f"`{inner.value}` had state before the wrap, which Horovod's wrapper did not keep: cleared")
+    if options.adasum != "False":
+        where = f"{os.path.basename(ctx.location)}:{facts.positions[call].start.line}"
+        lines.append(_ADASUM_GUARD.format(condition=options.adasum, where=where))
+    return lines
+
+
 def _state_made_before(name: str, stmt: cst.CSTNode, facts: _Facts) -> bool:
     """True when optimizer `name` may have state before the wrap at `stmt` (a state broadcast, a
     load or a step of it on an earlier line)."""
@@ -504,17 +513,24 @@ def _plan_optimizer_uses(scope: Scope, name: str, facts: _Facts, plan: Optimizer
         if not (isinstance(attr, cst.Attribute) and attr.value is access.node):
             continue
         call = facts.parents.get(attr)
-        if not (isinstance(call, cst.Call) and call.func is attr and not call.args):
-            continue
-        holder = facts.parents.get(call)
-        if attr.attr.value == "synchronize" and isinstance(holder, cst.Expr):
-            line = facts.parents.get(holder)
-            if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
-                plan.remove[line] = "removed: DDP has already averaged the gradients after backward()"
-        elif attr.attr.value == "skip_synchronize" and isinstance(holder, cst.WithItem):
-            with_node = facts.parents.get(holder)
-            if isinstance(with_node, cst.With) and len(with_node.items) == 1 and holder.asname is None:
-                plan.unwrap.add(with_node)
+        if isinstance(call, cst.Call) and call.func is attr and not call.args:
+            _drop_sync(call, facts, plan)
+
+
+def _drop_sync(call: cst.Call, facts: _Facts, plan: OptimizerPlan) -> bool:
+    """Plan the removal of ``opt.synchronize()`` as a statement of its own, or the unwrapping of
+    ``with opt.skip_synchronize():`` (`call` is either call); False when it is used otherwise."""
+    holder = facts.parents.get(call)
+    outer = facts.parents.get(holder)
+    if call.func.attr.value == "synchronize" and isinstance(holder, cst.Expr) \
+            and isinstance(outer, cst.SimpleStatementLine) and len(outer.body) == 1:
+        plan.remove[outer] = "removed: DDP has already averaged the gradients after backward()"
+        return True
+    if call.func.attr.value == "skip_synchronize" and isinstance(holder, cst.WithItem) \
+            and isinstance(outer, cst.With) and len(outer.items) == 1 and holder.asname is None:
+        plan.unwrap.add(outer)
+        return True
+    return False
 
 
 def plan_optimizers(
@@ -567,15 +583,7 @@ def _plan_in_place(call: cst.Call, facts: _Facts, ctx: RewriteContext, plan: Opt
     if touched and not uses.remove:
         return (f"{GRADIENTS_READ} (`{touched}`) and the optimizer's synchronize() is never called: "
                 "under Horovod that code saw the gradients before their averaging finished")
-    first = []
-    stmt = _statement_of(call, facts)
-    inner = positional_args(call)[0].value if positional_args(call) else None
-    if isinstance(inner, cst.Name) and stmt is not None and _state_made_before(inner.value, stmt, facts):
-        first.append(f"{inner.value}.state.clear()  # as under Horovod: the wrap started without state\n")
-        options.notes.append(f"`{inner.value}` had state before the wrap, which Horovod's wrapper did not keep: cleared")
-    if options.adasum != "False":
-        where = f"{os.path.basename(ctx.location)}:{facts.positions[call].start.line}"
-        first.append(_ADASUM_GUARD.format(condition=options.adasum, where=where))
+    first = _before_the_wrap(call, _statement_of(call, facts), options, facts, ctx)
     outcome = inplace.plan(call, facts, ctx, options, replicated, first)
     if isinstance(outcome, str):
         return outcome
@@ -605,7 +613,7 @@ def _optimizer_uses_by_text(call: cst.Call, facts: _Facts) -> Union["OptimizerPl
     target = code_of(assign.targets[0].target).strip() \
         if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
     found = OptimizerPlan()
-    for node, parent in facts.parents.items():
+    for node in facts.parents:
         if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and not node.args
                 and node.func.attr.value in ("synchronize", "skip_synchronize")):
             continue
@@ -616,14 +624,6 @@ def _optimizer_uses_by_text(call: cst.Call, facts: _Facts) -> Union["OptimizerPl
         if receiver != target:
             return (f"`{receiver}.{node.func.attr.value}()` at line {line} may be this optimizer's, which "
                     "the rewriter cannot tell")
-        holder = parent
-        statement = facts.parents.get(holder)
-        if node.func.attr.value == "synchronize" and isinstance(holder, cst.Expr) \
-                and isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
-            found.remove[statement] = "removed: DDP has already averaged the gradients after backward()"
-        elif node.func.attr.value == "skip_synchronize" and isinstance(holder, cst.WithItem) \
-                and isinstance(statement, cst.With) and len(statement.items) == 1 and holder.asname is None:
-            found.unwrap.add(statement)
-        else:
+        if not _drop_sync(node, facts, found):
             return f"`{receiver}.{node.func.attr.value}()` at line {line} is used in a way the rewriter cannot drop"
     return found
