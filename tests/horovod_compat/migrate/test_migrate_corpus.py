@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -122,26 +123,43 @@ def _with_prelude(source: str, prelude: str) -> str:
     return "".join(lines[:at]) + prelude + "".join(lines[at:])
 
 
+@pytest.fixture(scope="module")
+def sides(tmp_path_factory):
+    """One directory per side for the whole module, emptied before each program: a side's
+    environment (CORPUS_TMP, ELASTIC_CHECKPOINT) is then the same for every program, so all of
+    them fork from one warm server per side (tests/warm.py) instead of starting two per program,
+    each importing torch. The programs run one after another (one worker takes the file)."""
+    root = tmp_path_factory.mktemp("corpus_sides")
+    paths = {side: root / side for side in ("original", "native", "as_written")}
+
+    def fresh():
+        for path in paths.values():
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir()
+        return paths
+    return fresh
+
+
+def _side_env(path: Path) -> dict:
+    return {"CORPUS_TMP": str(path), "ELASTIC_CHECKPOINT": str(path / "elastic.pt")}
+
+
 @pytest.mark.parametrize("name", _equivalence_set())
-def test_the_native_program_prints_the_original_numbers(name, rewritten, tmp_path):
+def test_the_native_program_prints_the_original_numbers(name, rewritten, sides, tmp_path):
     """Exact: the same losses and final weights, to the 6 printed decimals, on every rank. For a
     program of UNUSED_PARAMETERS: the output names the difference, runs as written, and gives the
     original's numbers exactly once Horovod's zero gradients are put back in front of it."""
     native = tmp_path / f"native_{name}"
     source = rewritten[name].source
+    side = sides()  # files (checkpoints) each side writes, apart
     if name in UNUSED_PARAMETERS:
         assert "unused parameters keep grad None (Horovod: zeros)" in source
         native.write_text(source)
-        (tmp_path / "as_written").mkdir()
-        as_written = native_printed(native, 2, LINE, env={"CORPUS_TMP": str(tmp_path / "as_written")})
+        as_written = native_printed(native, 2, LINE, env=_side_env(side["as_written"]))
         assert sum("final=" in line for line in as_written) == 2 and len(as_written) > 2, as_written
         source = _with_prelude(source, HOROVOD_ZERO_FILL)
     native.write_text(source)
-    for side in ("original", "native"):  # files (checkpoints) each side writes, apart
-        (tmp_path / side).mkdir()
-    env = {side: {"CORPUS_TMP": str(tmp_path / side),
-                  "ELASTIC_CHECKPOINT": str(tmp_path / side / "elastic.pt")}
-           for side in ("original", "native")}
-    want = printed(tmp_path, LINE, *HOROVODRUN, "2", sys.executable, str(CORPUS / name), env=env["original"])
+    want = printed(tmp_path, LINE, *HOROVODRUN, "2", sys.executable, str(CORPUS / name),
+                   env=_side_env(side["original"]))
     assert sum("final=" in line for line in want) == 2 and len(want) > 2, want
-    assert native_printed(native, 2, LINE, env=env["native"]) == want
+    assert native_printed(native, 2, LINE, env=_side_env(side["native"])) == want
