@@ -176,20 +176,6 @@ def has_star_args(call: cst.Call) -> bool:
     return any(a.star != "" for a in call.args)
 
 
-def all_names(module: cst.Module) -> List[cst.Name]:
-    """Every Name node of `module`."""
-    class Collect(cst.CSTVisitor):
-        def __init__(self) -> None:
-            self.names: List[cst.Name] = []
-
-        def visit_Name(self, node: cst.Name) -> None:
-            self.names.append(node)
-
-    collector = Collect()
-    module.visit(collector)
-    return collector.names
-
-
 def free_name(base: str, taken: Set[str]) -> str:
     """`base`, or `base_2`, `base_3`, ... : the first not in `taken` (which it joins)."""
     name, i = base, 2

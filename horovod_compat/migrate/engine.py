@@ -19,7 +19,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, ScopeProvider
 
 from horovod_compat.migrate import renaming, syntax
-from horovod_compat.migrate.context import FAMILIES, HVD, RewriteContext, SharedState, all_names
+from horovod_compat.migrate.context import FAMILIES, HVD, RewriteContext, SharedState
 from horovod_compat.migrate.report import Finding, Kind
 from horovod_compat.migrate.rules import import_forms, lightning
 from horovod_compat.migrate.rules.imports import (
@@ -261,7 +261,7 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
     for module in modules:
         module.visit(RunnerVarScan(shared.runner_names, shared.runner_vars))
     shared.lightning = any(lightning.uses_lightning(unit.source) for unit in units)
-    shared.names = {name.value for module in modules for name in all_names(module)}
+    shared.names = set().union(*names)
     shared.calls_join = any(re.search(rf"\b{re.escape(alias)}\.join\(", unit.source)
                             for alias in shared.hvd_aliases for unit in units)
 
@@ -277,7 +277,7 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
         parents = resolved[ParentNodeProvider]
         elsewhere = set().union(*(n for j, n in enumerate(names) if j != i)) if len(names) > 1 else set()
         foreign.append(_foreign_bindings(scopes, positions))
-        plan = plan_optimizers(wrapper.module, positions, scopes, parents, ctx, elsewhere)
+        plan = plan_optimizers(wrapper.module, positions, scopes, parents, ctx, set(names[i]), elsewhere)
         rewritten.append(wrapper.visit(HorovodTransformer(ctx, plan, unsupported[i])))
 
     remove = {f: sum(remaining_uses(m, shared.aliases(f)) for m in rewritten) == 0 for f in FAMILIES}

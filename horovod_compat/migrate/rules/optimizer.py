@@ -41,7 +41,6 @@ from horovod_compat.migrate import torch_api
 from horovod_compat.migrate.context import (
     HVD,
     RewriteContext,
-    all_names,
     free_name,
     Rewritten,
     code_of,
@@ -539,13 +538,14 @@ def plan_optimizers(
     scopes: Mapping[cst.CSTNode, Optional[Scope]],
     parents: Mapping[cst.CSTNode, cst.CSTNode],
     ctx: RewriteContext,
+    names: Set[str],
     names_elsewhere: Set[str],
 ) -> OptimizerPlan:
-    """Find every ``hvd.DistributedOptimizer`` call and plan its rewrite or its TODO."""
+    """Find every ``hvd.DistributedOptimizer`` call and plan its rewrite or its TODO. `names`:
+    every name `module` uses (the caller has them: each walk of the tree costs)."""
     finder = _FindOptimizers(ctx.hvd_aliases)
     module.visit(finder)
     plan = OptimizerPlan()
-    names = {n.value for n in all_names(module)}
     facts = _Facts(positions, scopes, parents, names, names_elsewhere, module.code)
     replicated: Set[str] = set()
     for call in finder.calls:
