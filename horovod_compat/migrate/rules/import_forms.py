@@ -4,7 +4,8 @@ before the rewrite, so every rule sees ``hvd.X``.
 Real programs write ``from horovod.torch import allreduce, Average``, ``import
 horovod.torch.mpi_ops as mpi_ops``, ``from horovod.torch.functions import
 broadcast_parameters`` or ``from horovod.common.exceptions import HorovodInternalError``;
-``from horovod import run`` is brought to ``import horovod`` and ``horovod.run``. Each of those names is one that ``horovod.torch`` itself exports (Horovod
+``from horovod import run`` is brought to ``import horovod`` and ``horovod.run``, and ``import
+horovod.torch`` used as ``horovod.torch.init()`` to ``hvd.init()``. Each of those names is one that ``horovod.torch`` itself exports (Horovod
 0.28.1's ``horovod/torch/__init__.py`` re-exports them from these submodules), so ``allreduce``
 is ``hvd.allreduce`` and ``mpi_ops.allreduce`` is too. A form is brought over only when that is
 certain: the name is bound once in its scope (by that import), and a submodule's alias is only
@@ -93,6 +94,29 @@ class _Plan(cst.CSTVisitor):
         self.dropped.add(alias)
         self.statements[stmt] = HVD_MODULE
 
+    def _package(self, stmt: cst.Import, alias: cst.ImportAlias) -> None:
+        """``import horovod.torch`` (which binds ``horovod``) used only as
+        ``horovod.torch.NAME``, NAME exported by ``horovod.torch``: each becomes ``hvd.NAME``.
+        (The scopes hold ``horovod.torch.X`` as a use of ``horovod.torch``, and any other use of
+        ``horovod`` as one of ``horovod``: there must be none of those.)"""
+        scope = self.get_metadata(ScopeProvider, stmt, None)
+        if scope is None or "horovod" in self.elsewhere:
+            return
+        package, top = list(scope.assignments[HVD_MODULE]), list(scope.assignments["horovod"])
+        if len(package) != 1 or len(top) != 1 or any(True for _ in top[0].references):
+            return
+        attributes = []
+        for access in package[0].references:
+            parent = self.get_metadata(ParentNodeProvider, access.node, None)
+            if not (isinstance(parent, cst.Attribute) and parent.value is access.node
+                    and parent.attr.value in HVD_NAMES):
+                return  # used otherwise than as horovod.torch.NAME: leave it
+            attributes.append(parent)
+        for attribute in attributes:
+            self.uses[attribute] = (HVD_MODULE, attribute.attr.value)
+        self.dropped.add(alias)
+        self.statements[stmt] = HVD_MODULE
+
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
             return
@@ -117,6 +141,8 @@ class _Plan(cst.CSTVisitor):
             if alias.asname is not None and name.startswith(HVD_MODULE + ".") \
                     and name.split(".")[-1] in SUBMODULES and name.count(".") == 2:
                 self._submodule(node, alias)
+            elif alias.asname is None and name == HVD_MODULE:
+                self._package(node, alias)
 
 
 class _Apply(cst.CSTTransformer):

@@ -371,3 +371,15 @@ def test_a_migrated_program_ends_its_gloo_threads_before_the_interpreter_exits(t
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert sorted(re.findall(r"EXIT rank=\d gloo_threads=\d+", done.stdout)) == [
         "EXIT rank=0 gloo_threads=0", "EXIT rank=1 gloo_threads=0"], done.stdout
+
+
+def test_import_horovod_torch_without_alias_is_brought_over_only_when_every_use_is_spelled_out():
+    """``import horovod.torch`` binds ``horovod``: used only as ``horovod.torch.NAME`` it becomes
+    ``hvd.NAME`` (golden/import_package); any other use of ``horovod`` keeps it and its TODO."""
+    spelled_out = "import horovod.torch\nhorovod.torch.init()\nprint(horovod.torch.rank())\n"
+    result = migrate_source(spelled_out, "x.py")
+    assert "horovod" not in result.source and "dist.get_rank()" in result.source, result.source
+    other_use = "import horovod.torch\nhorovod.torch.init()\nprint(horovod.__version__)\n"
+    result = migrate_source(other_use, "x.py")
+    assert "import horovod.torch\n" in result.source and "horovod.torch.init()" in result.source
+    assert [f.name for f in result.findings if f.kind is Kind.TODO] == ["import"], result.findings

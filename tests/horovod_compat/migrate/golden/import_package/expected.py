@@ -1,0 +1,46 @@
+"""`import horovod.torch` without an alias, every use spelled out as horovod.torch.NAME."""
+import torch
+import atexit
+import gc
+import os
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def _native_average(tensor):
+    """hvd.allreduce(tensor): the average over all ranks, in a new tensor (differentiable, as
+    Horovod's; integer tensors truncate, as Horovod's did)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.nn.functional as dist_nn
+
+    total = dist_nn.all_reduce(tensor)
+    if total.is_floating_point() or total.is_complex():
+        return total / dist.get_world_size()
+    return torch.div(total, dist.get_world_size(), rounding_mode="trunc")
+
+
+def train():
+    if not dist.is_initialized():
+        import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+        atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * dist.get_world_size())
+    ddp_model = DDP(model, forward_sync_buffers=False)
+    for step in range(3):
+        optimizer.zero_grad()
+        loss = ddp_model(torch.randn(8, 4)).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        mean = _native_average(loss.detach())
+        if dist.get_rank() == 0:
+            print(step, mean.item())
+
+
+if __name__ == "__main__":
+    train()
