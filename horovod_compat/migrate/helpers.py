@@ -24,6 +24,15 @@ def _native_wire_dtype(compression):
         raise ValueError(f"compression={compression!r}: expected None or DDP's fp16_compress_hook")
     return wire
 ''',
+    "_native_sum_gradients": '''
+def _native_sum_gradients(process_group, bucket):
+    """DDP comm hook for hvd.DistributedOptimizer(op=hvd.Sum): each gradient bucket summed over
+    the ranks (process_group None: all of them), where DDP's own reduction averages."""
+    import torch.distributed as dist
+
+    work = dist.all_reduce(bucket.buffer(), group=process_group, async_op=True)
+    return work.get_future().then(lambda done: done.value()[0])
+''',
     # One source for the blocking and the asynchronous form: the blocking one waits on the other.
     "_native_allreduce": '''
 class _NativeHandle:

@@ -230,8 +230,8 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
     if options.passes != "1":
         return (f"backward_passes_per_step={options.passes} on a model made data-parallel in place "
                 "is not rewritten yet")
-    if options.fp16 != "False" and not torch_api.has("replicate.register_comm_hook"):
-        return "this torch's replicate() takes no comm hook for fp16 compression"
+    if (options.fp16 != "False" or options.sum) and not torch_api.has("replicate.register_comm_hook"):
+        return ("this torch's replicate() takes no comm hook (for fp16 compression or op=hvd.Sum)")
     stmt = _statement(call, facts)
     if isinstance(stmt, str):
         return stmt
@@ -265,7 +265,7 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
     ctx.need(HVD, "replicate")
     names = ", ".join(f"`{m}`" for m in found)
     note = (f"-> replicate({', '.join(found)}) before this line, and the optimizer itself: every call of "
-            f"{names} averages its gradients in backward() (DDP in place); find_unused_parameters=True, "
+            f"{names} {'sums' if options.sum else 'averages'} its gradients in backward() (DDP in place); find_unused_parameters=True, "
             "so a parameter no rank used in a step keeps grad None where Horovod averaged zeros")
     if options.notes:
         note += "; " + "; ".join(options.notes)

@@ -14,8 +14,9 @@ libcst's scope analysis before it rewrites anything:
 * every option must have a native meaning: ``compression=fp16`` -> DDP's fp16 comm hook;
   ``groups``/``num_groups`` only grouped tensors for fusion (DDP buckets on its own) and are
   dropped; ``backward_passes_per_step=N`` -> ``no_sync()`` when the loop has the one shape
-  accumulation.py can prove; ``op`` other than Average, a predivide factor, ``sparse_as_dense``
-  and process sets are flagged.
+  accumulation.py can prove; ``op=hvd.Sum`` -> a comm hook that sums (``_native_sum_gradients``);
+  a predivide factor (with Average) is dropped; other ops, ``sparse_as_dense`` and process sets
+  are flagged.
 
 Code that reads or clips gradients (``p.grad``, ``clip_grad_norm_``) without calling
 ``opt.synchronize()`` first ran, under Horovod, while the averaging of those gradients was still in
@@ -124,6 +125,8 @@ class _Options:
     hook_name: Optional[str] = None
     #: When Horovod would have used Adasum: "False" (never) or a condition.
     adasum: str = "False"
+    #: op=hvd.Sum: the gradients are summed (a comm hook), not averaged.
+    sum: bool = False
     passes: str = "1"
     notes: List[str] = dataclasses.field(default_factory=list)
     #: Horovod constants bound to names, replaced in place by their native values.
@@ -132,6 +135,10 @@ class _Options:
     def comm_hook_lines(self, module: str, ctx: RewriteContext) -> List[str]:
         """The lines that register the compression's comm hook on `module` (a DDP wrapper or a
         replicated module), when one is chosen."""
+        if self.sum:  # (never with fp16: _check_options refuses the pair)
+            ctx.need_helper("_native_sum_gradients")
+            return [f"{module}.register_comm_hook(None, _native_sum_gradients)  "
+                    "# op=hvd.Sum: gradients summed, not averaged\n"]
         if self.fp16 != "False" or any("fp16" in v for v in self.constants.values()):
             ctx.need(HVD, "default_hooks")
         if self.hook_name is not None:
@@ -203,9 +210,16 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
         if choice.constants == {"Adasum"}:
             return _Options("op=Adasum has no torch.distributed/DDP equivalent")
         unknown = choice.constants - set(_OPS)
-        if unknown:
+        if choice.constants == {"Sum"}:  # (only Sum can be chosen: the hook always sums)
+            if options.fp16 != "False" or options.hook_name is not None:
+                return _Options("op=hvd.Sum with fp16 compression: DDP's fp16 comm hook averages; "
+                                "write a hook that compresses and sums by hand")
+            options.sum = True
+            options.constants.update({leaf: constants.NATIVE_VALUES[c] for leaf, c in choice.leaves.items()})
+            options.notes.append("op=hvd.Sum: a comm hook sums the gradients (DDP's own averages)")
+        elif unknown:
             return _Options(f"op=hvd.{sorted(unknown)[0]}: DDP always averages gradients")
-        if "Adasum" in choice.constants:
+        elif "Adasum" in choice.constants:
             if choice.name is not None:
                 options.adasum = f'{choice.name} == "adasum"'
                 options.constants.update({leaf: _OPS[c] for leaf, c in choice.leaves.items()})

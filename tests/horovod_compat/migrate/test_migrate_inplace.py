@@ -347,3 +347,54 @@ def test_the_comment_above_the_wrap_stays_above_it_once():
         ''').source
     assert out.count("# Horovod: wrap the optimizer") == 1
     assert out.index("# Horovod: wrap the optimizer") < out.index("replicate(model")
+
+
+SUM_PROGRAM = '''
+import torch
+import horovod.torch as hvd
+
+
+class Learner:
+    def __init__(self):
+        torch.manual_seed(3)
+        self.net = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(self.net.parameters(), lr=0.05, momentum=0.9)
+        self.opt = hvd.DistributedOptimizer(opt, named_parameters=self.net.named_parameters(), op=hvd.Sum)
+        hvd.broadcast_parameters(self.net.state_dict(), root_rank=0)
+
+
+def main():
+    hvd.init()
+    learner = Learner()
+    gen = torch.Generator().manual_seed(11 + hvd.rank())
+    for step in range(5):
+        x, y = torch.randn(6, 5, generator=gen), torch.randn(6, 1, generator=gen)
+        learner.opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(learner.net(x), y)
+        loss.backward()
+        learner.opt.step()
+        print(f"SUM rank={hvd.rank()} step={step} loss={loss.item():.6f}")
+    total = sum(p.double().sum().item() for p in learner.net.parameters())
+    print(f"SUM rank={hvd.rank()} final={total:.6f}")
+
+
+main()
+'''
+
+
+def test_op_sum_becomes_a_comm_hook_that_sums_and_the_numbers_stay(tmp_path):
+    """``op=hvd.Sum``: the replicated module gets a comm hook that sums (DDP averages by
+    itself); the native program prints the original's losses and weights on both ranks."""
+    result = migrate_source(SUM_PROGRAM, "original.py")
+    assert not_native([result.source], result.findings) is None
+    assert "replicate(self.net" in result.source and "_native_distributed_optimizer" not in result.source
+    assert "self.net.register_comm_hook(None, _native_sum_gradients)  # op=hvd.Sum" in result.source
+    original, native = tmp_path / "original.py", tmp_path / "native.py"
+    original.write_text(SUM_PROGRAM)
+    native.write_text(result.source)
+    line = r"SUM rank=\d (?:step=\d loss=\S+|final=\S+)"
+    want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original))
+    assert len(want) == 12, want
+    assert native_printed(native, 2, line) == want
+    fp16 = SUM_PROGRAM.replace("op=hvd.Sum)", "op=hvd.Sum, compression=hvd.Compression.fp16)")
+    assert "_native_distributed_optimizer(" in migrate_source(fp16, "fp16.py").source  # (no hook that does both)
