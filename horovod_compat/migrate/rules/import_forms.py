@@ -5,8 +5,9 @@ Real programs write ``from horovod.torch import allreduce, Average``, ``import
 horovod.torch.mpi_ops as mpi_ops``, ``from horovod.torch.functions import
 broadcast_parameters`` or ``from horovod.common.exceptions import HorovodInternalError``;
 ``from horovod import run`` is brought to ``import horovod`` and ``horovod.run``, and ``import
-horovod.torch`` used as ``horovod.torch.init()`` to ``hvd.init()``. Each of those names is one that ``horovod.torch`` itself exports (Horovod
-0.28.1's ``horovod/torch/__init__.py`` re-exports them from these submodules), so ``allreduce``
+horovod.torch`` used as ``horovod.torch.init()`` to ``hvd.init()``. Each of those names is one
+that ``horovod.torch`` itself exports (Horovod 0.28.1's ``horovod/torch/__init__.py`` re-exports
+them from these submodules), so ``allreduce``
 is ``hvd.allreduce`` and ``mpi_ops.allreduce`` is too. A form is brought over only when that is
 certain: the name is bound once in its scope (by that import), and a submodule's alias is only
 ever used as ``alias.NAME`` with NAME exported by ``horovod.torch``. Anything else stays as it is

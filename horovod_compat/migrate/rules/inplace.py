@@ -231,7 +231,7 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
         return (f"backward_passes_per_step={options.passes} on a model made data-parallel in place "
                 "is not rewritten yet")
     if (options.fp16 != "False" or options.sum) and not torch_api.has("replicate.register_comm_hook"):
-        return ("this torch's replicate() takes no comm hook (for fp16 compression or op=hvd.Sum)")
+        return "this torch's replicate() takes no comm hook (for fp16 compression or op=hvd.Sum)"
     stmt = _statement(call, facts)
     if isinstance(stmt, str):
         return stmt
