@@ -15,7 +15,7 @@ and keeps its TODO (``imports.unsupported_import``).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, ScopeProvider
@@ -81,37 +81,33 @@ class _Plan(cst.CSTVisitor):
     def _submodule(self, stmt: Union[cst.Import, cst.ImportFrom], alias: cst.ImportAlias) -> None:
         bound = alias_bound(alias)
         refs = self._references(stmt, bound) if bound else None
-        if refs is None:
-            return
-        attributes = []
-        for ref in refs:
-            parent = self.get_metadata(ParentNodeProvider, ref, None)
-            if not (isinstance(parent, cst.Attribute) and parent.value is ref
-                    and parent.attr.value in HVD_NAMES):
-                return  # used otherwise than as alias.NAME: leave it
-            attributes.append(parent)
-        for attribute in attributes:
-            self.uses[attribute] = (HVD_MODULE, attribute.attr.value)
-        self.dropped.add(alias)
-        self.statements[stmt] = HVD_MODULE
+        if refs is not None:
+            self._bring_over(stmt, alias, refs)
 
     def _package(self, stmt: cst.Import, alias: cst.ImportAlias) -> None:
         """``import horovod.torch`` (which binds ``horovod``) used only as
-        ``horovod.torch.NAME``, NAME exported by ``horovod.torch``: each becomes ``hvd.NAME``.
-        (The scopes hold ``horovod.torch.X`` as a use of ``horovod.torch``, and any other use of
-        ``horovod`` as one of ``horovod``: there must be none of those.)"""
+        ``horovod.torch.NAME``. (The scopes hold ``horovod.torch.X`` as a use of
+        ``horovod.torch``, and any other use of ``horovod`` as one of ``horovod``: there must be
+        none of those.)"""
         scope = self.get_metadata(ScopeProvider, stmt, None)
         if scope is None or "horovod" in self.elsewhere:
             return
         package, top = list(scope.assignments[HVD_MODULE]), list(scope.assignments["horovod"])
         if len(package) != 1 or len(top) != 1 or any(True for _ in top[0].references):
             return
+        self._bring_over(stmt, alias, [access.node for access in package[0].references])
+
+    def _bring_over(self, stmt: Union[cst.Import, cst.ImportFrom], alias: cst.ImportAlias,
+                    refs: Sequence[cst.CSTNode]) -> None:
+        """`alias` goes and each of `refs` (a submodule's alias, or ``horovod.torch``) with it,
+        each ``ref.NAME`` becoming ``hvd.NAME``, if every ref is used that way with NAME exported
+        by ``horovod.torch``; else nothing changes."""
         attributes = []
-        for access in package[0].references:
-            parent = self.get_metadata(ParentNodeProvider, access.node, None)
-            if not (isinstance(parent, cst.Attribute) and parent.value is access.node
+        for ref in refs:
+            parent = self.get_metadata(ParentNodeProvider, ref, None)
+            if not (isinstance(parent, cst.Attribute) and parent.value is ref
                     and parent.attr.value in HVD_NAMES):
-                return  # used otherwise than as horovod.torch.NAME: leave it
+                return  # used otherwise than as ref.NAME: leave it
             attributes.append(parent)
         for attribute in attributes:
             self.uses[attribute] = (HVD_MODULE, attribute.attr.value)

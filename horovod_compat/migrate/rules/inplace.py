@@ -264,8 +264,9 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
         lines += options.comm_hook_lines(model, ctx)
     ctx.need(HVD, "replicate")
     names = ", ".join(f"`{m}`" for m in found)
+    reduces = "sums" if options.sum else "averages"
     note = (f"-> replicate({', '.join(found)}) before this line, and the optimizer itself: every call of "
-            f"{names} {'sums' if options.sum else 'averages'} its gradients in backward() (DDP in place); find_unused_parameters=True, "
+            f"{names} {reduces} its gradients in backward() (DDP in place); find_unused_parameters=True, "
             "so a parameter no rank used in a step keeps grad None where Horovod averaged zeros")
     if options.notes:
         note += "; " + "; ".join(options.notes)
