@@ -49,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--diff", action="store_true", help="print a unified diff; write nothing unless -o")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything would change or needs a TODO")
     parser.add_argument("-v", "--verbose", action="store_true", help="also list every rewrite in the report")
+    parser.add_argument("--emulate", action="store_true",
+                        help="where torch's data parallelism cannot take a DistributedOptimizer's model, "
+                        "write _native_distributed_optimizer (Horovod's averaging in the optimizer, "
+                        "identical numbers) instead of leaving a TODO")
     parser.add_argument("--format", choices=("text", "json"), default="text",
                         help="report format: text on stderr (default) or a JSON document on stdout")
     return parser
@@ -149,15 +153,16 @@ def collect_sources(sources: Sequence[str]) -> List[Tuple[Path, Path]]:
     return files
 
 
-def migrate_file(path: Path, text: str) -> Tuple[str, List[Finding], List[Tuple[str, str, str]]]:
+def migrate_file(path: Path, text: str, emulate: bool = False
+                 ) -> Tuple[str, List[Finding], List[Tuple[str, str, str]]]:
     """Rewrite one file's text: (new text, findings, [(label, old, new)] pieces to diff)."""
     location = str(path)
     if path.suffix == ".ipynb":
-        new_text, results, indices = migrate_notebook(text, location)
+        new_text, results, indices = migrate_notebook(text, location, emulate)
         findings = [f for r in results for f in r.findings]
         pieces = [(f"{location}[cell {i}]", r.original, r.source) for i, r in zip(indices, results) if r.changed]
         return new_text, findings, pieces
-    result = migrate_source(text, location)
+    result = migrate_source(text, location, emulate)
     return result.source, result.findings, [(location, text, result.source)] if result.changed else []
 
 
@@ -202,7 +207,7 @@ def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = sys.stdout, stde
     for path, rel in files:
         try:
             text = path.read_text(encoding="utf-8")
-            new_text, findings, pieces = migrate_file(path, text)
+            new_text, findings, pieces = migrate_file(path, text, args.emulate)
         except (MigrationError, UnicodeDecodeError) as err:
             stderr.write(f"horovod-compat-migrate: error: {err}\n")
             errors.append(str(err))

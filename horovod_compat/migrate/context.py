@@ -90,6 +90,9 @@ class SharedState:
     names: Set[str] = dataclasses.field(default_factory=set)
     #: The input calls hvd.join(): its reductions must tell joined ranks to take part.
     calls_join: bool = False
+    #: `--emulate`: a DistributedOptimizer that torch's data parallelism cannot take becomes
+    #: ``_native_distributed_optimizer`` (Horovod's averaging) instead of staying with a TODO.
+    emulate: bool = False
 
     def aliases(self, family: str) -> Set[str]:
         """The local names an import of `family` binds."""

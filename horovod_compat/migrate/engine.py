@@ -153,8 +153,12 @@ def _foreign_bindings(scopes: Mapping[cst.CSTNode, object], positions) -> Dict[s
     return found
 
 
-def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
+def migrate_units(units: Sequence[Unit], emulate: bool = False) -> List[UnitResult]:
     """Rewrite every unit; raises MigrationError on unparsable input (nothing is rewritten then).
+
+    `emulate`: a ``DistributedOptimizer`` whose model cannot be made data-parallel (DDP or in
+    place) becomes ``_native_distributed_optimizer``, Horovod's averaging in the optimizer written
+    with torch.distributed; without it (the default), it stays with a TODO that says why.
 
     When Horovod uses remain after the rewrite, it runs again keeping ``hvd.init()`` and
     ``hvd.shutdown()`` beside their native replacements and Horovod's constants where they are
@@ -171,13 +175,13 @@ def migrate_units(units: Sequence[Unit]) -> List[UnitResult]:
     if left_alone is not None:
         return left_alone
     renames: Dict[str, str] = {}
-    results, horovod_left, clashes = _migrate(units, False, renames)
+    results, horovod_left, clashes = _migrate(units, False, renames, emulate)
     if clashes:
         taken = set().union(*(_names(_parse(unit)) for unit in units))
         renames = {name: renaming.free_name(name, taken) for name in clashes}
-        results, horovod_left, clashes = _migrate(units, False, renames)
+        results, horovod_left, clashes = _migrate(units, False, renames, emulate)
     if horovod_left and any(r.changed for r in results):
-        results, _, _ = _migrate(units, True, renames)
+        results, _, _ = _migrate(units, True, renames, emulate)
     return results
 
 
@@ -234,7 +238,7 @@ def _other_frameworks(units: Sequence[Unit]) -> Optional[List[UnitResult]]:
     return results if found else None
 
 
-def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, str]
+def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, str], emulate: bool
              ) -> Tuple[List[UnitResult], bool, List[str]]:
     """One pass over the units: (results, whether `horovod.torch` uses remain, the names the
     rewrite needs that the input binds to something else). `renames` {name: free name}: the
@@ -252,12 +256,15 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
     names = [every[i] if w.module is m else _names(w.module)
              for i, (w, m) in enumerate(zip(wrappers, modules))]
     modules = [w.module for w in wrappers]
-    shared = SharedState(keep_horovod_lifecycle=keep_lifecycle, all_native=not keep_lifecycle)
+    shared = SharedState(keep_horovod_lifecycle=keep_lifecycle, all_native=not keep_lifecycle,
+                         emulate=emulate)
     unsupported: List[Dict[cst.CSTNode, str]] = []
+    stray: List[Set[str]] = []
     for module in modules:
         scan = ImportScan(shared)
         module.visit(scan)
         unsupported.append(dict(scan.unsupported))
+        stray.append(scan.stray())
     for module in modules:
         module.visit(RunnerVarScan(shared.runner_names, shared.runner_vars))
     shared.lightning = any(lightning.uses_lightning(unit.source) for unit in units)
@@ -302,12 +309,13 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
         module_sites |= _module_level_families(module, shared)
 
     results: List[UnitResult] = []
-    for unit, module, ctx in zip(units, rewritten, contexts):
+    for unit, module, ctx, unit_stray in zip(units, rewritten, contexts, stray):
         plan = ImportPlan(
             unit_needs=ctx.needs,
             all_needs=all_needs,
             remove=remove,
             has_module_site={f: f in module_sites for f in FAMILIES},
+            stray=unit_stray,
             global_imports=set(shared.global_imports),
             helpers=ctx.helpers,
         )
@@ -338,6 +346,6 @@ def _checked(units: Sequence[Unit], results: List[UnitResult]) -> List[UnitResul
     return results
 
 
-def migrate_source(source: str, location: str = "<string>") -> UnitResult:
-    """Rewrite one Python source text (a whole file)."""
-    return migrate_units([Unit(source, location)])[0]
+def migrate_source(source: str, location: str = "<string>", emulate: bool = False) -> UnitResult:
+    """Rewrite one Python source text (a whole file); `emulate` as for migrate_units."""
+    return migrate_units([Unit(source, location)], emulate)[0]

@@ -65,7 +65,7 @@ def python_cells(text: str, location: str) -> List[str]:
     return [_mask(source)[0] for source in cells if not _NON_PYTHON.match(source)]
 
 
-def migrate_notebook(text: str, location: str) -> Tuple[str, List[UnitResult], List[int]]:
+def migrate_notebook(text: str, location: str, emulate: bool = False) -> Tuple[str, List[UnitResult], List[int]]:
     """Rewrite a notebook's code cells.
 
     Returns the new notebook text (the input text itself when nothing changed, so untouched
@@ -87,7 +87,7 @@ def migrate_notebook(text: str, location: str) -> Tuple[str, List[UnitResult], L
         indices.append(index)
         masks.append(magics)
         originals.append(source)
-    results = migrate_units(units)
+    results = migrate_units(units, emulate)
     if not any(r.changed for r in results):
         return text, results, indices
     for index, result, magics, original in zip(indices, results, masks, originals):

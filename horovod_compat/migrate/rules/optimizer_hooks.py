@@ -1,20 +1,24 @@
-"""``hvd.DistributedOptimizer(...)`` where the DDP rewrite cannot be proven right -> the helper
-``_native_distributed_optimizer(...)``: the same optimizer, averaging gradients on its own.
+"""``--emulate``: ``hvd.DistributedOptimizer(...)`` where torch's data parallelism cannot be proven
+right -> the helper ``_native_distributed_optimizer(...)``: the same optimizer, averaging gradients
+on its own, as Horovod's did.
 
-``optimizer.py`` wraps the model in DDP only when it can prove that every forward pass goes
-through the wrapper. Real programs hand the model to other functions and classes, keep the
-optimizer on an attribute (``self.optimizer = hvd.DistributedOptimizer(...)``), build it in a
-``return``: then the proof fails. Horovod's own semantics need no proof: the optimizer averages
-the gradients, whatever ran the forward pass. The helper (``helpers.py``) does that in plain
-``torch.distributed``: gradient hooks start bucketed asynchronous ``all_reduce`` calls during
-backward, and ``step()`` waits for them. The call is replaced where it stands, so it works in any
-expression, with the same arguments: the helper takes Horovod's parameters (compression, op,
-backward_passes_per_step, gradient_predivide_factor, sparse_as_dense, process_set, ...), so
-options chosen at run time or passed as ``**kwargs`` keep working (their Horovod constants hold
-native values, rules/constants.py). Only ``op=hvd.Adasum`` written as such keeps the TODO.
+``optimizer.py`` wraps the model in DDP when it can prove that every forward pass goes through the
+wrapper, and ``inplace.py`` makes the program's own module data-parallel (``replicate``) when it
+can prove that is right. Where neither holds (``hvd.join()``, process sets, options passed as
+``**kwargs``, an op chosen at run time, ...), the default is a TODO that says why: the road out is
+DDP, and code that averages gradients in the user's file is Horovod under another name. A user
+who needs Horovod's exact numbers meanwhile asks for them with ``--emulate``: then the call
+becomes the helper (``helpers.py``), which needs no proof: gradient hooks start bucketed
+asynchronous ``all_reduce`` calls during backward, and ``step()`` waits for them. The call is
+replaced where it stands, with the same arguments: the helper takes Horovod's parameters
+(compression, op, backward_passes_per_step, gradient_predivide_factor, sparse_as_dense,
+process_set, ...), so options chosen at run time or passed as ``**kwargs`` keep working (their
+Horovod constants hold native values, rules/constants.py). Only ``op=hvd.Adasum`` written as such
+keeps the TODO.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import libcst as cst
@@ -56,3 +60,10 @@ def rewrite(call: cst.Call, ctx: RewriteContext, why_not_ddp: str) -> Optional[R
             f"gradients itself (gradient hooks, bucketed async all_reduce), as Horovod's did; not "
             f"DDP because {why_not_ddp}")
     return Rewritten(node, note)
+
+
+def could_rewrite(call: cst.Call, ctx: RewriteContext) -> bool:
+    """Whether ``--emulate`` would rewrite `call` (for the TODO's advice), recording nothing in `ctx`.
+    As in the pass that rewrites it: the one that aims at a native file (``all_native``)."""
+    shared = dataclasses.replace(ctx.shared, all_native=True)
+    return rewrite(call, RewriteContext(ctx.location, shared, ctx.line_offset), "") is not None

@@ -384,3 +384,33 @@ def test_json_format_refuses_diff(tmp_path, capsys):
         run("--diff", "--format", "json", script)
     assert exit_info.value.code == 2
     assert "cannot be combined with --diff" in capsys.readouterr().err
+
+
+KWARGS_SCRIPT = """\
+import torch
+import horovod.torch as hvd
+
+hvd.init()
+model = torch.nn.Linear(4, 1)
+options = {"backward_passes_per_step": 1}
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), **options)
+model(torch.ones(2, 4)).sum().backward()
+opt.step()
+"""
+
+
+def test_emulation_only_when_asked(tmp_path):
+    """Options as **kwargs: torch's data parallelism cannot take the optimizer. By default it stays,
+    with a TODO that says why and names --emulate, and the file is not native (exit 1); with
+    --emulate it becomes _native_distributed_optimizer and the file is native (exit 0)."""
+    script = tmp_path / "train.py"
+    script.write_text(KWARGS_SCRIPT)
+    status, _, err = run(script, "-o", tmp_path / "default.py")
+    default = (tmp_path / "default.py").read_text()
+    assert status == 1, err
+    assert "TODO hvd.DistributedOptimizer" in err and "**kwargs" in err and "--emulate" in err
+    assert "hvd.DistributedOptimizer(" in default and "_native_distributed_optimizer(" not in default
+    status, _, err = run(script, "--emulate", "-o", tmp_path / "emulated.py")
+    emulated = (tmp_path / "emulated.py").read_text()
+    assert status == 0, err
+    assert "horovod" not in emulated and "opt = _native_distributed_optimizer(" in emulated

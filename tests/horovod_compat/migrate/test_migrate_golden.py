@@ -1,7 +1,10 @@
 """One golden-file test per rewrite rule family: golden/<rule>/input.py -> expected.py.
 
-expected_todos.txt lists the TODO findings (``line: name``) the rewriter must report.  To
-regenerate after a deliberate change, run with MIGRATE_GOLDEN_UPDATE=1 and review the diff.
+expected_todos.txt lists the TODO findings (``line: name``) the rewriter must report.  A case
+with a file ``emulate`` (which says why) is rewritten as ``--emulate`` does: its input has a
+DistributedOptimizer that torch's data parallelism cannot take, and the case is about what the
+rest of a native file becomes.  To regenerate after a deliberate change, run with
+MIGRATE_GOLDEN_UPDATE=1 and review the diff.
 """
 import os
 from pathlib import Path
@@ -15,6 +18,11 @@ GOLDEN = Path(__file__).parent / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "input.py").is_file())
 
 
+def _migrate(case: str, name: str):
+    folder = GOLDEN / case
+    return migrate_source((folder / name).read_text(), name, emulate=(folder / "emulate").is_file())
+
+
 def _todos(result):
     return [f"{f.line}: {f.name}" for f in result.findings if f.kind is Kind.TODO]
 
@@ -22,7 +30,7 @@ def _todos(result):
 @pytest.mark.parametrize("case", CASES)
 def test_golden(case):
     folder = GOLDEN / case
-    result = migrate_source((folder / "input.py").read_text(), "input.py")
+    result = _migrate(case, "input.py")
     if os.environ.get("MIGRATE_GOLDEN_UPDATE"):
         (folder / "expected.py").write_text(result.source)
         (folder / "expected_todos.txt").write_text("".join(t + "\n" for t in _todos(result)))
@@ -37,7 +45,7 @@ def test_golden(case):
 def test_golden_output_is_a_fixed_point(case):
     """Rewriting the output again changes nothing (TODO comments are not duplicated)."""
     expected = (GOLDEN / case / "expected.py").read_text()
-    assert migrate_source(expected, "expected.py").source == expected
+    assert _migrate(case, "expected.py").source == expected
 
 
 def test_every_rule_family_has_a_golden_case():

@@ -288,8 +288,8 @@ def test_any_horovod_import_takes_the_pipeline(source):
 def test_an_argument_written_over_several_lines_is_kept_whole(monkeypatch):
     """`named_parameters=\n self.network.\n named_parameters()` once stopped the CLI with libcst's
     ParserSyntaxError: an argument the rewrite keeps as it is is reparsed on its own, where its
-    line breaks are only legal inside parentheses. (Written for a torch without replicate(), so
-    that the call keeps its arguments: rules/optimizer_hooks.py.)"""
+    line breaks are only legal inside parentheses. (Written for a torch without replicate(), with
+    --emulate, so that the call keeps its arguments: rules/optimizer_hooks.py.)"""
     monkeypatch.setenv(torch_api.ENV, "")
     torch_api.available.cache_clear()
     source = textwrap.dedent('''\
@@ -306,7 +306,7 @@ def test_an_argument_written_over_several_lines_is_kept_whole(monkeypatch):
                     named_parameters())
         ''')
     try:
-        result = migrate_source(source, "lines.py")
+        result = migrate_source(source, "lines.py", emulate=True)
     finally:
         monkeypatch.delenv(torch_api.ENV)
         torch_api.available.cache_clear()
