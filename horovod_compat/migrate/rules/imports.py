@@ -122,18 +122,44 @@ def unsupported_import(stmt: Union[cst.Import, cst.ImportFrom]) -> Optional[str]
 
 
 class ImportScan(cst.CSTVisitor):
-    """Record Horovod/HorovodRunner aliases and module-level import names into SharedState."""
+    """Record Horovod/HorovodRunner aliases and module-level import names into SharedState, and
+    the families whose alias is used outside every function that imports it (``self._hvd = hvd``
+    in ``setup()``, ``hvd = self._hvd`` in another method): ``stray``."""
 
     def __init__(self, shared: SharedState) -> None:
         self.shared = shared
         self.unsupported: List[Tuple[cst.CSTNode, str]] = []
         self.depth = 0
+        self.functions: List[cst.FunctionDef] = []
+        #: alias -> the functions that import it (None: imported outside any function)
+        self.sites: Dict[str, Set[Optional[cst.FunctionDef]]] = {}
+        #: alias -> the enclosing functions of each `alias.X` use
+        self.uses: Dict[str, List[Tuple[cst.FunctionDef, ...]]] = {}
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.depth += 1
+        self.functions.append(node)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self.depth -= 1
+        self.functions.pop()
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if isinstance(node.value, cst.Name):
+            self.uses.setdefault(node.value.value, []).append(tuple(self.functions))
+
+    def stray(self) -> Set[str]:
+        """The families with an ``alias.X`` use in no function that imports the alias, where no
+        import of it stands outside a function: their native imports must go at module level."""
+        found = set()
+        for family in FAMILIES:
+            for alias in self.shared.aliases(family):
+                sites = self.sites.get(alias, set())
+                if not sites or None in sites:
+                    continue
+                if any(not sites & set(enclosing) for enclosing in self.uses.get(alias, ())):
+                    found.add(family)
+        return found
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.depth += 1
@@ -152,6 +178,7 @@ class ImportScan(cst.CSTVisitor):
             bound = alias_bound(alias)
             if family is not None:
                 self.shared.aliases(family).add(bound)
+                self.sites.setdefault(bound, set()).add(self.functions[-1] if self.functions else None)
             elif self.depth == 0:
                 self.shared.global_imports.add(bound)
 
@@ -211,6 +238,9 @@ class ImportPlan:
     all_needs: Dict[str, Set[str]]
     remove: Dict[str, bool]
     has_module_site: Dict[str, bool]
+    #: Families used outside the functions that import them (ImportScan.stray): their native
+    #: imports go at module level too.
+    stray: Set[str]
     global_imports: Set[str]
     helpers: Sequence[str]
 
@@ -234,6 +264,7 @@ class ImportFixer(cst.CSTTransformer):
         self.module_imports: Set[str] = set()
         self.sites_seen: Set[str] = set()
         self.block_stack: List[Set[str]] = []
+        self.stray_top: Set[str] = set()
 
     # Track names imported earlier in the current block (function bodies).
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
@@ -249,6 +280,9 @@ class ImportFixer(cst.CSTTransformer):
 
     def visit_Module(self, node: cst.Module) -> None:
         self.module_imports = _imports_in(node.body) | self.plan.global_imports
+        # what stray uses need goes at the top (leave_Module), so not again at the function's import
+        self.stray_top = set().union(*(self.plan.unit_needs[f] for f in self.plan.stray)) - self.module_imports
+        self.module_imports |= self.stray_top
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
@@ -321,7 +355,7 @@ class ImportFixer(cst.CSTTransformer):
         for family, names in self.plan.unit_needs.items():
             if names and family not in self.sites_seen and not self.plan.has_module_site[family]:
                 missing |= names
-        top = [n for n in _ORDER if n in missing and n not in self.module_imports]
+        top = [n for n in _ORDER if (n in missing and n not in self.module_imports) or n in self.stray_top]
         index = _after_header(body)
         insert: List[cst.BaseStatement] = [cst.parse_statement(IMPORT_FOR_NAME[n] + "\n") for n in top]
         index_after_imports = _after_leading_imports(body, index)

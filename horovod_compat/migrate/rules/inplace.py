@@ -15,7 +15,8 @@ in forward hooks), so every ``model(...)`` call, wherever it is made, averages t
   a module DDP can own, so it blocks the rewrite;
 * ``M.forward(...)`` bypasses the hooks, ``copy.deepcopy(M)`` after the wrap and ``torch.save(M)``
   (the whole module) fail on a replicated module: each blocks the rewrite;
-* the wrap runs once per module (``replicate`` refuses a second application), so not in a loop;
+* the wrap runs once per module (``replicate`` refuses a second application), so not in a loop,
+  and a second wrap of the same name only after the name was bound to a new module;
 * options as in optimizer.py: fp16 compression -> DDP's fp16 comm hook; ``groups`` dropped;
   Average only; ``backward_passes_per_step`` above 1, process sets, and ``**kwargs`` block it.
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Dict, List, Optional, Set, Union
+from typing import Any, Dict, List, Optional, Union
 
 import libcst as cst
 from libcst.metadata import Scope
@@ -212,17 +213,29 @@ def _hazard(model: str, code: str, line: int, end: int) -> Optional[str]:
     return None
 
 
+def _rebound_between(model: str, first: int, line: int, facts: Facts, call: cst.Call) -> bool:
+    """True when the plain name `model`, wrapped at line `first`, is bound again (``model, opt =
+    build()``) before the wrap at `line`, in the scope of this wrap: the name then holds a new
+    module, which replicate() has not seen."""
+    scope = facts.scopes.get(call)
+    if scope is None or not model.isidentifier() or model not in scope.assignments:
+        return False
+    return any(first < facts.positions[a.node].start.line < line for a in scope.assignments[model]
+               if a.node in facts.positions)
+
+
 #: The comment at each replicate() line: the difference from Horovod it carries.
 _COMMENT = "# DDP in place; unused parameters keep grad None (Horovod: zeros)"
 
 
 def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
-         taken: Set[str], first: List[str]) -> Union[InPlace, str]:
+         taken: Dict[str, int], first: List[str]) -> Union[InPlace, str]:
     """The in-place rewrite of the DistributedOptimizer `call`, or why it cannot be made.
 
     `options` is what optimizer.py made of the call's options (without an error); `taken` holds
-    the models other wraps of this module already replicated; `first`, the lines that go first
-    (optimizer.py's: the inner optimizer's state cleared, the Adasum guard)."""
+    the models other wraps of this module already replicated, with the line of their wrap;
+    `first`, the lines that go first (optimizer.py's: the inner optimizer's state cleared, the
+    Adasum guard)."""
     if not torch_api.has("replicate"):
         return "this torch has no torch.distributed._composable.replicate"
     if has_star_args(call):
@@ -252,12 +265,12 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
     if not found:
         return "it holds no module's parameters"
     for model in found:
-        if model in taken:
+        if model in taken and not _rebound_between(model, taken[model], line, facts, call):
             return f"`{model}` is also under another DistributedOptimizer; replicate() applies once per module"
         hazard = _hazard(model, facts.module_code, line, _end_of_function(stmt, facts))
         if hazard:
             return hazard
-    taken.update(found)
+    taken.update(dict.fromkeys(found, line))
     lines = list(first)
     for model in found:
         lines.append(f"replicate({model}, find_unused_parameters=True)  {_COMMENT}\n")

@@ -14,7 +14,8 @@ libcst's scope analysis before it rewrites anything:
 * every option must have a native meaning: ``compression=fp16`` -> DDP's fp16 comm hook;
   ``groups``/``num_groups`` only grouped tensors for fusion (DDP buckets on its own) and are
   dropped; ``backward_passes_per_step=N`` -> ``no_sync()`` when the loop has the one shape
-  accumulation.py can prove; ``op=hvd.Sum`` -> a comm hook that sums (``_native_sum_gradients``);
+  accumulation.py can prove; ``op=hvd.Sum`` -> a comm hook that sums (``_native_sum_gradients``,
+  in torch's ``fp16_compress_wrapper`` with fp16 compression);
   a predivide factor (with Average) is dropped; other ops, ``sparse_as_dense`` and process sets
   are flagged.
 
@@ -135,10 +136,17 @@ class _Options:
     def comm_hook_lines(self, module: str, ctx: RewriteContext) -> List[str]:
         """The lines that register the compression's comm hook on `module` (a DDP wrapper or a
         replicated module), when one is chosen."""
-        if self.sum:  # (never with fp16: _check_options refuses the pair)
+        if self.sum:  # (fp16 "True", "False" or a condition: _check_options refuses a named hook)
             ctx.need_helper("_native_sum_gradients")
-            return [f"{module}.register_comm_hook(None, _native_sum_gradients)  "
-                    "# op=hvd.Sum: gradients summed, not averaged\n"]
+            note = "# op=hvd.Sum: gradients summed, not averaged"
+            if self.fp16 == "False":
+                return [f"{module}.register_comm_hook(None, _native_sum_gradients)  {note}\n"]
+            ctx.need(HVD, "default_hooks")
+            sent_as_fp16 = "default_hooks.fp16_compress_wrapper(_native_sum_gradients)"
+            if self.fp16 == "True":
+                return [f"{module}.register_comm_hook(None, {sent_as_fp16})  {note}, sent as float16\n"]
+            return [f"{module}.register_comm_hook(None, {sent_as_fp16} if {self.fp16} else "
+                    f"_native_sum_gradients)  {note}\n"]
         if self.fp16 != "False" or any("fp16" in v for v in self.constants.values()):
             ctx.need(HVD, "default_hooks")
         if self.hook_name is not None:
@@ -211,9 +219,10 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
             return _Options("op=Adasum has no torch.distributed/DDP equivalent")
         unknown = choice.constants - set(_OPS)
         if choice.constants == {"Sum"}:  # (only Sum can be chosen: the hook always sums)
-            if options.fp16 != "False" or options.hook_name is not None:
-                return _Options("op=hvd.Sum with fp16 compression: DDP's fp16 comm hook averages; "
-                                "write a hook that compresses and sums by hand")
+            if options.hook_name is not None:
+                return _Options(f"op=hvd.Sum with the compression held in `{options.hook_name}`: DDP's "
+                                "fp16 comm hook averages; register "
+                                "default_hooks.fp16_compress_wrapper(a hook that sums) by hand")
             options.sum = True
             options.constants.update({leaf: constants.NATIVE_VALUES[c] for leaf, c in choice.leaves.items()})
             options.notes.append("op=hvd.Sum: a comm hook sums the gradients (DDP's own averages)")
@@ -417,14 +426,14 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     if ctx.shared.calls_join:
         return ("the program calls hvd.join(): its joined ranks stand in for the native optimizer's "
                 "reductions (DDP would need its Join context manager around the training loop)")
-    touched = _reads_gradients(facts.module_code)
+    touched = _reads_gradients(facts)
     if touched and not _has_synchronize(scope, target.value, facts):
         return (
             f"{GRADIENTS_READ} (`{touched}`) and `{target.value}.synchronize()` is never "
             "called: under Horovod, code between backward() and step() saw the gradients before "
-            "their averaging finished; under DDP it would see them averaged. The native optimizer "
-            "keeps Horovod's order (call synchronize() first, as Horovod's docs advise, to read "
-            "averaged gradients)"
+            "their averaging finished; under DDP it would see them averaged (call synchronize() "
+            "first, as Horovod's docs advise, to read averaged gradients; --emulate keeps Horovod's "
+            "order)"
         )
     accumulation = None
     if passes != "1":
@@ -506,10 +515,24 @@ def _state_made_before(name: str, stmt: cst.CSTNode, facts: _Facts) -> bool:
                      r"(?:load_state_dict|step)\(", before) is not None
 
 
-def _reads_gradients(code: str) -> Optional[str]:
-    """The first gradient read/clip in the module (``p.grad``, ``clip_grad_norm_``), if any."""
-    match = _GRAD_READ.search(code)
-    return match.group(0) if match else None
+#: A base class that makes a class an optimizer: ``Optimizer``, ``torch.optim.Optimizer``,
+#: ``optim.SGD`` (any of torch.optim's).
+_OPTIMIZER_BASE = re.compile(r"^(?:(?:torch\.)?optim\.\w+|Optimizer)$")
+
+
+def _reads_gradients(facts: _Facts) -> Optional[str]:
+    """The first gradient read/clip in the module (``p.grad``, ``clip_grad_norm_``), if any, outside
+    the classes that define an optimizer: their ``step()`` reads the gradients when Horovod's
+    wrapper calls it, after the averaging (so it reads averaged ones under DDP too)."""
+    inside = [(facts.positions[node].start.line, facts.positions[node].end.line) for node in facts.parents
+              if isinstance(node, cst.ClassDef)
+              and any(_OPTIMIZER_BASE.match(code_of(base.value).strip()) for base in node.bases)]
+    code = facts.module_code
+    for match in _GRAD_READ.finditer(code):
+        line = code.count("\n", 0, match.start()) + 1
+        if not any(start <= line <= end for start, end in inside):
+            return match.group(0)
+    return None
 
 
 def _has_synchronize(scope: Scope, name: str, facts: _Facts) -> bool:
@@ -561,7 +584,7 @@ def plan_optimizers(
     module.visit(finder)
     plan = OptimizerPlan()
     facts = _Facts(positions, scopes, parents, names, names_elsewhere, module.code)
-    replicated: Set[str] = set()
+    replicated: Dict[str, int] = {}
     for call in finder.calls:
         assign = parents.get(call)
         stmt = parents.get(assign) if assign is not None else None
@@ -576,24 +599,24 @@ def plan_optimizers(
             reason = _plan_one(stmt, call, facts, ctx, plan)
         if reason is None:
             continue
-        why_not = _plan_in_place(call, facts, ctx, plan, replicated)
+        why_not = _plan_in_place(call, facts, ctx, plan, replicated, len(finder.calls) == 1)
         if why_not is not None:
             plan.flagged[call] = reason if why_not == reason else f"{reason}; not in place either: {why_not}"
     return plan
 
 
 def _plan_in_place(call: cst.Call, facts: _Facts, ctx: RewriteContext, plan: OptimizerPlan,
-                   replicated: Set[str]) -> Optional[str]:
+                   replicated: Dict[str, int], only_one: bool) -> Optional[str]:
     """Plan `call` as a model made data-parallel in place (inplace.py); the reason when it cannot."""
     options = _check_options(call, ctx, facts)
     if options.error:
         return options.error
     if ctx.shared.calls_join:
         return "the program calls hvd.join() (DDP would need its Join context manager)"
-    uses = _optimizer_uses_by_text(call, facts)
+    uses = _optimizer_uses_by_text(call, facts, only_one)
     if isinstance(uses, str):
         return uses
-    touched = _reads_gradients(facts.module_code)
+    touched = _reads_gradients(facts)
     if touched and not uses.remove:
         return (f"{GRADIENTS_READ} (`{touched}`) and the optimizer's synchronize() is never called: "
                 "under Horovod that code saw the gradients before their averaging finished")
@@ -618,24 +641,29 @@ def _statement_of(node: cst.CSTNode, facts: _Facts) -> Optional[cst.SimpleStatem
 _DEVICE_SYNC = re.compile(r"^(?:torch\.)?(?:cuda|mps|xpu|xm|torch_xla\.\w+)$|\.(?:cuda|mps|xpu)$")
 
 
-def _optimizer_uses_by_text(call: cst.Call, facts: _Facts) -> Union["OptimizerPlan", str]:
+def _optimizer_uses_by_text(call: cst.Call, facts: _Facts, only_one: bool) -> Union["OptimizerPlan", str]:
     """The ``T.synchronize()`` statements to drop and ``with T.skip_synchronize():`` blocks to
     unwrap, where T is the target the wrapped optimizer is assigned to (a name or attribute
     chain); or why some call of them cannot be told to be this optimizer's (a plain torch
-    optimizer has neither method, so none may stay)."""
+    optimizer has neither method, so none may stay). When the file has `only_one`
+    DistributedOptimizer, a receiver of ``skip_synchronize()`` (only Horovod's optimizer has that
+    method) is this optimizer under another name (``optimizer = self.create_optimizer()``), and so
+    are its ``synchronize()`` calls."""
     assign = facts.parents.get(call)
     target = code_of(assign.targets[0].target).strip() \
         if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
+    calls = [node for node in facts.parents
+             if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and not node.args
+             and node.func.attr.value in ("synchronize", "skip_synchronize")]
+    names = {target} | ({code_of(node.func.value).strip() for node in calls
+                         if node.func.attr.value == "skip_synchronize"} if only_one else set())
     found = OptimizerPlan()
-    for node in facts.parents:
-        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and not node.args
-                and node.func.attr.value in ("synchronize", "skip_synchronize")):
-            continue
+    for node in calls:
         receiver = code_of(node.func.value).strip()
         if node.func.attr.value == "synchronize" and _DEVICE_SYNC.search(receiver):
             continue
         line = facts.positions[node].start.line
-        if receiver != target:
+        if receiver not in names:
             return (f"`{receiver}.{node.func.attr.value}()` at line {line} may be this optimizer's, which "
                     "the rewriter cannot tell")
         if not _drop_sync(node, facts, found):
