@@ -255,12 +255,13 @@ def test_pytorch_imagenet_resnet50_rewritten_trains_like_the_unchanged_script_on
     unchanged script's on the shim (the scripts print their metrics only to a progress bar; the
     weights are the stronger check).
 
-    --wd 0: with weight decay the two runs legitimately differ.  Horovod's
-    broadcast_optimizer_state takes one step on zero gradients to create the optimizer's state,
-    and with weight decay that step moves the weights (by lr * wd * w); the rewrite keeps that
-    (_native_broadcast_optimizer_state), while the shim deliberately puts the weights back
-    (horovod_compat/torch/functions.py, _materialize_state).  ResNet-50 with one image per rank
-    and step amplifies that 1e-6 nudge into visibly different weights within a few steps.
+    --wd 0: Horovod's broadcast_optimizer_state takes one step on zero gradients to create the
+    optimizer's state, and with weight decay that step moves the weights (by lr * wd * w). The shim
+    (horovod_compat/torch/functions.py, _materialize_state) and the rewrite
+    (_native_broadcast_optimizer_state) both put the weights back, so they agree either way; the
+    run keeps --wd 0 so that the comparison does not rest on that step, which ResNet-50 with one
+    image per rank and step amplifies into visibly different weights within a few steps
+    (migration_guide/differences.md).
     """
     import torch
 
