@@ -341,11 +341,11 @@ class HorovodTransformer(cst.CSTTransformer):
             return updated_node  # its statement is replaced in leave_SimpleStatementLine
         if original_node in self.plan.flagged:
             why = self.plan.flagged[original_node]
-            native = optimizer_hooks.rewrite(updated_node, self.ctx, why) \
-                if name == "DistributedOptimizer" and self.ctx.shared.emulate else None
-            if native is not None:  # Horovod's own semantics, no DDP proof needed (--emulate)
-                return self._apply(original_node, updated_node, f"hvd.{name}", native)
-            if name == "DistributedOptimizer" and optimizer_hooks.could_rewrite(updated_node, self.ctx):
+            if name == "DistributedOptimizer" and self.ctx.shared.emulate:
+                native = optimizer_hooks.rewrite(updated_node, self.ctx, why)
+                if native is not None:  # Horovod's own semantics, no DDP proof needed
+                    return self._apply(original_node, updated_node, f"hvd.{name}", native)
+            elif name == "DistributedOptimizer" and optimizer_hooks.could_rewrite(updated_node, self.ctx):
                 why += (" (--emulate writes _native_distributed_optimizer here instead: Horovod's "
                         "averaging in the optimizer, the same numbers)")
             self._flag(original_node, f"hvd.{name}", why)

@@ -32,6 +32,7 @@ it is built).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
@@ -86,6 +87,11 @@ class _Facts:
     names_in_module: Set[str]
     names_elsewhere: Set[str]
     module_code: str
+
+    @functools.cached_property
+    def gradient_read(self) -> Optional[str]:
+        """_reads_gradients of the module: one walk, whichever DistributedOptimizer asks."""
+        return _reads_gradients(self)
 
 
 class _FindOptimizers(cst.CSTVisitor):
@@ -426,7 +432,7 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     if ctx.shared.calls_join:
         return ("the program calls hvd.join(): its joined ranks stand in for the native optimizer's "
                 "reductions (DDP would need its Join context manager around the training loop)")
-    touched = _reads_gradients(facts)
+    touched = facts.gradient_read
     if touched and not _has_synchronize(scope, target.value, facts):
         return (
             f"{GRADIENTS_READ} (`{touched}`) and `{target.value}.synchronize()` is never "
@@ -616,7 +622,7 @@ def _plan_in_place(call: cst.Call, facts: _Facts, ctx: RewriteContext, plan: Opt
     uses = _optimizer_uses_by_text(call, facts, only_one)
     if isinstance(uses, str):
         return uses
-    touched = _reads_gradients(facts)
+    touched = facts.gradient_read
     if touched and not uses.remove:
         return (f"{GRADIENTS_READ} (`{touched}`) and the optimizer's synchronize() is never called: "
                 "under Horovod that code saw the gradients before their averaging finished")
