@@ -22,9 +22,13 @@ server gone), ranks start as plain processes.
 A worker's server also *learns* (`LEARNED`): a module that costs seconds to import, that the
 front end cannot know a job needs (TensorFlow: a ``horovod.spark.run`` / ``HorovodRunner``
 function that trains with ``horovod.tensorflow``), and that one of its ranks imported, the server
-imports itself once its ranks have all ended, so the worker's next job forks ranks that have it
-already (a TensorFlow rank then starts as fast as a torch rank: no 4-6 s of CPU per rank for
-``import tensorflow``); so does ``torch._dynamo``, which torch imports at a rank's first optimizer.
+imports itself when it is used again (the next spawn request, before it forks), so that rank and
+every later one have it already (a TensorFlow rank then starts as fast as a torch rank: no 4-6 s
+of CPU per rank for ``import tensorflow``); so does ``torch._dynamo``, which torch imports at a
+rank's first optimizer. A server that no job comes back to (Spark ends idle Python workers, and
+a failed task's) imports nothing. Learning right after a job cost 3-9 s of CPU per server
+whether or not it was used again: in a profiled run of the test suite (tests/cpu_profile.py),
+92 servers spent 498 CPU-s, about 170 of them beyond their own import of torch.
 Only modules checked safe to fork after are learned: importing TensorFlow starts no thread and no
 eager context (its thread pools start in the rank, at its first op), nor does ``torch._dynamo``
 (its compile workers start at a rank's first ``torch.compile``).
@@ -102,7 +106,7 @@ class ForkServer:
 
     def __init__(self, python: str, preload: Sequence[str], env: Mapping[str, str], cwd: str,
                  learn: Sequence[str] = ()) -> None:
-        """`learn`: modules the server imports between jobs once a rank has (`LEARNED`); a job's
+        """`learn`: modules the server imports when used again once a rank has (`LEARNED`); a job's
         own server (`PythonLauncher.keep_warm`) learns nothing, as no later job uses it."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -322,6 +326,10 @@ def serve(sock: socket.socket, preload: Sequence[str], learn: Sequence[str] = ()
                         data, fds = b"", []
                     if not data:
                         return  # the worker is gone
+                    # used again: what an earlier job's ranks imported now pays off (a server
+                    # that no job comes back to, as when Spark ends its worker, imports nothing)
+                    learning.read()
+                    learning.import_wanted()
                     pid = os.fork()
                     if pid == 0:
                         selector.close()
@@ -342,12 +350,10 @@ def serve(sock: socket.socket, preload: Sequence[str], learn: Sequence[str] = ()
                     running.difference_update(_reap(sock))
             # a rank writes before it exits: what it wrote is in the pipe when it is reaped
             learning.read()
-            if not running:
-                learning.import_wanted()
 
 
 class _Learning:
-    """The server's side of `LEARNED`: which modules its ranks imported, imported between jobs."""
+    """The server's side of `LEARNED`: which modules its ranks imported, imported when used again."""
 
     def __init__(self, learn: Sequence[str], pipe: int) -> None:
         self.learn = tuple(learn)

@@ -17,7 +17,7 @@ class PythonLauncher(Launcher):
 
     `preload` names modules every rank imports anyway (torch, for a PyTorch front end). In a Spark
     task whose Python worker is reused, the ranks are then forked from a warm `forkserver` that
-    imported them once for every later job of that worker (and that imports, between jobs, the
+    imported them once for every later job of that worker (and that imports, when a later job uses it, the
     TensorFlow a rank of an earlier job imported: `forkserver.LEARNED`). In a job that adds ranks while it
     runs (`keep_warm`: an elastic job), the ranks are forked from a fork server of that job, so a
     replacement rank starts with its modules already imported. With `across_launches` (a launch

@@ -214,9 +214,9 @@ def _import_colorsys():
 
 def test_a_worker_server_learns_what_its_ranks_imported_for_the_next_job(monkeypatch):
     """`forkserver.LEARNED` (TensorFlow in production; a cheap module here): the first job's
-    ranks import it themselves, the server imports it once they have ended, and the next job's
-    ranks are forked with it. Deterministic: a rank reports before it exits, and the server
-    imports before it reads the next job's spawn request."""
+    ranks import it themselves, the server imports it when the next job's first spawn request
+    comes, and that job's ranks are forked with it. Deterministic: a rank reports before it
+    exits, and the server reads the reports and imports before it forks."""
     monkeypatch.setattr(forkserver, "LEARNED", ("colorsys",))
     launcher = warm_launcher()
     first = run_function(_import_colorsys, num_processes=2, return_all=True, launcher=launcher,
