@@ -115,6 +115,7 @@ def kind_of(cmd: str, comm: str, parent_cmd: str) -> str:
         if server in cmd:  # a forked rank keeps its server's command line
             return f"{server.split('.')[1]} {'rank' if server in parent_cmd else 'server'}"
     for word, name in (("rank_entry", "rank (new process)"), ("pyspark.daemon", "pyspark worker"),
+                       ("horovod_compat.run_rank", "rank (new process, a script's runner)"),
                        ("horovod_compat.run", "horovodrun"),
                        ("exec(eval(sys.stdin", "pytest worker (xdist)"),
                        ("-m pytest", "pytest (in a rank or a job)"), ("java", "java")):
