@@ -353,7 +353,8 @@ def serve(sock: socket.socket, preload: Sequence[str], learn: Sequence[str] = ()
 
 
 class _Learning:
-    """The server's side of `LEARNED`: which modules its ranks imported, imported when used again."""
+    """The server's side of `LEARNED`: which modules its ranks imported, imported when the
+    server is used again."""
 
     def __init__(self, learn: Sequence[str], pipe: int) -> None:
         self.learn = tuple(learn)

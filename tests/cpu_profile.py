@@ -5,7 +5,7 @@ of the children it waited for. It cannot see what outlives its parent: warm fork
 ranks they fork, Spark's JVM and Python workers, processes of simulated hosts. Together those are
 most of the run's CPU. This tool sees them all::
 
-    sudo python tests/cpu_profile.py --out cpu.md -- -q -p no:cacheprovider   # after --: scripts/test.sh's
+    sudo python tests/cpu_profile.py --out cpu.md -- -q -p no:cacheprovider  # after --: test.sh's
     python tests/cpu_profile.py --report --out cpu.md --acct FILE --seen FILE # the report again
 
 It needs root (Linux BSD process accounting, the ``acct(2)`` call; no package): the kernel then
