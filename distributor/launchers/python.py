@@ -21,10 +21,10 @@ class PythonLauncher(Launcher):
     uses it, the TensorFlow a rank of an earlier job imported: `forkserver.LEARNED`). In a job that
     adds ranks while it runs (`keep_warm`: an elastic job), the ranks are forked from a fork server
     of that job, so a replacement rank starts with its modules already imported. With
-    `across_launches` (a launch from the command line or a script, on this host), the ranks are forked from this user's
-    `forkserver_daemon`, which stays after the launch with what its ranks imported (torch,
-    TensorFlow) for the next one. Elsewhere, or where no server can be used, they are plain
-    processes.
+    `across_launches` (a launch from the command line or a script, on this host), the ranks are
+    forked from this user's `forkserver_daemon`, which stays after the launch with what its ranks
+    imported (torch, TensorFlow) for the next one. Elsewhere, or where no server can be used, they
+    are plain processes.
     """
 
     capabilities = LauncherCapabilities(adds_ranks=True, runs_executor_python=True,
