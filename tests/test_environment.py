@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -98,6 +99,21 @@ def test_readme_names_the_tested_versions():
     assert oldest and oldest.group(1).startswith(_setup_cfg_minimum("cloudpickle")), section
     python = re.search(r"^\| Python \| (3\.\d+) \|", section, re.M)
     assert python and python.group(1) == "%d.%d" % sys.version_info[:2], section
+
+
+def test_pyspark_takes_the_locked_pandas_without_a_warning():
+    """PySpark 4.3 warns "does not yet fully support pandas >= 3.0.0" on every job (its check runs
+    wherever it converts to or from pandas): the lock and the spark extra keep pandas below 3."""
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    from pyspark.sql.pandas.utils import require_minimum_pandas_version
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        require_minimum_pandas_version()
+    config = configparser.ConfigParser()
+    config.read(os.path.join(ROOT, "setup.cfg"))
+    spark = config["options.extras_require"]["spark"].split()
+    assert "pandas>=1.5,<3" in spark, spark
 
 
 OLDEST_CLOUDPICKLE = os.path.join(sys.prefix, "cloudpickle-oldest")
