@@ -8,6 +8,9 @@ tasks; the ranks of one host get local ranks 0..k-1, as Horovod groups them. Ins
 MPI, or from the torchrun variables the engine sets), and `HOROVOD_*` variables set on the driver
 (notably `HOROVOD_TIMELINE`) are forwarded.
 
+With `np < 0` every rank's output reaches the driver, as Databricks sends it to the notebook cell;
+with `np > 0` `driver_log_verbosity` decides.
+
 `np == 0` was Databricks' deprecated "use every task slot" mode; here it is an error that says
 which value to pass instead, because silently grabbing the whole cluster surprises more users
 than it helps.
@@ -33,9 +36,12 @@ class HorovodRunner:
     one mpirun across the tasks. `np == 0` (Databricks' deprecated "every task slot") is an error
     that says which value to pass.
 
-    `driver_log_verbosity`: `"log_callback_only"` (the default) shows on the driver only what ranks
-    send with `sparkdl.horovod.log_to_driver`; `"all"` streams every rank's output. A failure
-    always shows the failing rank's whole traceback.
+    `driver_log_verbosity` applies to `np > 0`, as on Databricks: `"log_callback_only"` (the
+    default) shows on the driver only what ranks send with `sparkdl.horovod.log_to_driver`, and
+    when the job ends says how many lines the ranks printed that were not shown; `"all"` streams
+    every rank's output. With `np < 0` every rank's output is shown, whatever the verbosity
+    (Databricks sends it to the notebook cell). A failure always shows the failing rank's whole
+    traceback.
     """
 
     def __init__(self, np: int, driver_log_verbosity: str = "log_callback_only") -> None:
@@ -68,15 +74,16 @@ class HorovodRunner:
             FunctionTarget(main, (), dict(kwargs)), abs(self.num_processor),
             env=horovod_environment(), start_timeout=_start_timeout(),
         )
-        show_all = self.driver_log_verbosity == "all"
+        quiet = None if self.local_mode or self.driver_log_verbosity == "all" else _Quiet()
         placement, launcher = self._placement_and_launcher()
-        return launch(
-            request,
-            placement=placement,
-            launcher=launcher,
-            output=None if show_all else _keep_quiet,
-            on_message=_print_log_message,
-        )
+        result = launch(request, placement=placement, launcher=launcher, output=quiet,
+                        on_message=_print_log_message)
+        if quiet is not None and quiet.hidden:
+            print(f"HorovodRunner: the ranks printed {quiet.hidden} line(s) that were not shown: "
+                  'driver_log_verbosity="log_callback_only" (the default) shows only what they '
+                  "send with sparkdl.horovod.log_to_driver; HorovodRunner(np=..., "
+                  'driver_log_verbosity="all") shows every line.', flush=True)
+        return result
 
     def _placement_and_launcher(self) -> Tuple[Any, Any]:
         """Driver only: mpirun on this host. Cluster: one mpirun across the Spark tasks."""
@@ -108,8 +115,15 @@ def _start_timeout() -> float:
     return float(os.environ.get("HOROVOD_START_TIMEOUT", "120"))
 
 
-def _keep_quiet(rank: Optional[int], stream: str, line: str) -> None:
-    """Output handler of `log_callback_only`: lines are kept for the error report, not shown."""
+class _Quiet:
+    """Output handler of `log_callback_only`: lines are counted, not shown (the engine keeps them
+    for the error report of a failed rank)."""
+
+    def __init__(self) -> None:
+        self.hidden = 0
+
+    def __call__(self, rank: Optional[int], stream: str, line: str) -> None:
+        self.hidden += 1
 
 
 def _print_log_message(rank: int, message: Any) -> None:

@@ -1,6 +1,7 @@
 """HorovodRunner(np > 0): ranks as a Spark barrier stage on a real local-cluster."""
 from __future__ import annotations
 
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -45,6 +46,7 @@ def train_hvd(learning_rate):
     loss.backward()
     opt.step()
     log_to_driver(f"rank {hvd.rank()} of {hvd.size()} trained")
+    print(f"plain print from rank {hvd.rank()}")
     weights = hvd.allgather(model.weight.detach())
     with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
         parent = cmdline.read().split(b"\0")[0].decode()
@@ -78,6 +80,11 @@ def test_np_positive_trains_on_the_cluster(spark, capsys, monkeypatch, tmp_path)
     assert result["timeline"] == str(tmp_path / "tl.json")
     out = capsys.readouterr().out
     assert "rank 0 of 2 trained" in out and "rank 1 of 2 trained" in out
+    # log_callback_only (the default on a cluster): a plain print is not shown, but counted
+    assert "plain print" not in out
+    assert re.search(r'^HorovodRunner: the ranks printed [1-9]\d* line\(s\) that were not shown: '
+                     r'driver_log_verbosity="log_callback_only" .* driver_log_verbosity="all"\) '
+                     r"shows every line\.$", out, re.M), out
 
 
 def fail_on_rank1():
