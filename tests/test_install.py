@@ -1,9 +1,11 @@
-"""`pip install horovod-compat` -- the core, no extra -- in a fresh virtual environment (the lock's
-versions): an unchanged Horovod script trains under horovodrun, and every feature whose extra is
-missing says which `pip install` line brings it, before it starts anything."""
+"""The README's install command for the core, run as it stands (``pip install ./horovod-compat``,
+from a folder where ``horovod-compat`` is this checkout) in a fresh virtual environment, at the
+lock's versions: an unchanged Horovod script trains under horovodrun, and every feature whose extra
+is missing says which `pip install` line brings it, before it starts anything."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -30,18 +32,40 @@ TRAIN = textwrap.dedent("""\
     """)
 
 
+def readme_install_commands():
+    """The commands of the README's install block, in order (the first installs the core)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Install"):text.index("## Quick start")]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_installs_from_a_checkout_not_from_pypi():
+    """horovod-compat is not on PyPI: `pip install horovod-compat` fails for a new user."""
+    commands = readme_install_commands()
+    assert commands[0] == "pip install ./horovod-compat", commands
+    assert all(re.fullmatch(r"pip install '\./horovod-compat\[\w+\]'", c) for c in commands[1:]), \
+        commands
+
+
 @pytest.fixture(scope="module")
 def core(tmp_path_factory):
-    venv = tmp_path_factory.mktemp("core") / "venv"
+    """A fresh venv where the README's first install command ran, in a folder where
+    ``horovod-compat`` is this checkout. The lock's versions come in through PIP_CONSTRAINT (pip's
+    own variable for ``-c``); --no-compile is added: pip would byte-compile every module of torch
+    and its dependencies where the test imports a few hundred of them (the file: 43 -> 27 s,
+    45 -> 35 CPU-s); what is installed is the same."""
+    here = tmp_path_factory.mktemp("core")
+    venv = here / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    # --no-compile: pip would byte-compile every module of torch and its dependencies where the
-    # test imports a few hundred of them (the file: 43 -> 27 s, 45 -> 35 CPU-s); what is installed
-    # is the same.
-    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                           "--no-compile",
-                           "--disable-pip-version-check", "-c", str(ROOT / "constraints.txt"),
-                           str(ROOT)], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (here / "horovod-compat").symlink_to(ROOT)
+    command = readme_install_commands()[0]
+    env = dict(os.environ, PATH=os.pathsep.join([str(venv / "bin"), os.environ["PATH"]]),
+               PIP_CONSTRAINT=str(ROOT / "constraints.txt"), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.pop("VIRTUAL_ENV", None)
+    done = subprocess.run(f"{command} --quiet --no-compile", shell=True, cwd=here, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, command + "\n" + done.stdout[-3000:] + done.stderr[-3000:]
     return venv
 
 
