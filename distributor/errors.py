@@ -136,6 +136,13 @@ def parse_exception_line(line: str) -> Tuple[Optional[str], Optional[str]]:
 class DistributedRunError(RuntimeError):
     """Base class of every error the engine raises on the driver."""
 
+    def add_line(self, line: str) -> None:
+        """Append `line` to the message, after a blank line: what a front end knows of the
+        failure beyond the engine (e.g. where it kept the ranks' output). The attributes stay
+        as they are; a pickled copy carries the engine's message only."""
+        message = str(self.args[0]) if self.args else ""
+        self.args = (f"{message}\n\n{line}" if message else line, *self.args[1:])
+
 
 class LaunchValidationError(DistributedRunError, ValueError):
     """The launch request is wrong; raised before any process is started."""

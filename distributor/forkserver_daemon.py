@@ -106,19 +106,28 @@ def private_dir(settings: DaemonSettings) -> Optional[str]:
     path = settings.directory or (
         os.path.join(os.environ["XDG_RUNTIME_DIR"], "distributor-warm")
         if os.environ.get("XDG_RUNTIME_DIR") else f"/tmp/distributor-warm-{os.getuid()}")
+    problem = private_dir_problem(path)
+    if problem is not None:
+        log.log(logging.WARNING if os.path.lexists(path) else logging.INFO,
+                "no warm fork server: %s", problem)
+        return None
+    return path
+
+
+def private_dir_problem(path: str) -> Optional[str]:
+    """Create the directory `path` (mode 0700; its parent must exist) if it is missing. None if it
+    is then a directory of this user that no one else can open, else what is wrong with it."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     except OSError as exc:
-        log.info("no warm fork server: cannot create %s (%s)", path, exc)
-        return None
+        return f"cannot create {path} ({exc})"
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        log.warning("no warm fork server: %s must be a directory of this user that no one else "
-                    "can open (mode 0700); fix or remove it", path)
-        return None
-    return path
+        return (f"{path} must be a directory of this user that no one else can open (mode 0700); "
+                "fix or remove it")
+    return None
 
 
 def _secret(directory: str) -> bytes:

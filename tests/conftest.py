@@ -14,6 +14,7 @@ import pytest
 import procs
 import scheduling
 from horovod_compat.launch import job as horovod_job
+from horovod_compat.launch import output as horovod_output
 from timetable import configure as configure_time_table, pytest_addoption  # noqa: F401
 
 
@@ -62,6 +63,7 @@ def pytest_collection_modifyitems(config, items):
 CACHE_VARIABLE = "HOROVOD_COMPAT_CACHE_DIR"
 _cache_dir = pytest.StashKey[str]()
 _warm_dir = pytest.StashKey[str]()
+_tracebacks_dir = pytest.StashKey[str]()
 
 
 def pytest_configure(config):
@@ -71,8 +73,10 @@ def pytest_configure(config):
     2-core machine); so every process of the run gets one cache, made fresh for the run (as on a
     fresh machine: the first TensorFlow job of the run compiles, the others load) and removed after
     it.  The xdist workers, started after this, inherit it with the environment.  Tests of the
-    cache itself set their own.  A cache chosen outside the suite is kept.  Also registers the
-    time table when ``--time-table`` asks for it (tests/timetable.py)."""
+    cache itself set their own.  A cache chosen outside the suite is kept.  Failed Horovod jobs
+    keep their full tracebacks in files (horovod_compat/launch/output.py): the run's go to one
+    directory made for it and removed after it, not to the user's.  Also registers the time table
+    when ``--time-table`` asks for it (tests/timetable.py)."""
     configure_time_table(config)
     config.addinivalue_line("markers", "shares(name): the files marked with one name run one after "
                                        "another on one worker (tests/scheduling.py)")
@@ -82,6 +86,10 @@ def pytest_configure(config):
         os.environ[horovod_job.WARM_DIR_VAR] = path
         # the run's launches share warm fork servers; one the run stops waiting for goes sooner
         os.environ.setdefault(horovod_job.WARM_SECONDS_VAR, "60")
+    if not os.environ.get(horovod_output.TRACEBACKS_DIR_VAR):
+        path = tempfile.mkdtemp(prefix="horovod_compat-test-tracebacks-")
+        config.stash[_tracebacks_dir] = path
+        os.environ[horovod_output.TRACEBACKS_DIR_VAR] = path
     if os.environ.get(CACHE_VARIABLE):
         return
     path = tempfile.mkdtemp(prefix="horovod_compat-test-cache-")
@@ -90,9 +98,10 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    path = config.stash.get(_cache_dir, None)
-    if path is not None:
-        shutil.rmtree(path, ignore_errors=True)
+    for key in (_cache_dir, _tracebacks_dir):
+        path = config.stash.get(key, None)
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
     warm = config.stash.get(_warm_dir, None)
     if warm is not None and not hasattr(config, "workerinput"):  # the controller, after the workers
         procs.stop_warm_servers_in(warm)

@@ -17,12 +17,29 @@ Tracebacks a rank prints on stderr are shown for the user's code (unless ``verbo
   exception's line and where its full traceback is.
 
 Full tracebacks are kept: in ``DIR/rank.<rank>/stderr`` with ``--output-filename`` (those files
-hold every line as the rank wrote it), else in a file ``horovod-tracebacks-*.log`` in the temporary
-directory, made on the first traceback shortened (`tracebacks_path`).
+hold every line as the rank wrote it), else in a *tracebacks file*, made on the first traceback
+shortened (`RankOutput.tracebacks_path`), which holds each shortened traceback whole, its lines
+prefixed as the others. Where the tracebacks files go and how long they stay:
+
+* in one directory of this user's: ``$HOROVOD_COMPAT_TRACEBACKS_DIR``, else
+  ``horovod-compat-tracebacks-<uid>`` in the temporary directory (``$TMPDIR``, else ``/tmp``;
+  not ``$XDG_RUNTIME_DIR``, emptied at logout, while a failed job's tracebacks are often read
+  later). It is created with mode 0700 if missing, and must be this user's and closed to others
+  (mode 0700): otherwise it is not used, and tracebacks are shown in full, one line saying why;
+* named ``tracebacks-<YYYYmmdd-HHMMSS>-<random>.log``, by the time the file was made;
+* a job that succeeds removes its file when it ends: the file is there to explain a failure,
+  and a job that ends well needs none (``--verbose`` shows every traceback whole, as printed); a
+  job that fails keeps it, and the last line of its error names it (`KEPT_LINE`);
+* only the `KEEP_FILES` most recent files (by modification time) stay: making one removes the
+  older ones. Only this user's plain files with that name are ever removed: a directory chosen
+  with the variable may hold other files.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import stat
 import sys
 import tempfile
 import threading
@@ -30,7 +47,10 @@ import time
 from typing import IO, Dict, List, Optional, Tuple
 
 from distributor.engine import is_knock_on
-from distributor.errors import TRACEBACK_HEADER, fold_frames, fold_package, parse_exception_line
+from distributor.errors import (
+    TRACEBACK_HEADER, DistributedRunError, fold_frames, fold_package, parse_exception_line,
+)
+from distributor.forkserver_daemon import private_dir_problem
 
 #: The package whose frames the Horovod front ends fold in the tracebacks they show.
 PACKAGE = __name__.split(".")[0]
@@ -42,6 +62,55 @@ _CHAIN_LINES = (
     "The above exception was the direct cause of the following exception:",
     "During handling of the above exception, another exception occurred:",
 )
+
+#: The variable naming the directory of the tracebacks files (see the module).
+TRACEBACKS_DIR_VAR = "HOROVOD_COMPAT_TRACEBACKS_DIR"
+#: How many tracebacks files a directory keeps: the most recent ones.
+KEEP_FILES = 20
+#: The last line of a failed job's error when its tracebacks file was made.
+KEPT_LINE = "Full tracebacks of the ranks (shown shortened above): {path}"
+_FILE_NAME = re.compile(r"tracebacks-\d{8}-\d{6}-\w+\.log")
+
+
+def tracebacks_dir() -> str:
+    """The directory of the tracebacks files: ``$HOROVOD_COMPAT_TRACEBACKS_DIR``, else
+    ``horovod-compat-tracebacks-<uid>`` in the temporary directory."""
+    return os.environ.get(TRACEBACKS_DIR_VAR) or os.path.join(
+        tempfile.gettempdir(), f"horovod-compat-tracebacks-{os.getuid()}")
+
+
+def new_tracebacks_file(directory: Optional[str] = None) -> Tuple[IO[str], str]:
+    """A new tracebacks file, open for writing, and its path, in `directory` (default:
+    `tracebacks_dir()`, created 0700 if missing); the older files beyond the `KEEP_FILES` most
+    recent are removed. OSError saying what is wrong with the directory if it is not this
+    user's alone."""
+    directory = directory or tracebacks_dir()
+    problem = private_dir_problem(directory)
+    if problem is not None:
+        raise OSError(problem)
+    fd, path = tempfile.mkstemp(prefix=time.strftime("tracebacks-%Y%m%d-%H%M%S-"), suffix=".log",
+                                dir=directory)
+    _remove_old_files(directory, path)
+    return os.fdopen(fd, "w"), path
+
+
+def _remove_old_files(directory: str, new: str) -> None:
+    """Remove the tracebacks files of `directory` beyond the `KEEP_FILES` most recent, the file
+    `new` counted as the most recent (its time may equal another's)."""
+    found = []
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if not _FILE_NAME.fullmatch(name) or path == new:
+            continue
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:  # removed by another job meanwhile
+            continue
+        if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
+            found.append((info.st_mtime_ns, name, path))
+    for *_, path in sorted(found, reverse=True)[KEEP_FILES - 1:]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def padded_rank(rank: int, size: int) -> str:
@@ -62,7 +131,9 @@ class RankOutput:
     shortened as the module says unless `verbose`.
 
     The files hold the lines as the rank wrote them (timestamped if asked). Call `close()` after
-    the job.
+    the job, or use it as a context manager around the launch: leaving the ``with`` block also
+    removes the tracebacks file if the launch succeeded, and names it in the last line of the
+    launch's `DistributedRunError` if it failed (see the module).
     """
 
     def __init__(
@@ -83,6 +154,7 @@ class RankOutput:
         self._tracebacks: Dict[int, _Tracebacks] = {}
         self._kept: Optional[IO[str]] = None  # the tracebacks file, without `directory`
         self.tracebacks_path: Optional[str] = None
+        self._unkept = False  # no tracebacks file could be made: tracebacks are shown in full
         self._lock = threading.Lock()
         if directory:
             os.makedirs(directory, exist_ok=True)
@@ -120,20 +192,30 @@ class RankOutput:
         target.write("".join(f"{prefix}{line}\n" for line in lines))
         target.flush()
 
-    def _keep_path(self, rank: int) -> str:
-        """Where the full tracebacks of `rank` are kept."""
+    def _keep_path(self, rank: int) -> Optional[str]:
+        """Where the full tracebacks of `rank` are kept; None if nowhere (then they are shown in
+        full: the tracebacks directory cannot be used, as one line has said)."""
         if self._directory:
             return os.path.join(self._directory, f"rank.{padded_rank(rank, self._size)}", "stderr")
-        if self.tracebacks_path is None:
-            fd, self.tracebacks_path = tempfile.mkstemp(prefix="horovod-tracebacks-", suffix=".log")
-            self._kept = os.fdopen(fd, "w")
+        if self.tracebacks_path is None and not self._unkept:
+            try:
+                self._kept, self.tracebacks_path = new_tracebacks_file()
+            except OSError as exc:
+                self._unkept = True
+                self._print_own(f"tracebacks are shown in full, none can be kept in a file: "
+                                f"{exc}, or set {TRACEBACKS_DIR_VAR} to another directory")
         return self.tracebacks_path
+
+    def _print_own(self, line: str) -> None:
+        """Print a line of horovod-compat's own on the driver's stderr."""
+        target = self._streams.get("stderr") or sys.stderr
+        target.write(f"horovod-compat: {line}\n")
+        target.flush()
 
     def _keep(self, rank: int, block: List[str]) -> None:
         """Keep a traceback shown shortened (already in the rank's file with a `directory`)."""
-        if self._directory:
+        if self._directory or self._keep_path(rank) is None:
             return
-        self._keep_path(rank)
         prefix = line_prefix(rank, "stderr", self._timestamps)
         self._kept.write("".join(f"{prefix}{line}\n" for line in block))
         self._kept.flush()
@@ -152,8 +234,16 @@ class RankOutput:
     def __enter__(self) -> "RankOutput":
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: object, error: Optional[BaseException], tb: object) -> None:
         self.close()
+        path = self.tracebacks_path
+        if path is None:
+            return
+        if error is None:  # the launch succeeded
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        elif isinstance(error, DistributedRunError):
+            error.add_line(KEPT_LINE.format(path=path))
 
 
 class _Tracebacks:
@@ -193,16 +283,18 @@ class _Tracebacks:
 
     def _finish(self, block: List[str], keep) -> List[str]:
         _, message = parse_exception_line(block[-1])
-        if is_knock_on(message):
-            keep(block)
-            line = f"{block[-1]} [full traceback: {self._where()}]"
+        knock_on = is_knock_on(message)
+        folded = block if knock_on else fold_frames(block)
+        where = self._where() if knock_on or folded != block else None
+        if where is None:  # nothing to shorten, or nowhere to keep it whole
+            return self._release(block)
+        keep(block)
+        if knock_on:
+            line = f"{block[-1]} [full traceback: {where}]"
             chained = self._after_one_line and any(h in _CHAIN_LINES for h in self._held)
             out = ([] if chained else self._held) + [line]
             self._held, self._after_one_line = [], True
             return out
-        folded = fold_frames(block)
-        if folded != block:
-            keep(block)
         return self._release(folded)
 
     def flush(self) -> List[str]:

@@ -15,6 +15,7 @@ from spark_clusters import LOCAL_CLUSTER, no_active_jobs, shared_session  # noqa
 
 import horovod.spark  # noqa: E402
 from distributor import LaunchValidationError, RankFailedError  # noqa: E402
+from horovod_compat.launch.output import KEPT_LINE, TRACEBACKS_DIR_VAR  # noqa: E402
 from procs import processes_with  # noqa: E402
 from tiers import CI  # noqa: E402
 
@@ -80,11 +81,21 @@ def fail_on_rank_1():
 def test_a_failing_rank_reaches_the_driver_quickly_and_nothing_is_left(spark, monkeypatch):
     marker = f"HOROVOD_TEST_MARKER_{uuid.uuid4().hex}"
     monkeypatch.setenv("HOROVOD_TEST_MARKER", marker)  # driver HOROVOD_* reach every rank
+    err = io.StringIO()
     with pytest.raises(RankFailedError) as info:
-        horovod.spark.run(fail_on_rank_1, num_proc=2, stdout=io.StringIO(), stderr=io.StringIO())
+        horovod.spark.run(fail_on_rank_1, num_proc=2, stdout=io.StringIO(), stderr=err)
     error = info.value
     assert error.rank == 1 and error.exc_type == "ZeroDivisionError"
     assert "rank 1 divided by zero" in error.traceback and "fail_on_rank_1" in error.traceback
+    # a traceback shown shortened was kept whole in a file, which the error's last line names
+    shown = err.getvalue()
+    shortened = "frames in horovod_compat)" in shown or "[full traceback: " in shown
+    prefix = KEPT_LINE.split("{path}")[0]
+    last = str(error).split("\n")[-1]
+    assert last.startswith(prefix) == shortened, (last, shown)
+    if shortened:
+        path = last[len(prefix):]
+        assert os.path.dirname(path) == os.environ[TRACEBACKS_DIR_VAR] and os.path.isfile(path)
     assert no_active_jobs(spark)
     deadline = time.monotonic() + 60  # (no wait once they are gone)
     while _ranks_with_marker(marker) and time.monotonic() < deadline:
