@@ -9,11 +9,13 @@ or forwards the node's results unchanged.
 The op is compiled on first use, against the TensorFlow that is installed, with the C++ compiler
 (``$CXX``, else ``c++``), into ``$HOROVOD_COMPAT_CACHE_DIR`` (default
 ``$XDG_CACHE_HOME/horovod_compat``, else ``~/.cache/horovod_compat``), once per TensorFlow version,
-compiler flags and source: 4-20 s, by one process at a time (the ranks of a host start together:
+compiler flags and source: 5-30 s, by one process at a time (the ranks of a host start together:
 one compiles, the others wait for its library), after which every process loads the cached
-library.  Where it cannot be built (no compiler, no TensorFlow headers) or
-``HOROVOD_COMPAT_TF_NATIVE=0``, graph nodes raise as before (``UnknownError`` carrying Horovod's
-message) and ``status()`` says why.
+library.  The process that compiles says so in one line on stderr before it starts
+(``ANNOUNCEMENT``), which the launchers show as that rank's output; a process that loads the
+cached library, or waits for another's compile, prints nothing.  Where it cannot be built (no
+compiler, no TensorFlow headers) or ``HOROVOD_COMPAT_TF_NATIVE=0``, graph nodes raise as before
+(``UnknownError`` carrying Horovod's message), and a warning and ``status()`` say why.
 """
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ import fcntl
 import hashlib
 import logging
 import os
+import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Optional
@@ -47,6 +51,13 @@ def cache_dir() -> Path:
     return Path(base) / "horovod_compat"
 
 
+#: The line the compiling process prints on stderr before it compiles (``str.format``: ``version``,
+#: ``cache``).
+ANNOUNCEMENT = ("horovod_compat: compiling the TensorFlow check op for TensorFlow {version}, once "
+                "per machine and cache (about 5-30 s; the other ranks of this host wait for it); "
+                "cached in {cache}")
+
+
 def _build() -> Path:
     compiler = os.environ.get("CXX", "c++")
     flags = list(tf.sysconfig.get_compile_flags()) + list(tf.sysconfig.get_link_flags())
@@ -61,6 +72,10 @@ def _build() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if target.is_file():
             return target
+        if shutil.which(compiler) is None:  # nothing to compile with: no announcement
+            raise RuntimeError(f"could not run the C++ compiler {compiler!r}: not found")
+        print(ANNOUNCEMENT.format(version=tf.__version__, cache=cache_dir()), file=sys.stderr,
+              flush=True)
         return _compile(compiler, flags, target)
 
 
@@ -73,7 +88,8 @@ def _compile(compiler: str, flags: list, target: Path) -> Path:
         raise RuntimeError(f"could not run the C++ compiler {compiler!r}: {exc}") from exc
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n"
+                           f"{done.stderr[-2000:]}")
     os.replace(partial, target)  # atomic: a process never loads a partly written file
     return target
 
@@ -85,16 +101,27 @@ def check_op() -> Optional[Any]:
         return _loaded
     with _lock:
         if not _tried:
-            if os.environ.get("HOROVOD_COMPAT_TF_NATIVE", "1").strip().lower() in ("0", "false", "no"):
+            switch = os.environ.get("HOROVOD_COMPAT_TF_NATIVE", "1").strip().lower()
+            if switch in ("0", "false", "no"):
                 _why_not = "disabled by HOROVOD_COMPAT_TF_NATIVE=0"
             else:
+                # a missing compiler or missing headers must not stop training
                 try:
-                    _loaded = tf.load_op_library(str(_build())).horovod_compat_check
-                except Exception as exc:  # a missing compiler or headers must not stop training
-                    _why_not = f"could not build or load {_SOURCE.name}: {exc}"
-                    _log.warning("horovod.tensorflow: %s; a collective that fails inside a graph "
+                    library = _build()
+                except Exception as exc:
+                    _why_not = f"compiling {_SOURCE.name} failed: {exc}"
+                else:
+                    try:
+                        _loaded = tf.load_op_library(str(library)).horovod_compat_check
+                    except Exception as exc:
+                        _why_not = f"loading the compiled {library} failed: {exc}"
+                if _why_not is not None:
+                    _log.warning("horovod_compat: the TensorFlow check op is not available (%s); "
+                                 "training goes on, but a collective that fails inside a graph "
                                  "raises UnknownError (with Horovod's message) instead of its own "
-                                 "error type", _why_not)
+                                 "error type. To have the op, install a C++ compiler (or name one "
+                                 "in $CXX) and TensorFlow's headers; HOROVOD_COMPAT_TF_NATIVE=0 "
+                                 "skips it", _why_not)
             _tried = True
     return _loaded
 

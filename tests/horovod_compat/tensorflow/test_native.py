@@ -6,11 +6,15 @@ import importlib.util
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from distributor import run_function
 from warm import warm_launcher
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch"))
+from hvd_launch import horovodrun  # noqa: E402
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
                                 reason="tensorflow is not installed (pip install "
@@ -27,44 +31,88 @@ def _status_of(done):
     return next(l for l in done.stdout.splitlines() if l.startswith("STATUS ")), done.stderr
 
 
-def _status_in_fresh_process(env):
-    return _status_of(subprocess.run([sys.executable, "-c", _STATUS_CODE],
-                                     env=dict(os.environ, **env), capture_output=True, text=True,
-                                     timeout=300))
+#: A rank of ``horovodrun``: the op's status, and the TensorFlow it was built for.
+_RANK_PROGRAM = ("import tensorflow as tf\n"
+                 "from horovod_compat.tensorflow import _native\n"
+                 "print('STATUS', _native.status())\n"
+                 "print('VERSION', tf.__version__)\n")
+
+#: The compiling rank's line (_native.ANNOUNCEMENT).
+_ANNOUNCED = ("horovod_compat: compiling the TensorFlow check op for TensorFlow {version}, "
+              "once per machine and cache (about 5-30 s; the other ranks of this host wait for "
+              "it); cached in {cache}")
+
+
+def _announcements(output):
+    return [line for line in output.splitlines() if "compiling the TensorFlow check op" in line]
 
 
 def test_the_op_is_built_once_into_the_cache_and_loaded_from_it(tmp_path):
-    """Two processes that start together (the ranks of a host) build the op once: one compiles,
-    the other waits for its library; a later process loads it without compiling."""
+    """The two ranks of a ``horovodrun`` (they start together) build the op once: one compiles,
+    saying so in one line of its output, the other waits for its library, quietly; a later launch
+    loads it without compiling, and says nothing."""
     cache, log = tmp_path / "cache", tmp_path / "compiler-runs"
     compiler = tmp_path / "cxx"  # the real compiler, each run logged
     compiler.write_text(f'#!/bin/sh\necho run >> "{log}"\nexec c++ "$@"\n')
     compiler.chmod(0o755)
-    env = dict(os.environ, HOROVOD_COMPAT_CACHE_DIR=str(cache), CXX=str(compiler))
-    together = [subprocess.Popen([sys.executable, "-c", _STATUS_CODE], env=env, text=True,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
-    for proc in together:
-        out, err = proc.communicate(timeout=300)
-        status, _ = _status_of(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-        assert status == "STATUS compiled error-status op loaded"
+    program = tmp_path / "rank.py"
+    program.write_text(_RANK_PROGRAM)
+    env = {"HOROVOD_COMPAT_CACHE_DIR": str(cache), "CXX": str(compiler),
+           "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+    def launch():
+        run = horovodrun(2, [sys.executable, str(program)], timeout=300, env=env)
+        assert run.returncode == 0, run.tail()
+        for rank in (0, 1):
+            assert "STATUS compiled error-status op loaded" in run.rank_lines(rank), run.tail()
+        return run
+
+    run = launch()
     assert log.read_text().split() == ["run"]
+    version = next(l for l in run.rank_lines(0) if l.startswith("VERSION ")).split()[1]
+    line = _ANNOUNCED.format(version=version, cache=cache)
+    # once, on the stderr of the rank that compiled, as horovodrun shows a rank's lines
+    assert _announcements(run.output) in ([f"[0]<stderr>:{line}"], [f"[1]<stderr>:{line}"]), \
+        run.tail()
     built = list(cache.glob("tf-*/check_op.so"))
     assert len(built) == 1, list(cache.rglob("*"))
     first = built[0].stat().st_mtime_ns
-    status, _ = _status_in_fresh_process({"HOROVOD_COMPAT_CACHE_DIR": str(cache),
-                                          "CXX": str(compiler)})
-    assert status == "STATUS compiled error-status op loaded"
+    run = launch()
+    assert _announcements(run.output) == [], run.tail()
     assert built[0].stat().st_mtime_ns == first and log.read_text().split() == ["run"]  # loaded
     # no partial files left: the library and the lock the builders took turns on
     assert sorted(p.name for p in built[0].parent.iterdir()) == [".build.lock", "check_op.so"]
 
 
 def test_without_a_compiler_the_binding_still_works_and_says_why(tmp_path):
-    status, stderr = _status_in_fresh_process({"HOROVOD_COMPAT_CACHE_DIR": str(tmp_path),
-                                               "CXX": str(tmp_path / "no-such-compiler")})
-    assert status.startswith("STATUS not available (could not build or load check_op.cc: "
-                             "could not run the C++ compiler"), status
-    assert "raises UnknownError (with Horovod's message) instead of its own error type" in stderr
+    """No compiler: no announcement (nothing is compiled), a warning that says what to do; a
+    compiler that fails: the announcement, then an error that says the compile failed."""
+    failing = tmp_path / "failing-cxx"
+    failing.write_text("#!/bin/sh\necho 'no headers here' >&2\nexit 3\n")
+    failing.chmod(0o755)
+    code = _STATUS_CODE + (f"os.environ['CXX'] = {str(failing)!r}\n"
+                           "try:\n"
+                           "    _native._build()\n"
+                           "except RuntimeError as exc:\n"
+                           "    print('FAILED', str(exc).replace(chr(10), ' '))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, HOROVOD_COMPAT_CACHE_DIR=str(tmp_path),
+                                   CXX=str(tmp_path / "no-such-compiler")))
+    status, stderr = _status_of(done)
+    why = (f"compiling check_op.cc failed: could not run the C++ compiler "
+           f"'{tmp_path / 'no-such-compiler'}': not found")
+    assert status == f"STATUS not available ({why})", status
+    assert (f"horovod_compat: the TensorFlow check op is not available ({why}); training goes on, "
+            "but a collective that fails inside a graph raises UnknownError (with Horovod's "
+            "message) instead of its own error type. To have the op, install a C++ compiler (or "
+            "name one in $CXX) and TensorFlow's headers; HOROVOD_COMPAT_TF_NATIVE=0 skips it") \
+        in stderr, stderr
+    # the failing compiler was announced (once), and its failure says what ran and why it failed
+    assert len(_announcements(stderr)) == 1 and stderr.index("compiling the TensorFlow check op") \
+        > stderr.index("HOROVOD_COMPAT_TF_NATIVE=0 skips it"), stderr
+    failed = next(l for l in done.stdout.splitlines() if l.startswith("FAILED "))
+    assert failed.startswith(f"FAILED {failing} -shared ") and \
+        failed.endswith("failed (exit 3): no headers here "), failed
     # HOROVOD_COMPAT_TF_NATIVE=0's status: the ranks of test_a_mismatch_in_a_graph_raises_horovods_error_type[off]
     # report it (a fresh process here cost one more TensorFlow start-up)
 
