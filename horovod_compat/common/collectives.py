@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from . import _shm, ops, runtime
+from . import _shm, mismatch, ops, runtime
 from . import negotiation as _neg
 from .exceptions import HorovodInternalError
 from .negotiation import Agreement, Desc, Plan, SetState
@@ -336,34 +336,61 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
-def _validate_same(descs: Sequence[Optional[Desc]], st: SetState) -> Optional[str]:
+def _per_rank(descs: Sequence[Optional[Desc]], value: Callable[[Desc], Any]) -> List[Any]:
+    """``value(d)`` of every rank's descriptor (None for ranks that joined)."""
+    return [value(d) if d is not None else None for d in descs]
+
+
+def _shapes_of(descs: Sequence[Optional[Desc]], j: int) -> List[Optional[str]]:
+    return _per_rank(descs, lambda d: str(list(d.shapes[j])))
+
+
+def _first_differing(descs: Sequence[Optional[Desc]], value: Callable[[Desc, int], Any],
+                     n: int) -> Optional[int]:
+    """The index of the first of ``n`` tensors whose ``value(d, j)`` the ranks disagree on."""
+    return next((j for j in range(n) if mismatch.differ(_per_rank(descs, lambda d: value(d, j)))),
+                None)
+
+
+def _dtype_mismatch(descs: Sequence[Optional[Desc]], n: int) -> Optional[mismatch.Mismatch]:
+    j = _first_differing(descs, lambda d, j: d.dtype.split(",")[j], n)
+    if j is None:
+        return None
+    return mismatch.dtype(_per_rank(descs, lambda d: d.dtype.split(",")[j]), j)
+
+
+def _count_mismatch(descs: Sequence[Optional[Desc]], kind: str) -> Optional[mismatch.Mismatch]:
+    counts = _per_rank(descs, lambda d: len(d.shapes))
+    if mismatch.differ(counts):
+        return mismatch.count(kind, [str(c) if c is not None else None for c in counts])
+    return None
+
+
+def _validate_same(descs: Sequence[Optional[Desc]], st: SetState) -> Optional[mismatch.Mismatch]:
     """Allreduce / reducescatter / broadcast: identical dtype, shapes, op and scaling everywhere."""
     live = [d for d in descs if d is not None]
     a = live[0]
+    if all(d == a for d in live):  # the common case, one comparison per rank
+        return None
     kind = a.kind.upper().replace("GROUPED_", "")
-    for b in live[1:]:
-        if len(b.shapes) != len(a.shapes):
-            return (f"Mismatched number of tensors in grouped {kind}: One rank sent {len(a.shapes)} "
-                    f"tensors, but another rank sent {len(b.shapes)} tensors.")
-        if b.op != a.op:
-            return (f"Mismatched {kind} reduction operations: One rank did {_OP_NAMES.get(a.op)}, "
-                    f"but another rank did {_OP_NAMES.get(b.op)}.")
-        if b.dtype != a.dtype:
-            for x, y in zip(a.dtype.split(","), b.dtype.split(",")):
-                if x != y:
-                    return (f"Mismatched data types: One rank had type {x}, but another rank had "
-                            f"type {y}.")
-        if b.shapes != a.shapes:
-            for x, y in zip(a.shapes, b.shapes):
-                if x != y:
-                    return (f"Mismatched {kind} tensor shapes: One rank sent a tensor of shape "
-                            f"{list(x)}, but another rank sent a tensor of shape {list(y)}.")
-        if b.extra != a.extra:
-            if a.kind == "broadcast":
-                return (f"Mismatched BROADCAST root ranks: One rank specified root rank "
-                        f"{a.extra[0]}, but another rank specified root rank {b.extra[0]}.")
-            return (f"Mismatched prescale and/or postscale factors: One rank sent factors "
-                    f"{a.extra}, but another rank sent factors {b.extra}.")
+    err = _count_mismatch(descs, kind)
+    if err is not None:
+        return err
+    ops_ = _per_rank(descs, lambda d: d.op)
+    if mismatch.differ(ops_):
+        return mismatch.reduce_op(kind, [_OP_NAMES.get(o) if o is not None else None
+                                         for o in ops_])
+    n = len(a.shapes)
+    err = _dtype_mismatch(descs, n)
+    if err is not None:
+        return err
+    j = _first_differing(descs, lambda d, j: d.shapes[j], n)
+    if j is not None:
+        return mismatch.shape(kind, _shapes_of(descs, j), j)
+    if mismatch.differ(_per_rank(descs, lambda d: d.extra)):
+        if a.kind == "broadcast":
+            return mismatch.root_rank(_per_rank(descs, lambda d: str(d.extra[0])))
+        return mismatch.scale(_per_rank(descs, lambda d: str(d.extra or (1.0, 1.0))))
     return None
 
 
@@ -747,25 +774,29 @@ def _allgather_launch(plan: Optional[_AllgatherPlan], agr: Agreement,
     return works
 
 
-def _validate_allgather(descs: Sequence[Optional[Desc]], st: SetState) -> Optional[str]:
+def _validate_allgather(descs: Sequence[Optional[Desc]], st: SetState,
+                        ) -> Optional[mismatch.Mismatch]:
     live = [d for d in descs if d is not None]
     a = live[0]
-    for b in live[1:]:
-        if len(b.shapes) != len(a.shapes):
-            return (f"Mismatched number of tensors in grouped ALLGATHER: One rank sent "
-                    f"{len(a.shapes)} tensors, but another rank sent {len(b.shapes)} tensors.")
-        for x, y in zip(a.dtype.split(","), b.dtype.split(",")):
-            if x != y:
-                return f"Mismatched data types: One rank had type {x}, but another rank had type {y}."
-        for x, y in zip(a.shapes, b.shapes):
-            if len(x) != len(y):
-                return (f"Mismatched ALLGATHER tensor shapes: One rank sent a tensor of rank "
-                        f"{len(x)}, but another rank sent a tensor of rank {len(y)}.")
-            for k in range(1, len(x)):
-                if x[k] != y[k]:
-                    return (f"Mismatched ALLGATHER tensor shapes: One rank sent a tensor with "
-                            f"dimension {k} equal to {x[k]}, but another rank sent a tensor with "
-                            f"dimension {k} equal to {y[k]}.")
+    if all(d == a for d in live):
+        return None
+    err = _count_mismatch(descs, "ALLGATHER")
+    if err is not None:
+        return err
+    n = len(a.shapes)
+    err = _dtype_mismatch(descs, n)
+    if err is not None:
+        return err
+    for j in range(n):
+        ndims = _per_rank(descs, lambda d: len(d.shapes[j]))
+        if mismatch.differ(ndims):
+            return mismatch.gather_rank([str(x) if x is not None else None for x in ndims],
+                                        _shapes_of(descs, j), j)
+        for k in range(1, len(a.shapes[j])):
+            dims = _per_rank(descs, lambda d: d.shapes[j][k])
+            if mismatch.differ(dims):
+                return mismatch.gather_dim(k, [str(x) if x is not None else None for x in dims],
+                                           _shapes_of(descs, j), j)
     return None
 
 
@@ -900,14 +931,14 @@ def _alltoall_launch(agr: Agreement, st: SetState, tensor: Optional[torch.Tensor
     return [w], out, recv
 
 
-def _validate_alltoall(descs: Sequence[Optional[Desc]], st: SetState) -> Optional[str]:
-    a = descs[0]
-    for b in descs:
-        if b.dtype != a.dtype:
-            return f"Mismatched data types: One rank had type {a.dtype}, but another rank had type {b.dtype}."
-        if len(b.shapes[0]) != len(a.shapes[0]) or b.shapes[0][1:] != a.shapes[0][1:]:
-            return (f"Mismatched ALLTOALL tensor shapes: One rank sent a tensor of shape "
-                    f"{list(a.shapes[0])}, but another rank sent a tensor of shape {list(b.shapes[0])}.")
+def _validate_alltoall(descs: Sequence[Optional[Desc]], st: SetState,
+                       ) -> Optional[mismatch.Mismatch]:
+    err = _dtype_mismatch(descs, 1)
+    if err is not None:
+        return err
+    if mismatch.differ(_per_rank(descs, lambda d: d.shapes[0][1:])):
+        # the first dimension may differ (the splits say how it is divided), no other
+        return mismatch.shape("ALLTOALL", _shapes_of(descs, 0))
     return None
 
 

@@ -12,7 +12,8 @@ order.  What follows from it, on every launcher and transport:
   ``join()`` returns the global rank of the last rank to join;
 * a name already in flight on this rank raises ``ValueError`` at submission and touches nothing else;
 * mismatched shapes / dtypes / ops / roots raise ``HorovodInternalError`` on every rank and nothing
-  moves, so later collectives still work;
+  moves, so later collectives still work; the message (``mismatch``) names the op and which ranks
+  sent what;
 * a rank that dies or leaves breaks the exchange: every rank's pending and later ops raise
   ``HorovodInternalError`` (until ``shutdown()`` and ``init()``);
 * a rank that stops making progress (its process stopped, hung in native code, its host gone)
@@ -55,7 +56,7 @@ from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Seque
 import torch
 import torch.distributed as dist
 
-from . import _exchange, _hierarchical, _mesh, _shm, hooks, liveness
+from . import _exchange, _hierarchical, _mesh, _shm, hooks, liveness, mismatch
 from .exceptions import HorovodInternalError, peer_failure
 
 __all__ = ["Desc", "Agreement", "SetState", "Plan", "Pending", "register_kind", "submit", "join",
@@ -134,7 +135,7 @@ class Plan:
         return None
 
 
-# kind -> (validate(descs, set_state) -> error message or None, dummy(agr, set_state) -> works)
+# kind -> (validate(descs, set_state) -> mismatch.Mismatch or None, dummy(agr, set_state) -> works)
 _KINDS: Dict[str, Tuple[Callable, Callable]] = {}
 # Collectives that may run while some ranks have joined (they contribute zeros).  As in Horovod,
 # allgather / broadcast / alltoall / reducescatter with joined ranks fail on the other ranks.
@@ -530,9 +531,11 @@ class SetState:
             descs = tuple(g[0] if g is not None and not self.joined[r] else None
                           for r, g in enumerate(got))
             ticks = [g[1] if g is not None else None for g in got]
+            err = _validate(self, descs)
+            if isinstance(err, mismatch.Mismatch):
+                err = self._describe(err, key, descs)
             with self.lock:
                 p = self.mine.pop(key, None)
-            err = _validate(self, descs)
             if err is not None:
                 if p is not None:
                     p._finish(err=HorovodInternalError(err))
@@ -545,6 +548,22 @@ class SetState:
                     for w in _KINDS[agr.template(self.me).kind][1](agr, self):
                         self._await(w, agr.template(self.me).device)
         return bool(ready)
+
+    def _describe(self, m: mismatch.Mismatch, key: tuple, descs: Sequence[Optional[Desc]]) -> str:
+        """The text of mismatch ``m`` of op ``key``, the same on every rank.  For an unnamed op the
+        ranks first exchange its automatic names (ranks that diverged earlier number their unnamed
+        ops differently): one more exchange, on this slow path only -- every rank, joined ones
+        included, finds the mismatch in the same round, so they all take part.  The op stays in
+        ``mine`` meanwhile, so that an exchange that breaks fails it."""
+        first = next(d for d in descs if d is not None)
+        auto = None
+        if not key[0]:
+            with self.lock:
+                p = self.mine.get(key)
+            got = self.exchange.gather([0, 0, 0], p.plan.name.encode() if p is not None else b"")
+            auto = [blob.decode() if blob and descs[r] is not None else None
+                    for r, (_words, blob) in enumerate(got)]
+        return m.text(first.kind, len(first.shapes), key[0], auto, self.ranks)
 
     def _execute(self, p: Pending, agr: Agreement, ticks: List[Optional[int]]) -> None:
         plan = p.plan
@@ -718,17 +737,15 @@ def _emit_start(plan: Plan) -> None:
     hooks.emit(hooks.OP_START, plan.name, **info)
 
 
-def _validate(st: SetState, descs: Sequence[Optional[Desc]]) -> Optional[str]:
-    live = [(i, d) for i, d in enumerate(descs) if d is not None]
-    first_i, first = live[0]
-    for i, d in live[1:]:
-        if d.kind != first.kind:
-            return (f"Mismatched collective operations: One rank did an {first.kind.upper()}, but "
-                    f"another rank did an {d.kind.upper()}.")
-    for i, d in live[1:]:
-        if d.device != first.device:
-            return (f"Mismatched device types: One rank had a tensor on {first.device}, but another "
-                    f"rank had a tensor on {d.device}.")
+def _validate(st: SetState, descs: Sequence[Optional[Desc]]) -> Any:
+    """None when every rank's descriptor of an op agrees, else a ``mismatch.Mismatch`` (or the
+    text of an op not allowed while some ranks joined)."""
+    live = [d for d in descs if d is not None]
+    first = live[0]
+    if any(d.kind != first.kind for d in live):
+        return mismatch.kind([d.kind.upper() if d is not None else None for d in descs])
+    if any(d.device != first.device for d in live):
+        return mismatch.device([d.device if d is not None else None for d in descs])
     if len(live) < len(descs) and first.kind not in _JOIN_KINDS:
         return f"{first.kind} is not supported while some ranks have called hvd.join()"
     return _KINDS[first.kind][0](descs, st)

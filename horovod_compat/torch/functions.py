@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from horovod_compat.common import hooks, runtime
+from horovod_compat.common import hooks, mismatch, runtime
 from horovod_compat.common.exceptions import HorovodInternalError
 from horovod_compat.common.objects import set_size, allgather_object, broadcast_object
 from horovod_compat.common.process_sets import ProcessSet, global_process_set
@@ -106,7 +106,7 @@ def _broadcast_tensors_(tensors: Sequence[torch.Tensor], root_rank: int, process
                                  op=collectives.Max, name=mark_internal(f"{tag}.layout"),
                                  process_set=process_set)
     if int(both[0]) != -int(both[1]):
-        _check_same_layout(tensors, root_rank, process_set)
+        _check_same_layout(tensors, root_rank, process_set, names)
     with torch.no_grad():
         for k, ((dtype, device), idx) in enumerate(by_dtype.items()):
             ts = [tensors[j] for j in idx]
@@ -126,7 +126,8 @@ def _broadcast_tensors_(tensors: Sequence[torch.Tensor], root_rank: int, process
                 offset += n
 
 
-def _check_same_layout(tensors: Sequence[torch.Tensor], root_rank: int, process_set: ProcessSet) -> None:
+def _check_same_layout(tensors: Sequence[torch.Tensor], root_rank: int, process_set: ProcessSet,
+                       names: Optional[Sequence[str]] = None) -> None:
     """Raise ``HorovodInternalError`` naming the ranks and the first tensor whose shape or dtype
     differs between ranks (collective: every rank calls it)."""
     layout = [(tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in tensors]
@@ -139,17 +140,12 @@ def _check_same_layout(tensors: Sequence[torch.Tensor], root_rank: int, process_
         msg = f"Mismatched number of tensors to broadcast from rank {root_rank}: {detail}."
     else:
         j = next(k for k in range(len(layout)) if len({repr(lay[k]) for lay in layouts}) > 1)
-        shapes = [lay[j][0] for lay in layouts]
+        shapes = [str(list(lay[j][0])) for lay in layouts]
         dtypes = [lay[j][1] for lay in layouts]
-        if len(set(shapes)) > 1:
-            a, b = list(dict.fromkeys(shapes))[:2]
-            msg = (f"Mismatched BROADCAST tensor shapes: One rank sent a tensor of shape {list(a)}, but "
-                   f"another rank sent a tensor of shape {list(b)}. (tensor #{j}; "
-                   + ", ".join(f"rank {r}: {list(s)}" for r, s in zip(ranks, shapes)) + ")")
-        else:
-            a, b = list(dict.fromkeys(dtypes))[:2]
-            msg = (f"Mismatched data types: One rank had type {a}, but another rank had type {b}. "
-                   f"(tensor #{j}; " + ", ".join(f"rank {r}: {d}" for r, d in zip(ranks, dtypes)) + ")")
+        problem = (mismatch.shape("BROADCAST", shapes) if mismatch.differ(shapes)
+                   else mismatch.dtype(dtypes))
+        msg = problem.describe(f"Tensor {names[j]!r}" if names is not None else f"Tensor #{j}",
+                               ranks)
     raise HorovodInternalError(msg)
 
 

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from distributor import worker as _worker
 
 from horovod_compat.common import hooks as _hooks
-from horovod_compat.common import ops, runtime
+from horovod_compat.common import mismatch, ops, runtime
 from horovod_compat.common.collectives import reduce_in_place as _reduce_in_place
 from horovod_compat.common.collectives import transport_name as _transport_name
 from horovod_compat.common.exceptions import (HorovodInternalError, STEP_AFTER_SYNC as _STEP_AFTER_SYNC,
@@ -303,21 +303,14 @@ class _GradReducer:
                             ", ".join(f"rank {r}: {n}" for r, n in counts.items()))
         else:
             for j in range(len(self.params)):
-                shapes = {r: d["tensors"][j][0] for r, d in zip(ranks, everyone)}
-                dtypes = {r: d["tensors"][j][1] for r, d in zip(ranks, everyone)}
-                name = self.names[j] or f"#{j}"
-                if len(set(shapes.values())) > 1:
-                    a, b = list(dict.fromkeys(shapes.values()))[:2]
-                    problems.append(
-                        f"Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape {list(a)}, "
-                        f"but another rank sent a tensor of shape {list(b)}. (parameter {name}; " +
-                        ", ".join(f"rank {r}: {list(v)}" for r, v in shapes.items()) + ")")
+                shapes = [str(list(d["tensors"][j][0])) for d in everyone]
+                dtypes = [d["tensors"][j][1] for d in everyone]
+                name = f"Parameter {self.names[j]!r}" if self.names[j] else f"Parameter #{j}"
+                if mismatch.differ(shapes):
+                    problems.append(mismatch.shape("ALLREDUCE", shapes).describe(name, ranks))
                     break
-                if len(set(dtypes.values())) > 1:
-                    a, b = list(dict.fromkeys(dtypes.values()))[:2]
-                    problems.append(
-                        f"Mismatched data types: One rank had type {a}, but another rank had type {b}. "
-                        f"(parameter {name}; " + ", ".join(f"rank {r}: {v}" for r, v in dtypes.items()) + ")")
+                if mismatch.differ(dtypes):
+                    problems.append(mismatch.dtype(dtypes).describe(name, ranks))
                     break
             if not problems and len({repr(d["buckets"]) for d in everyone}) > 1:
                 problems.append("Mismatched gradient fusion layout (is HOROVOD_FUSION_THRESHOLD or "

@@ -166,16 +166,24 @@ def test_a_mismatch_in_a_graph_raises_horovods_error_type(native):
     expected = "FailedPreconditionError" if native == "on" else "UnknownError"
     status = ("compiled error-status op loaded" if native == "on"
               else "not available (disabled by HOROVOD_COMPAT_TF_NATIVE=0)")
-    for rep in run_function(_graph_errors, num_processes=2, return_all=True, timeout=300, env=env,
-                            launcher=warm_launcher(expect=("tensorflow", "torch"))):
+    reps = run_function(_graph_errors, num_processes=2, return_all=True, timeout=300, env=env,
+                        launcher=warm_launcher(expect=("tensorflow", "torch")))
+    for rep in reps:
         assert rep["status"] == status, rep["status"]
-        for key, shapes in (("session", "shape [17, 17], but another rank sent a tensor of shape "
-                                        "[18, 18]"),
-                            ("function", "shape [5], but another rank sent a tensor of shape [6]")):
+        for key, shapes, ranks in (
+                ("session", "shape [17, 17], but another rank sent a tensor of shape [18, 18]",
+                 "rank 0 sent shape [17, 17]; rank 1 sent shape [18, 18]."),
+                ("function", "shape [5], but another rank sent a tensor of shape [6]",
+                 "rank 0 sent shape [5]; rank 1 sent shape [6].")):
             kind, message = rep[key]
             assert kind == expected, rep[key]
+            # Horovod's sentence, then the op and what each rank sent: the runtime's text, the
+            # same on every rank, through the TensorFlow binding
             assert f"Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of {shapes}." \
                 in message, message
+            text = message[message.index("Mismatched"):].splitlines()[0]
+            assert text.endswith(ranks), message
+            assert text == reps[0][key][1][reps[0][key][1].index("Mismatched"):].splitlines()[0]
         assert rep["session allgather"][0] == expected, rep["session allgather"]
         assert "Mismatched ALLGATHER" in rep["session allgather"][1], rep["session allgather"]
         # the set stays usable, and good ops give their values

@@ -130,7 +130,9 @@ def test_broadcast_parameters_mismatch_is_reported_not_hung(reports):
     for r in reports:
         kind, msg = r["mismatch"]
         assert kind == "HorovodInternalError"
-        assert "Mismatched BROADCAST tensor shapes" in msg and "rank 0: [2]" in msg and "rank 1: [3]" in msg
+        assert msg == ("Mismatched BROADCAST tensor shapes: One rank sent a tensor of shape [2], "
+                       "but another rank sent a tensor of shape [3]. Tensor 'broadcast.bias': "
+                       "rank 0 sent shape [2]; rank 1 sent shape [3]."), msg
         assert r["after_mismatch"] == [1.0, 1.0]
 
 

@@ -147,10 +147,26 @@ def test_mismatches_fail_on_every_rank_and_job_keeps_working(control):
         "unnamed changed": "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [3], "
                            "but another rank sent a tensor of shape [2].",
     }
+    # after Horovod's sentence: the op's name and each rank's value (for unnamed ops the ranks'
+    # automatic names, which they exchange for the message, on every control transport)
+    tails = {
+        "shape": " Tensor 'm': rank 0 sent shape [4]; rank 1 sent shape [3].",
+        "dtype": "): rank 0 had type float32; rank 1 had type float64.",
+        "kind": "): rank 0 did an ALLREDUCE; rank 1 did an ALLGATHER.",
+        "grouped count": "): rank 0 sent 1 tensor; rank 1 sent 2 tensors.",
+        "grouped changed on one rank": " Grouped ALLREDUCE 'cached.group', tensor index 1 of 3: "
+                                       "rank 0 sent shape [2]; rank 1 sent shape [5].",
+        "unnamed changed": "): rank 0 sent shape [3]; rank 1 sent shape [2].",
+    }
+    subjects = ("Unnamed tensor (automatic name '", "Unnamed grouped ALLREDUCE (automatic name '",
+                " Tensor '", " Grouped ALLREDUCE '")
     for rep in (r0, r1):
         for label, msg in want.items():
             assert rep[label] is not None and rep[label].startswith(msg), (label, rep[label])
             assert rep[f"after {label}"] == [2.0, 2.0], label
+            assert rep[label] == r0[label], (label, rep[label], r0[label])  # the same everywhere
+            assert rep[label].endswith(tails.get(label, ".")), (label, rep[label])
+            assert any(s in rep[label] for s in subjects), rep[label]
         assert rep["consistent change"] is None
         assert rep["cached new shape value"] == [2.0] * 6
         assert [rep[f"alternating {i}"] for i in range(4)] == [[2.0] * 2, [2.0] * 3] * 2
@@ -163,6 +179,145 @@ def test_mismatches_fail_on_every_rank_and_job_keeps_working(control):
         assert rep["async mismatch"].startswith("Mismatched ALLREDUCE tensor shapes")
     assert r0["in-place tensor intact"] == [0.0, 1.0, 2.0, 3.0]
     assert r0["grouped in-place tensors intact"] == [0.0, 1.0, 2.0, 3.0]
+
+
+def _mismatch_texts():
+    import torch
+    import horovod.torch as hvd
+    from horovod_compat.common import collectives
+    torch.set_num_threads(1)
+    odd = hvd.ProcessSet([1, 2])
+    hvd.init(process_sets=[odd])
+    r = hvd.rank()
+    out = {}
+
+    def attempt(label, fn):
+        try:
+            fn()
+            out[label] = None
+        except hvd.HorovodInternalError as e:
+            out[label] = str(e)
+        after = hvd.allreduce(torch.ones(2), op=hvd.Sum, name=f"after-{label}")
+        out[f"after {label}"] = after.tolist()
+
+    def next_auto_name(kind):  # what the runtime's counter gives this kind's next unnamed op
+        counter = collectives._noname.get(kind)
+        return f"{kind}.noname.{repr(counter)[len('count('):-1] if counter is not None else 0}"
+
+    # 3 ranks, two of which agree
+    attempt("shape", lambda: hvd.allreduce(torch.ones(4 if r == 1 else 3), name="metric"))
+    attempt("dtype", lambda: hvd.allreduce(
+        torch.ones(2, dtype=torch.float64 if r == 2 else torch.float32), name="acc"))
+    attempt("root", lambda: hvd.broadcast(torch.ones(2), root_rank=2 if r == 2 else 0,
+                                          name="weights"))
+    attempt("op", lambda: hvd.allreduce(torch.ones(2), op=hvd.Max if r == 0 else hvd.Sum,
+                                        name="loss"))
+    attempt("grouped", lambda: hvd.grouped_allreduce(
+        [torch.ones(2), torch.ones(5 if r == 2 else 3)], name="grads"))
+    attempt("allgather", lambda: hvd.allgather(torch.ones(1, 3 if r == 0 else 2), name="rows"))
+    # unnamed: the automatic name (the next one this rank's counter gives) is in the text; after
+    # rank 0 did an unnamed allgather where the others did an allreduce, the ranks' counters
+    # differ, and the text names each rank's
+    out["next auto name"] = next_auto_name("allreduce")
+    attempt("unnamed", lambda: hvd.allreduce(torch.ones(2 if r < 2 else 1)))
+    out["next auto names"] = next_auto_name("allgather"), next_auto_name("allreduce")
+    attempt("kind", lambda: hvd.allgather(torch.ones(2)) if r == 0
+            else hvd.allreduce(torch.ones(2)))
+    out["next auto name after"] = next_auto_name("allreduce")
+    attempt("diverged", lambda: hvd.allreduce(
+        torch.ones(2, dtype=torch.int32 if r else torch.int64)))
+    # a process set: its ranks are named by their global rank
+    if r in (1, 2):
+        try:
+            hvd.allreduce(torch.ones(1 + r), process_set=odd, name="in.set")
+            out["process set"] = None
+        except hvd.HorovodInternalError as e:
+            out["process set"] = str(e)
+    hvd.barrier()
+    hvd.shutdown()
+    return out
+
+
+def test_mismatch_messages_name_the_tensor_and_what_each_rank_sent():
+    """Horovod's sentence, then the op's name and every rank's value, grouped by value (3 ranks,
+    two of which agree); the same text on every rank."""
+    reps = run_function_warm(_mismatch_texts, num_processes=3, return_all=True, timeout=180)
+    want = {
+        "shape": "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [3], but "
+                 "another rank sent a tensor of shape [4]. Tensor 'metric': ranks 0, 2 sent shape "
+                 "[3]; rank 1 sent shape [4].",
+        "dtype": "Mismatched data types: One rank had type float32, but another rank had type "
+                 "float64. Tensor 'acc': ranks 0, 1 had type float32; rank 2 had type float64.",
+        "root": "Mismatched BROADCAST root ranks: One rank specified root rank 0, but another rank "
+                "specified root rank 2. Tensor 'weights': ranks 0, 1 specified root rank 0; rank 2 "
+                "specified root rank 2.",
+        "op": "Mismatched ALLREDUCE reduction operations: One rank did Max, but another rank did "
+              "Sum. Tensor 'loss': rank 0 did Max; ranks 1, 2 did Sum.",
+        "grouped": "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [3], but "
+                   "another rank sent a tensor of shape [5]. Grouped ALLREDUCE 'grads', tensor "
+                   "index 1 of 2: ranks 0, 1 sent shape [3]; rank 2 sent shape [5].",
+        "allgather": "Mismatched ALLGATHER tensor shapes: One rank sent a tensor with dimension 1 "
+                     "equal to 3, but another rank sent a tensor with dimension 1 equal to 2. "
+                     "Tensor 'rows': rank 0 sent shape [1, 3]; ranks 1, 2 sent shape [1, 2].",
+        "kind": "Mismatched collective operations: One rank did an ALLGATHER, but another rank did "
+                "an ALLREDUCE. Unnamed tensor (automatic name {k0!r} on rank 0; {k1!r} on ranks "
+                "1, 2): rank 0 did an ALLGATHER; ranks 1, 2 did an ALLREDUCE.",
+        "process set": "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [2], "
+                       "but another rank sent a tensor of shape [3]. Tensor 'in.set': rank 1 sent "
+                       "shape [2]; rank 2 sent shape [3].",
+    }
+    auto = [rep["next auto name"] for rep in reps]
+    assert len(set(auto)) == 1, auto  # the ranks agree before they diverge
+    unnamed = (f"Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [2], but "
+               f"another rank sent a tensor of shape [1]. Unnamed tensor (automatic name "
+               f"{auto[0]!r}): ranks 0, 1 sent shape [2]; rank 2 sent shape [1].")
+    # after the kind mismatch, rank 0's allreduce counter is one behind the others'
+    a0, a1, a2 = (rep["next auto name after"] for rep in reps)
+    assert a1 == a2 and a0 != a1, (a0, a1)
+    want["kind"] = want["kind"].format(k0=reps[0]["next auto names"][0],
+                                       k1=reps[1]["next auto names"][1])
+    diverged = (f"Mismatched data types: One rank had type int64, but another rank had type int32. "
+                f"Unnamed tensor (automatic name {a0!r} on rank 0; {a1!r} on ranks 1, 2): rank 0 "
+                f"had type int64; ranks 1, 2 had type int32.")
+    for r, rep in enumerate(reps):
+        for label, msg in want.items():
+            if label != "process set" or r in (1, 2):
+                assert rep[label] == msg, (r, label, rep[label])
+        assert rep["unnamed"] == unnamed, (r, rep["unnamed"])
+        assert rep["diverged"] == diverged, (r, rep["diverged"])
+        for label in list(want) + ["unnamed", "diverged"]:
+            if label != "process set":
+                assert rep[f"after {label}"] == [3.0, 3.0], (r, label)
+
+
+def test_mismatch_text_for_many_ranks_stays_short_and_names_joined_ranks():
+    """The validators on descriptors of 12 ranks (no job needed): a few ranks per value, a few
+    values, then counts; the global ranks given; ranks that joined are said to have."""
+    from horovod_compat.common import collectives  # noqa: F401  (registers the kinds)
+    from horovod_compat.common.negotiation import Desc, _validate
+
+    def text(descs, ranks, name="big", auto=None):
+        first = next(d for d in descs if d is not None)
+        return _validate(None, descs).text(first.kind, len(first.shapes), name, auto, ranks)
+
+    shapes = [(2,)] * 9 + [(3,), (4,), (5,)]
+    descs = [Desc("allreduce", "big", 1, "float32", (s,)) for s in shapes]
+    assert text(descs, list(range(100, 112))) == (
+        "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [2], but another rank "
+        "sent a tensor of shape [3]. Tensor 'big': ranks 100, 101, 102, 103 and 5 more sent shape "
+        "[2]; rank 109 sent shape [3]; rank 110 sent shape [4]; rank 111 sent shape [5].")
+    shapes = [(i % 6,) for i in range(12)]
+    descs = [Desc("allreduce", "big", 1, "float32", (s,)) for s in shapes]
+    assert text(descs, list(range(12))).endswith(
+        "Tensor 'big': ranks 0, 6 sent shape [0]; ranks 1, 7 sent shape [1]; ranks 2, 8 sent shape "
+        "[2]; ranks 3, 9 sent shape [3]; 4 more ranks with 2 other values.")
+    descs = [None, Desc("allreduce", "", 1, "float32", ((2,),)), None,
+             Desc("allreduce", "", 1, "float64", ((2,),))]
+    auto = [None, "allreduce.noname.7", None, "allreduce.noname.7"]
+    assert text(descs, [0, 1, 2, 3], "", auto) == (
+        "Mismatched data types: One rank had type float32, but another rank had type float64. "
+        "Unnamed tensor (automatic name 'allreduce.noname.7'): rank 1 had type float32; rank 3 had "
+        "type float64; ranks 0, 2 had called hvd.join().")
 
 
 def _submitted_in_different_orders():

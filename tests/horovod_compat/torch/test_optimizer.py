@@ -551,7 +551,9 @@ def test_mismatched_models_raise_on_every_rank(report):
     for r in report:
         kind, msg = r["mismatch"]
         assert kind == "HorovodInternalError"
-        assert "Mismatched ALLREDUCE tensor shapes" in msg and "rank 0: [3, 4]" in msg and "rank 1: [4, 4]" in msg
+        assert msg == ("Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape "
+                       "[3, 4], but another rank sent a tensor of shape [4, 4]. Parameter "
+                       "'weight': rank 0 sent shape [3, 4]; rank 1 sent shape [4, 4]."), msg
 
 
 def test_timeline_events_per_parameter(report):

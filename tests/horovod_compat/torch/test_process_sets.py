@@ -119,9 +119,10 @@ def test_process_sets_on_three_ranks():
         assert res["even_gather"] == [0, 2]
         assert res["even_bcast"] == 2  # root_rank is a global rank
         assert res["torch_group_size"] == 2 and res["torch_group_allreduce"] == 2.0
-        assert res["even_mismatch"].startswith("Mismatched ALLREDUCE tensor shapes: One rank sent a "
-                                               "tensor of shape [2], but another rank sent a tensor "
-                                               "of shape [3].")
+        assert res["even_mismatch"] == (
+            "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [2], but another "
+            "rank sent a tensor of shape [3]. Tensor 'bad': rank 0 sent shape [2]; rank 2 sent "
+            "shape [3].")  # global ranks
     assert r1["even"] == (2, -1, False)
     assert "not part of" in r1["outsider"] and "not part of" in r1["outsider_group"]
     assert r1["odd_avg"] == 1.5 and r2["odd_avg"] == 1.5
