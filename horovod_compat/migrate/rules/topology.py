@@ -2,7 +2,8 @@
 
 Under ``torchrun`` or ``TorchDistributor`` every rank has ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``GROUP_RANK`` in its environment, and
-``init_process_group`` reads the rendezvous from ``MASTER_ADDR``/``MASTER_PORT``.
+``init_process_group`` reads the rendezvous from ``MASTER_ADDR``/``MASTER_PORT``.  A process
+started without them runs alone (rank 0 of 1), as a Horovod script did without ``horovodrun``.
 """
 from __future__ import annotations
 
@@ -46,9 +47,19 @@ _EXPRESSIONS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
 #: `import torch.distributed.nn` would make `torch` a local name of the function around it.) A
 #: module made data-parallel in place (replicate) that the program dropped still holds the group
 #: until the garbage collector runs: gc.collect, registered last, runs first at exit.
+#: Started without a launcher (`python train.py`, no RANK), Horovod ran as rank 0 of 1: the block
+#: then sets what torchrun would for one process, the variables init_process_group and the
+#: rewritten hvd.local_rank()/local_size()/cross_rank() read (MASTER_PORT 0: any free port).
+#: torchrun and TorchDistributor set RANK, and nothing changes there. Under mpirun (Open MPI's
+#: OMPI_COMM_WORLD_RANK, MPICH's PMI_RANK) nothing is set either: each of its processes must not
+#: train alone as rank 0 of 1; init_process_group then says that RANK is missing (use torchrun).
 _INIT = """\
 if not dist.is_initialized():
     import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
+    # no launcher (torchrun sets RANK, mpirun its own): rank 0 of 1, as Horovod ran without one
+    if not any(name in os.environ for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")):
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+        os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK="0")
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
@@ -99,11 +110,10 @@ def rewrite_init(call: cst.Call, ctx: RewriteContext, pin_device: bool = True) -
             # ProcessSet objects made before init: their groups are created once the job is up
             ctx.need_helper("_NativeProcessSet")
             kept = _statements(f"for _process_set in {code_of(sets)}:\n    _process_set.register()\n") + kept
+    ctx.need(HVD, "dist", "torch", "os", "atexit", "gc")
     if not pin_device:  # the script pins its device itself, right after hvd.init()
-        ctx.need(HVD, "dist", "torch", "atexit", "gc")
         return Rewritten(_statements(_INIT) + kept,
                          "-> dist.init_process_group(nccl on CUDA else gloo)" + _kept_note("init", kept))
-    ctx.need(HVD, "dist", "torch", "os", "atexit", "gc")
     return Rewritten(
         _statements(_INIT, _SET_DEVICE) + kept,
         "-> dist.init_process_group(nccl on CUDA else gloo) + torch.cuda.set_device(LOCAL_RANK)"

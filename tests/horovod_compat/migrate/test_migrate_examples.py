@@ -4,7 +4,8 @@ For every example: the rewriter's output equals the committed train_ddp.py and i
 the rewritten script, run on 2 ranks under the torchrun contract, prints the golden per-step trace
 (expected_output.txt); the golden trace itself equals a single-process simulation of Horovod's
 semantics (so it is not just "whatever DDP printed"); and the unchanged Horovod script run the
-same way on the hvd shim prints the same trace.
+same way on the hvd shim prints the same trace. A rewritten example started as one plain process
+(`python train_ddp.py`, no launcher) runs alone, as Horovod did, and prints the one-rank trace.
 """
 import ast
 import importlib.util
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from distributor.rank_env import TORCHRUN_VARS
 from horovod_compat.migrate import Kind, migrate_source
 from warm import run_script_warm
 
@@ -103,13 +105,37 @@ def test_rewritten_example_runs_natively_with_the_golden_trace(name, rewritten):
     assert_same_trace(_trace(stdout), expected)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_golden_trace_matches_a_single_process_simulation_of_horovod(name):
+def _simulate():
     spec = importlib.util.spec_from_file_location("migrate_e2e_simulate", Path(__file__).parent / "e2e" / "simulate.py")
     simulate = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(simulate)
+    return simulate
+
+
+def test_rewritten_example_runs_as_one_plain_process(rewritten):
+    """`python train_ddp.py` with no launcher (no RANK, ...) runs as rank 0 of 1, as the Horovod
+    original did without horovodrun, and prints the one-rank trace. The same file on 2 ranks under
+    the torchrun contract: test_rewritten_example_runs_natively_with_the_golden_trace (a migrated
+    program under real torchrun: test_migrate_safety's exit test)."""
+    env = {k: v for k, v in ENV.items() if k not in TORCHRUN_VARS}
+    proc = subprocess.run([sys.executable, str(rewritten / "basic_training.py")], cwd=rewritten,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(_trace(proc.stdout)) == 16  # the whole data set on one rank: twice the steps of 2
+    assert_same_trace(_trace(proc.stdout), _simulate().basic_training(ranks=1), rel=1e-4)
+    # under mpirun (here: its variable alone) a process must not train alone as rank 0 of 1:
+    # init_process_group names what is missing
+    proc = subprocess.run([sys.executable, str(rewritten / "basic_training.py")], cwd=rewritten,
+                          env=dict(env, OMPI_COMM_WORLD_RANK="0"), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0 and _trace(proc.stdout) == [], proc.stdout[-2000:]
+    assert "environment variable RANK expected, but not set" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_golden_trace_matches_a_single_process_simulation_of_horovod(name):
     expected = (EXAMPLES / name / "expected_output.txt").read_text().splitlines()
-    assert_same_trace(simulate.SIMULATIONS[name](), expected, rel=1e-4)
+    assert_same_trace(_simulate().SIMULATIONS[name](), expected, rel=1e-4)
 
 
 @pytest.mark.parametrize("name", NAMES)

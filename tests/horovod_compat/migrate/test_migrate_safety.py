@@ -47,6 +47,17 @@ def test_an_output_that_would_not_parse_is_not_written(monkeypatch):
     assert not [f for f in result.findings if f.kind is Kind.REWRITE]
 
 
+def test_the_init_block_imports_os_also_where_the_script_pins_its_device_itself():
+    """The native init sets the torchrun variables when no launcher did (a plain `python
+    train.py` runs as rank 0 of 1, as under Horovod): it reads os.environ even where the script's
+    own set_device after hvd.init() leaves the rewrite nothing else that needs os."""
+    source = "import torch\nimport horovod.torch as hvd\nhvd.init()\ntorch.cuda.set_device(0)\n"
+    result = migrate_source(source, "pinned.py")
+    assert 'for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")' in result.source
+    assert "\nimport os\n" in result.source, result.source
+    assert result.source.count("set_device(") == 1  # the script's own, not pinned twice
+
+
 PARTIAL = textwrap.dedent('''\
     import torch
     import horovod.torch as hvd

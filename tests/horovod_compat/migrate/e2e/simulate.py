@@ -1,4 +1,5 @@
-"""Single-process simulations of the worked examples under Horovod's semantics on 2 ranks.
+"""Single-process simulations of the worked examples under Horovod's semantics on 2 ranks
+(basic_training also on 1).
 
 Horovod's DistributedOptimizer averages the two ranks' gradients before `step()`; with one
 model that is the gradient of the mean of the two ranks' losses.  These functions replay each
@@ -11,22 +12,23 @@ import torch
 import torch.nn.functional as F
 
 
-def basic_training() -> List[str]:
+def basic_training(ranks: int = 2) -> List[str]:
+    """On `ranks` ranks (1: the script run as one plain process, as Horovod ran it alone)."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(128, 8, generator=gen)
     y = (x[:, :4].sum(dim=1) > 0).long()
     torch.manual_seed(1234)  # rank 0's initial weights win the broadcast
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05 * 2, momentum=0.9)
-    shards = [torch.arange(r, 128, 2) for r in range(2)]  # DistributedSampler(shuffle=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05 * ranks, momentum=0.9)
+    shards = [torch.arange(r, 128, ranks) for r in range(ranks)]  # DistributedSampler, no shuffle
     lines, step = [], 0
     for _epoch in range(2):
-        for b in range(0, 64, 16):
+        for b in range(0, 128 // ranks, 16):
             optimizer.zero_grad()
             losses = [F.cross_entropy(model(x[s[b:b + 16]]), y[s[b:b + 16]]) for s in shards]
-            ((losses[0] + losses[1]) / 2).backward()
+            (sum(losses) / ranks).backward()
             optimizer.step()
-            avg = (losses[0].detach() + losses[1].detach()) / 2
+            avg = sum(loss.detach() for loss in losses) / ranks
             lines.append(f"step {step} loss {losses[0].item():.6f} avg {avg.item():.6f}")
             step += 1
     return lines
