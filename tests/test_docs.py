@@ -154,3 +154,20 @@ def test_the_readme_quick_start_commands_run_as_pasted(tmp_path):
                     assert done.returncode == 0, command + done.stdout[-2000:] + done.stderr[-3000:]
                 assert re.search(r"rank 0 of 2: loss \d", done.stdout) \
                     and re.search(r"rank 1 of 2: loss \d", done.stdout), done.stdout
+
+
+def test_the_readme_figures_give_one_figure_a_row_with_a_command_that_exists():
+    """One number a cell, no ranges or history (those are in docs/benchmarks.md), and each row's
+    command names a script of benchmarks/."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Figures"):text.index("Also in `benchmarks/`")]
+    rows = [line for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith(("| what |", "| --- |"))]
+    assert len(rows) >= 10, section
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        assert len(cells) == 3, row
+        assert re.fullmatch(r"\d+(\.\d+)?(x| s)?", cells[1]), row
+        script = re.match(r"`python (benchmarks/\w+\.py)\b", cells[2])
+        assert script and (ROOT / script.group(1)).is_file(), row
+    assert (ROOT / "docs" / "benchmarks.md").is_file()
