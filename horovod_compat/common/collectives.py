@@ -341,6 +341,11 @@ def _per_rank(descs: Sequence[Optional[Desc]], value: Callable[[Desc], Any]) -> 
     return [value(d) if d is not None else None for d in descs]
 
 
+def _texts(values: Sequence[Any]) -> List[Optional[str]]:
+    """Every rank's value as the message shows it (None stays None: a rank that joined)."""
+    return [str(v) if v is not None else None for v in values]
+
+
 def _shapes_of(descs: Sequence[Optional[Desc]], j: int) -> List[Optional[str]]:
     return _per_rank(descs, lambda d: str(list(d.shapes[j])))
 
@@ -362,7 +367,7 @@ def _dtype_mismatch(descs: Sequence[Optional[Desc]], n: int) -> Optional[mismatc
 def _count_mismatch(descs: Sequence[Optional[Desc]], kind: str) -> Optional[mismatch.Mismatch]:
     counts = _per_rank(descs, lambda d: len(d.shapes))
     if mismatch.differ(counts):
-        return mismatch.count(kind, [str(c) if c is not None else None for c in counts])
+        return mismatch.count(kind, _texts(counts))
     return None
 
 
@@ -790,13 +795,11 @@ def _validate_allgather(descs: Sequence[Optional[Desc]], st: SetState,
     for j in range(n):
         ndims = _per_rank(descs, lambda d: len(d.shapes[j]))
         if mismatch.differ(ndims):
-            return mismatch.gather_rank([str(x) if x is not None else None for x in ndims],
-                                        _shapes_of(descs, j), j)
+            return mismatch.gather_rank(_texts(ndims), _shapes_of(descs, j), j)
         for k in range(1, len(a.shapes[j])):
             dims = _per_rank(descs, lambda d: d.shapes[j][k])
             if mismatch.differ(dims):
-                return mismatch.gather_dim(k, [str(x) if x is not None else None for x in dims],
-                                           _shapes_of(descs, j), j)
+                return mismatch.gather_dim(k, _texts(dims), _shapes_of(descs, j), j)
     return None
 
 
