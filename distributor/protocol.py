@@ -66,6 +66,7 @@ class Kind(enum.IntEnum):
     WORLD = 16  # driver → worker: its `elastic.world.World` in the round that just formed
     HOSTS_UPDATED = 17  # driver → worker: (timestamp, HostUpdate flags) hosts were added/removed
     WORKER = 18  # driver → Spark task of an elastic job: ("start", RankSpec) or ("stop", worker id)
+    LOST = 19  # driver → worker: (round, rank) a member of the worker's round failed
 
 
 class PayloadFlag(enum.IntFlag):

@@ -119,7 +119,7 @@ class _DriverLink:
                 kind, body = self.channel.recv()
                 if kind == Kind.STOP:
                     break
-                if kind in (Kind.WORLD, Kind.HOSTS_UPDATED):
+                if kind in (Kind.WORLD, Kind.HOSTS_UPDATED, Kind.LOST):
                     worker.deliver(kind, body)
         except (ConnectionError, OSError):
             pass

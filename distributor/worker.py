@@ -5,14 +5,16 @@
   `log_to_driver`.
 - In an elastic job (`is_elastic()`): `join_world()` leaves the current round and blocks until the
   driver sends this worker's place in the next one; `add_hosts_listener(fn)` is called with every
-  host change the driver announces.
+  host change the driver announces; `lost_member(round)` names a member of a round that failed
+  (the driver tells the others at once, so that a worker still joining that round stops waiting
+  for it: `elastic.store.RoundStore`).
 """
 from __future__ import annotations
 
 import os
 import queue
 import threading
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from .elastic.world import HostUpdate, World
 from .protocol import Channel, Kind
@@ -26,6 +28,8 @@ _worlds: "queue.Queue[Optional[World]]" = queue.Queue()
 _last_round = -1
 _round_formed_at = 0.0
 _listeners: List[Callable[[float, HostUpdate], None]] = []
+_lost: Dict[int, int] = {}  # round -> rank of its first member that failed (driver's LOST)
+_lost_cv = threading.Condition()
 _listeners_lock = threading.Lock()
 
 
@@ -97,6 +101,14 @@ def round_formed_at() -> float:
     return _round_formed_at
 
 
+def lost_member(round_number: int, wait: float = 0.0) -> Optional[int]:
+    """The rank of a member of round `round_number` that failed (the driver's word), or None;
+    waits up to `wait` seconds for the word (the driver sees a death a moment after its peers)."""
+    with _lost_cv:
+        _lost_cv.wait_for(lambda: round_number in _lost, timeout=wait)
+        return _lost.get(round_number)
+
+
 def add_hosts_listener(fn: Callable[[float, HostUpdate], None]) -> None:
     """Call `fn(timestamp, update)` (from the link's thread) for every host change announced."""
     with _listeners_lock:
@@ -110,9 +122,14 @@ def remove_hosts_listener(fn: Callable[[float, HostUpdate], None]) -> None:
 
 
 def deliver(kind: Kind, body: Any) -> None:
-    """Called by the rank entry point's link thread for WORLD and HOSTS_UPDATED frames."""
+    """Called by the rank entry point's link thread for WORLD, HOSTS_UPDATED and LOST frames."""
     if kind == Kind.WORLD:
         _worlds.put(body)
+    elif kind == Kind.LOST:
+        round_number, rank = body
+        with _lost_cv:
+            _lost.setdefault(int(round_number), int(rank))
+            _lost_cv.notify_all()
     elif kind == Kind.HOSTS_UPDATED:
         timestamp, update = body
         with _listeners_lock:

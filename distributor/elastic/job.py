@@ -9,7 +9,9 @@ It shares the fixed-size `engine.Job`'s event handling (hub frames, output, exit
   exception type at the same place has already caused a reset (the training code's bug), or when
   `reset_limit` resets have been made. Otherwise a replacement worker starts on a host with a
   free slot, the failed worker's first (after that host's cooldown), up to `max_workers`;
-- the survivors find out themselves (their collective fails), send JOIN, and a new round forms
+- the survivors find out themselves (their collective fails; one still joining the round learns
+  it from the LOST notice the driver sends the members at once, `store.RoundStore`), send
+  JOIN, and a new round forms
   at once if they are at least `min_workers` (shrink); otherwise it waits for the replacement,
   at most `elastic_timeout` seconds. A worker that joins while a round runs (a replacement, or a
   worker on a host discovery added) makes the driver send HOSTS_UPDATED(ADDED) to the members,
@@ -234,6 +236,8 @@ class ElasticJob(Job):
                 # the lost connection within milliseconds; the round does not wait for it.
                 self._failures[s.worker_id] = (s.worker_id in rounds.members, now + EXIT_WAIT_SECONDS)
             rounds.leave(s.worker_id)
+            if s.state is WorkerState.FAILED:
+                self._tell_lost(s.worker_id)
         for wid, (was_member, deadline) in list(self._failures.items()):
             s = self._record(wid)
             # its exit status, and every frame it sent before it (its error report, read by a hub
@@ -350,6 +354,23 @@ class ElasticJob(Job):
                 return
             self._reset_cause = f"worker {wid} on host {s.host} was added"
         self._notify(HostUpdate.ADDED)
+
+    def _tell_lost(self, failed: int) -> None:
+        """Tell the other members of the current round at once that `failed`, one of them, failed:
+        one still joining the round would otherwise wait for it until the store's timeout
+        (`store.RoundStore`); the others learn it from their collectives anyway."""
+        rounds = self._rounds
+        assert rounds is not None
+        world = self._worlds.get(failed)
+        if world is None or world.round != rounds.round:
+            return
+        for wid in list(rounds.members):
+            s = self._record(wid)
+            if not s.state.final and s.channel is not None:
+                try:
+                    s.channel.send(Kind.LOST, (world.round, world.rank))
+                except OSError:
+                    pass
 
     def _notify(self, update: HostUpdate, only: Optional[List[int]] = None) -> None:
         rounds = self._rounds

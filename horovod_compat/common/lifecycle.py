@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import logging
 import os
 import socket
 import threading
@@ -43,6 +44,7 @@ from distributor import failure_report as _failure_report
 from distributor import netif as _netif
 from distributor import rank_env as _rank_env
 from distributor import worker as _worker
+from distributor.elastic.store import RoundStore
 
 from . import runtime, stall
 from .exceptions import HorovodInternalError
@@ -63,6 +65,10 @@ __all__ = [
 # fresh key prefix) and the generation counter.  Everything an init creates lives in its
 # ``runtime.Runtime``.
 _lock = threading.RLock()
+_elastic_log = logging.getLogger("horovod_compat.elastic")
+#: Seconds a worker whose joining of a round failed waits for the driver to name a lost member
+#: before it takes the failure for something else (and raises it).
+LOST_WAIT_SECONDS = 5.0
 _generation = 0
 _base_store: Optional[dist.Store] = None
 _base_store_key: Optional[tuple] = None
@@ -162,8 +168,9 @@ def _join_round() -> tuple:
     for var, field in _HOROVOD_VARS.items():
         if var in os.environ:
             os.environ[var] = str(info[field])
-    # PrefixStore puts its own "/" between prefix and key
-    return info, dist.PrefixStore(world.store_prefix.rstrip("/"), _elastic_client)
+    # PrefixStore puts its own "/" between prefix and key; waits end if a member fails meanwhile
+    store = dist.PrefixStore(world.store_prefix.rstrip("/"), _elastic_client)
+    return info, RoundStore(store, world.round, lambda: _worker.lost_member(world.round))
 
 
 def _mpi_rendezvous(info: Dict[str, Any]) -> None:
@@ -289,7 +296,22 @@ def init(comm: Any = None, process_sets: Union[None, str, Sequence[ProcessSet]] 
     ranks (or an mpi4py communicator's ranks); ``process_sets`` is a list of ``ProcessSet`` to
     register now, or ``"dynamic"`` to allow ``add_process_set``/``remove_process_set`` later (as does
     ``HOROVOD_DYNAMIC_PROCESS_SETS=1``).
+
+    In an elastic job, a round that loses a member while this worker joins it cannot form: the
+    worker joins the next one instead (the driver names the member it lost), so a worker's first
+    ``hvd.init()``, outside ``hvd.elastic.run``, survives a peer's death too.
     """
+    while True:
+        try:
+            return _init(comm, process_sets)
+        except HorovodInternalError as exc:
+            if not _worker.is_elastic() or dist.is_initialized() or _worker.lost_member(
+                    _worker.last_round(), wait=LOST_WAIT_SECONDS) is None:
+                raise
+            _elastic_log.warning("%s; joining the next round", exc)
+
+
+def _init(comm: Any, process_sets: Union[None, str, Sequence[ProcessSet]]) -> None:
     global _generation, _atexit_registered
     with _lock:
         if runtime.active() is not None:

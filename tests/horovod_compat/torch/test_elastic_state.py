@@ -6,6 +6,8 @@ from __future__ import annotations
 import collections
 import os
 import random
+import threading
+import time
 
 import pytest
 import torch
@@ -332,6 +334,7 @@ def fake_driver(monkeypatch):
         world = World(round=len(joins) - 1, rank=0, size=1, local_rank=0, local_size=1,
                       cross_rank=0, cross_size=1, store_host="127.0.0.1", store_port=store.port)
         os.environ.update(world.torchrun_env())
+        monkeypatch.setattr(worker, "_last_round", world.round)  # as the real one notes it
         return world
 
     monkeypatch.setattr(worker, "is_elastic", lambda: True)
@@ -392,6 +395,7 @@ def test_a_round_whose_peer_never_joins_is_left_for_the_next(fake_driver, monkey
     HorovodInternalError, so run() restores and re-joins instead of failing the worker."""
     store, joins = fake_driver
     monkeypatch.setenv("HOROVOD_ELASTIC_TIMEOUT", "2")
+    monkeypatch.setattr(lifecycle, "LOST_WAIT_SECONDS", 0.1)  # no driver to name a lost member
     real_join = worker.join_world
 
     def join_world(timeout=None):
@@ -446,3 +450,26 @@ def test_the_same_collective_failure_without_progress_is_not_retried_for_ever(si
     # the first failure follows a commit; the next three (after the second commit) have none
     # between them, and the third of those ends the loop
     assert attempts == [0, 1, 2, 2]
+
+
+def test_init_joins_the_next_round_when_the_driver_names_a_lost_member(fake_driver, monkeypatch):
+    """A member of the round this worker joins dies before it joined: the driver's LOST notice
+    ends the wait in the round's store at once, and hvd.init() itself joins the next round (a
+    worker's first init, outside hvd.elastic.run, survives it too)."""
+    store, joins = fake_driver
+    monkeypatch.setattr(worker, "_lost", {})
+    real_join = worker.join_world
+
+    def join_world(timeout=None):
+        world = real_join(timeout)
+        if world.round == 0:  # a 2-worker round: the other worker never comes
+            world = World(round=0, rank=0, size=2, local_rank=0, local_size=2, cross_rank=0,
+                          cross_size=1, store_host=world.store_host, store_port=world.store_port)
+            threading.Timer(0.3, worker.deliver, (worker.Kind.LOST, (0, 1))).start()
+        return world
+
+    monkeypatch.setattr(worker, "join_world", join_world)
+    started = time.monotonic()
+    hvd.init()
+    assert len(joins) == 2 and hvd.size() == 1
+    assert time.monotonic() - started < 30  # not the store's timeout (HOROVOD_ELASTIC_TIMEOUT=42)
