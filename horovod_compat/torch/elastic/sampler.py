@@ -66,9 +66,14 @@ class ElasticSampler(torch.utils.data.Sampler):
         return {"epoch": self.epoch, "processed_num": self.processed_num}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self.take_progress(state_dict)
+        self.reset()
+
+    def take_progress(self, state_dict: Dict[str, Any]) -> None:
+        """``load_state_dict`` without dealing the rest of the epoch over the world (`reset`):
+        for a restore while Horovod is not initialised (after a failed re-join)."""
         self.epoch = state_dict["epoch"]
         self.processed_num = state_dict["processed_num"]
-        self.reset()
 
     def reset(self) -> None:
         """Take the current world (``hvd.size()``/``hvd.rank()``) and deal out the rest of the epoch."""

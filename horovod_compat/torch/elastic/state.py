@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple, Type
 import torch
 
 from horovod_compat.common.elastic import ObjectState, State
+from horovod_compat.common import lifecycle
 from horovod_compat.common.lifecycle import rank
 
 from ..functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
@@ -138,7 +139,11 @@ class SamplerStateHandler(StateHandler):
         self._saved = copy.deepcopy(self.value.state_dict())
 
     def restore(self) -> None:
-        self.value.load_state_dict(copy.deepcopy(self._saved))
+        # hvd.elastic.run restores also after a failed re-join, with no world to deal the epoch
+        # over: the reset after the next join deals it
+        self.value.take_progress(copy.deepcopy(self._saved))
+        if lifecycle.is_initialized():
+            self.value.reset()
 
     def sync(self) -> None:
         # rank 0's progress; loading it also repartitions the rest of the epoch over the new world

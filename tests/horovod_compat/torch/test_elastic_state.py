@@ -452,6 +452,42 @@ def test_the_same_collective_failure_without_progress_is_not_retried_for_ever(si
     assert attempts == [0, 1, 2, 2]
 
 
+def test_a_failed_rejoin_restores_the_sampler_and_deals_it_over_the_next_world(fake_driver,
+                                                                              monkeypatch):
+    """Issue 41's lost commit: re-joining round 1 fails, run() restores the last commit while
+    Horovod is not initialised -- the ElasticSampler's restore must not need a world (it raised
+    "Horovod has not been initialized", which ended the worker that held the commit) -- and the
+    next round deals the rest of the epoch."""
+    store, joins = fake_driver
+    monkeypatch.setenv("HOROVOD_ELASTIC_TIMEOUT", "1")
+    monkeypatch.setattr(lifecycle, "LOST_WAIT_SECONDS", 0.1)
+    real_join = worker.join_world
+
+    def join_world(timeout=None):
+        world = real_join(timeout)
+        if world.round == 1:  # a 2-worker round whose other worker is gone
+            world = World(round=1, rank=0, size=2, local_rank=0, local_size=2, cross_rank=0,
+                          cross_size=1, store_host=world.store_host, store_port=world.store_port)
+        return world
+
+    monkeypatch.setattr(worker, "join_world", join_world)
+    hvd.init()
+    sampler = hvd.elastic.ElasticSampler(list(range(12)), shuffle=False)
+    state = hvd.elastic.TorchState(sampler=sampler, epoch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        if len(joins) == 1:
+            sampler.record_batch(0, 4)
+            state.commit()
+            sampler.record_batch(1, 4)  # not committed: undone by the restore
+            raise HorovodInternalError("a peer died")
+        return list(sampler)
+
+    assert train(state) == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert len(joins) == 3
+
+
 def test_init_joins_the_next_round_when_the_driver_names_a_lost_member(fake_driver, monkeypatch):
     """A member of the round this worker joins dies before it joined: the driver's LOST notice
     ends the wait in the round's store at once, and hvd.init() itself joins the next round (a
