@@ -45,6 +45,7 @@ if no thread can still touch it.
 from __future__ import annotations
 
 import collections
+import ctypes
 import datetime
 import itertools
 import json
@@ -89,6 +90,10 @@ _REUSE_GRACE = 0.05
 _CACHE_CAPACITY = int(os.environ.get("HOROVOD_CACHE_CAPACITY", "1024"))
 #: A gloo transfer is waited for in slices this long, its peers' liveness checked between them.
 _SLICE = datetime.timedelta(seconds=0.25)
+#: Seconds a transfer may still take after a peer of it left the job (``hvd.shutdown()``, an
+#: elastic reset): what the peer sent before it left is in this host's socket buffers, read in
+#: milliseconds, so a transfer still waiting after this long waits for data that never comes.
+DEPARTED_GRACE_SECONDS = 3.0
 _Work = getattr(dist, "Work", ())
 
 
@@ -598,13 +603,15 @@ class SetState:
 
     def _await(self, w: Any, device: str) -> None:
         """Wait for transfer ``w``.  A gloo transfer (CPU tensors) is waited for in slices, checking
-        between them that the set's peers still show signs of life (``liveness``): a frozen peer
-        raises instead of leaving this rank in gloo's wait until its timeout.  NCCL's own watchdog
-        covers GPU transfers."""
+        between them that the set's peers still show signs of life (``liveness``) and are still in
+        the job: a frozen peer, or one that left (``_departed``) and whose data has not come
+        within ``DEPARTED_GRACE_SECONDS``, raises instead of leaving this rank in gloo's wait until
+        its timeout.  NCCL's own watchdog covers GPU transfers."""
         watch = self.watch
         if watch is None or not watch.enabled or device != "cpu" or not isinstance(w, _Work):
             w.wait()
             return
+        departed_at: Optional[float] = None
         while True:
             try:
                 w.wait(_SLICE)
@@ -613,9 +620,19 @@ class SetState:
                 if w.is_completed():
                     raise  # the transfer itself failed
             try:
-                watch.check(range(self.n), f"a transfer of process set {self.ranks}")
+                gone = self._departed()
+                if gone is None:
+                    watch.check(range(self.n), f"a transfer of process set {self.ranks}")
+                else:  # not frozen: it stopped beating because it left
+                    departed_at = departed_at or time.monotonic()
+                    if time.monotonic() - departed_at >= DEPARTED_GRACE_SECONDS:
+                        raise peer_failure(
+                            f"rank {gone} left the job while this rank waited for its data in a "
+                            f"transfer of process set {self.ranks}", peer=gone)
             except HorovodInternalError as exc:
-                # the group's pending transfer can never complete: nothing later can be trusted
+                # the group's pending transfer can never complete: nothing later can be trusted,
+                # and destroying the group would wait for that transfer (_keep_forever)
+                _keep_forever(self.pg)
                 self._break(str(exc), exc)
                 raise
 
@@ -681,6 +698,16 @@ class SetState:
         # soon); the mappings and groups stay until the process exits rather than vanish under it
         if idle:
             self.drive_lock.release()
+
+
+def _keep_forever(group: Any) -> None:
+    """Never destroy ``group``, a gloo group with a transfer this rank gave up on: its destructor
+    joins the group's worker thread, which stays in that transfer until the peer closes its
+    connections -- never, if the peer is frozen -- and ``hvd.shutdown()`` (an elastic reset) or
+    the interpreter's exit would hang there. One reference that is never dropped, not even when
+    the interpreter finalizes, keeps it; the process's exit closes its connections."""
+    if group is not None:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
 
 
 class _Barrier(Plan):
