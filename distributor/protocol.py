@@ -67,6 +67,7 @@ class Kind(enum.IntEnum):
     HOSTS_UPDATED = 17  # driver → worker: (timestamp, HostUpdate flags) hosts were added/removed
     WORKER = 18  # driver → Spark task of an elastic job: ("start", RankSpec) or ("stop", worker id)
     LOST = 19  # driver → worker: (round, rank) a member of the worker's round failed
+    FROZEN = 20  # (round, rank, message) a member of the worker's round stopped responding
 
 
 class PayloadFlag(enum.IntFlag):

@@ -7,7 +7,9 @@
   driver sends this worker's place in the next one; `add_hosts_listener(fn)` is called with every
   host change the driver announces; `lost_member(round)` names a member of a round that failed
   (the driver tells the others at once, so that a worker still joining that round stops waiting
-  for it: `elastic.store.RoundStore`).
+  for it: `elastic.store.RoundStore`); `report_frozen(rank, message)` tells the driver that a
+  member of this worker's round stopped responding, so that the driver replaces it rather than
+  leave the next round waiting for it until its heartbeat times out.
 """
 from __future__ import annotations
 
@@ -107,6 +109,13 @@ def lost_member(round_number: int, wait: float = 0.0) -> Optional[int]:
     with _lost_cv:
         _lost_cv.wait_for(lambda: round_number in _lost, timeout=wait)
         return _lost.get(round_number)
+
+
+def report_frozen(rank: int, message: str) -> None:
+    """Tell the driver that rank `rank` of this worker's current round stopped responding."""
+    if is_elastic():
+        assert _channel is not None
+        _channel.send(Kind.FROZEN, (_last_round, int(rank), message))
 
 
 def add_hosts_listener(fn: Callable[[float, HostUpdate], None]) -> None:

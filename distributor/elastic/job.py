@@ -10,8 +10,8 @@ It shares the fixed-size `engine.Job`'s event handling (hub frames, output, exit
   `reset_limit` resets have been made. Otherwise a replacement worker starts on a host with a
   free slot, the failed worker's first (after that host's cooldown), up to `max_workers`;
 - the survivors find out themselves (their collective fails; one still joining the round learns
-  it from the LOST notice the driver sends the members at once, `store.RoundStore`), send
-  JOIN, and a new round forms
+  it from the LOST notice the driver sends the members at once, `store.RoundStore`; a frozen
+  member is FAILED and stopped when a peer reports it, FROZEN), send JOIN, and a new round forms
   at once if they are at least `min_workers` (shrink); otherwise it waits for the replacement,
   at most `elastic_timeout` seconds. A worker that joins while a round runs (a replacement, or a
   worker on a host discovery added) makes the driver send HOSTS_UPDATED(ADDED) to the members,
@@ -87,6 +87,8 @@ class ElasticJob(Job):
         self.attempts: List[Attempt] = []
         self.rounds_formed = 0
         self._joins: List[int] = []  # worker ids whose JOIN the control thread has not handled
+        #: (reporting worker id, round, rank, message) of each FROZEN not handled yet
+        self._frozen: List[Tuple[int, int, int, str]] = []
         self._handled: Set[int] = set()  # workers whose final state was handled
         self._worlds: Dict[int, World] = {}  # each worker's latest world
         self._replaces: Dict[int, int] = {}  # replacement worker id -> the failed worker's id
@@ -124,6 +126,11 @@ class ElasticJob(Job):
             with self._lock:
                 self._joins.append(state.worker_id)
             self._wake.put("join")
+        elif kind == Kind.FROZEN:
+            round_number, rank, message = body
+            with self._lock:
+                self._frozen.append((state.worker_id, int(round_number), int(rank), str(message)))
+            self._wake.put("frozen")
 
     # ---- the run ---------------------------------------------------------------------------
     def run(self) -> Any:
@@ -222,6 +229,7 @@ class ElasticJob(Job):
             joins, self._joins = self._joins, []
             discovered, self._discovered = self._discovered, None
             self._check_silence(now)
+            self._check_frozen()
             ended = [s for s in self._states.values() if s.state.final and s.worker_id not in self._handled]
         if request.timeout is not None and elapsed > request.timeout:
             raise JobTimeoutError(
@@ -540,11 +548,30 @@ class ElasticJob(Job):
                     now - s.last_seen > request.heartbeat_timeout:
                 why = f"sent no heartbeat for {request.heartbeat_timeout:g}s (host or network lost)"
             if why is not None:
-                self._causes[s.worker_id] = why
-                s.move(WorkerState.FAILED)
-                if s.channel is not None:
-                    try:
-                        s.channel.send(Kind.STOP)
-                    except OSError:
-                        pass
-                self.placement.stop_worker(s.worker_id)
+                self._fail_worker(s, why)
+
+    def _check_frozen(self) -> None:
+        """Under the lock: a member of the current round that a peer found frozen (FROZEN) and
+        that has not sent JOIN since (a worker that left the round stops beating in it too) is
+        FAILED and stopped at once; the heartbeat of a worker hung in native code goes on, and a
+        stopped one's silence shows only after heartbeat_timeout."""
+        reports, self._frozen = self._frozen, []
+        rounds = self._rounds
+        for reporter, round_number, rank, message in reports:
+            for s in self._states.values():
+                world = self._worlds.get(s.worker_id)
+                if (world is not None and (world.round, world.rank) == (round_number, rank)
+                        and s.state is WorkerState.RUNNING and s.worker_id not in self._joins
+                        and rounds is not None and s.worker_id in rounds.blocked_by()):
+                    self._fail_worker(s, f"stopped responding (worker {reporter} found: {message})")
+
+    def _fail_worker(self, s: WorkerRecord, why: str) -> None:
+        """Under the lock: the driver fails worker `s` itself, for `why`, and stops it."""
+        self._causes[s.worker_id] = why
+        s.move(WorkerState.FAILED)
+        if s.channel is not None:
+            try:
+                s.channel.send(Kind.STOP)
+            except OSError:
+                pass
+        self.placement.stop_worker(s.worker_id)

@@ -209,6 +209,10 @@ def run_fn(func: F, reset: Callable[[], None]) -> F:
                             f"a row without a commit in between, so resetting does not cure it: "
                             f"{exc}") from exc
                     log.warning("hvd.elastic.run: %s; restoring the last commit and resetting", exc)
+                    if elastic and exc.frozen and exc.peer is not None:
+                        # the next round would wait for it (its heartbeat goes on while it is
+                        # hung in native code; a stopped one is found only after minutes)
+                        worker.report_frozen(exc.peer, str(exc))
                     state.restore()
                     skip_sync = False
                 except HostsUpdatedInterrupt as exc:

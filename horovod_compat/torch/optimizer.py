@@ -46,6 +46,7 @@ from horovod_compat.common.collectives import transport_name as _transport_name
 from horovod_compat.common.exceptions import (HorovodInternalError, STEP_AFTER_SYNC as _STEP_AFTER_SYNC,
                                               TOO_MANY_BACKWARDS as _TOO_MANY_BACKWARDS,
                                               ZERO_GRAD_PENDING as _ZERO_GRAD_PENDING)
+from horovod_compat.common.liveness import same_kind as _same_kind
 from horovod_compat.common.process_sets import global_process_set as _GLOBAL, require_member
 from horovod_compat.timeline.writer import mark_internal as _mark_internal
 
@@ -502,8 +503,9 @@ class _GradReducer:
                 elif work is not None:
                     work.wait()
             except RuntimeError as exc:
-                raise HorovodInternalError(
-                    f"DistributedOptimizer: gradient allreduce failed: {exc}") from exc
+                # keeps which peer failed, and how (hvd.elastic.run reports a frozen one)
+                raise _same_kind(
+                    exc, f"DistributedOptimizer: gradient allreduce failed: {exc}") from exc
             b.work = None
             if b.custom is not None:
                 for s, i in enumerate(b.members):

@@ -313,3 +313,34 @@ def test_a_worker_that_ended_after_the_steps_look_keeps_its_slot_until_handled()
     assert job._live_by_host() == {"localhost": 3}  # ... and it keeps its slot until its replacement
     del job._failures[1]
     assert job._live_by_host() == {"localhost": 2}
+
+
+def test_a_frozen_report_stops_the_member_unless_it_already_left_the_round():
+    """A peer's FROZEN report fails and stops a member of the round at once (the next round
+    would wait for it until its heartbeat times out) -- but not a member that has sent JOIN
+    since: it stopped beating in the old round because it left it, and it may hold the state."""
+    from distributor.engine import WorkerRecord
+
+    stopped = []
+
+    class Recording(LocalPlacement):
+        def stop_worker(self, worker_id):
+            stopped.append(worker_id)
+
+    job = _job(3, ElasticPolicy(2, 3), Recording())
+    job._rounds = Rounds([(wid, "localhost") for wid in range(3)])
+    for wid in range(3):
+        job._states[wid] = WorkerRecord(wid, "localhost", state=WorkerState.RUNNING)
+        job._rounds.join(wid, "localhost")
+    job._worlds = job._rounds.try_form(2, 3, "127.0.0.1", 1)
+    job._rounds.join(0, "localhost")  # worker 0 left round 0 (its collective failed) ...
+    job._states[0].state = WorkerState.WAITING
+    job._frozen = [(1, 0, 0, "rank 0 stopped making progress"),  # ... before this report came
+                   (1, 0, 2, "rank 2 is stopped (SIGSTOP or a debugger)"),
+                   (1, 7, 2, "a report about another round")]
+    with job._lock:
+        job._check_frozen()
+    assert stopped == [2] and job._states[2].state is WorkerState.FAILED
+    assert job._causes[2] == ("stopped responding (worker 1 found: rank 2 is stopped (SIGSTOP or "
+                              "a debugger))")
+    assert job._states[0].state is WorkerState.WAITING and job._frozen == []
