@@ -52,6 +52,7 @@ import json
 import os
 import threading
 import time
+import traceback
 from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -595,6 +596,12 @@ class SetState:
             transport = isinstance(exc, RuntimeError) and self.n > 1
             err = peer_failure(message, self._departed()) if transport else HorovodInternalError(message)
             err.__cause__ = exc
+            # The error's traceback keeps its frames, whose locals held the transfer and, through
+            # it, the group: in that reference cycle (this set -> err -> frames -> this set) the
+            # group's connections stayed open after hvd.shutdown(), and a peer still waiting for
+            # this rank's data waited until it found this rank silent (30 s).
+            traceback.clear_frames(exc.__traceback__)
+            works = w = None  # noqa: F841 - this frame's own locals, kept by that traceback
             p._finish(err=err)
             if transport:
                 self._break(str(err), err)

@@ -197,15 +197,12 @@ class Registry:
     def ids_and_ranks(self) -> Dict[int, List[int]]:
         return {i: list(ps.ranks) for i, ps in sorted(self.sets.items())}
 
-    def close(self) -> bool:
+    def close(self) -> None:
         """Release every set: coordinators first (``SetState.close``), then the subsets' groups
-        (the global set's dies with the default group). True if a set was broken (a peer failed)."""
-        broken = False
+        (the global set's dies with the default group)."""
         with self.lock:
             for ps_id, ps in sorted(self.sets.items(), reverse=True):
                 pg = ps._pg
-                if ps.negotiation is not None and ps.negotiation.broken is not None:
-                    broken = True
                 ps._release()
                 if ps_id != 0 and pg is not None and dist.is_initialized():
                     try:
@@ -214,7 +211,6 @@ class Registry:
                         pass
             self.sets.clear()
             global_process_set.ranks = []
-        return broken
 
 
 def require_member(process_set: Optional[ProcessSet]) -> ProcessSet:

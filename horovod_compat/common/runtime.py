@@ -23,7 +23,6 @@ the same file.
 """
 from __future__ import annotations
 
-import gc
 import itertools
 import sys
 import threading
@@ -123,16 +122,10 @@ class Runtime:
         if self.inspector is not None:
             self.inspector.stop()
             self.inspector = None
-        broken = self.registry.close()
+        self.registry.close()
         self.handles.clear()
         if self.owns_default_pg and dist.is_initialized():
             release_groups()
-        if broken:
-            # The error of a failed transfer keeps, through its traceback's frames, the transfer
-            # and so its group (and that group's connections) in a reference cycle. Collected now,
-            # the group closes its connections, and a peer still waiting on this rank in that group
-            # fails at once instead of when it finds this rank silent (liveness: 30 s).
-            gc.collect()
 
 
 def release_groups() -> None:
