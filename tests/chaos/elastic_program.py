@@ -15,15 +15,27 @@ counted them) to ``CHAOS_DIR/trained.<pid>``.
 
 Lines for the harness: ``chaos-pid rank=R size=N pid=P t=T`` each time a worker (re)enters the
 training function, ``chaos-reset rank=R size=N pid=P t=T`` from the reset callback, and
-``step S rank R size N sample X`` after every step. ``CHAOS_FAULT=raise`` makes rank
-``CHAOS_RANK`` raise ``ChaosError`` in step ``CHAOS_STEP`` (after the step counted its samples,
-before its other collectives), once per job (a marker file in ``CHAOS_DIR``): a bug that does not
-repeat, so the elastic driver replaces the worker.
+``step S rank R size N sample X`` after every step, ``chaos-fault rank=R peer=-1 t=T`` as a fault
+the program injects in itself strikes. Faults, each once per job (a marker file in ``CHAOS_DIR``),
+on rank ``CHAOS_RANK`` of the first round (``CHAOS_FAULT``):
+
+* ``raise``: ``ChaosError`` in step ``CHAOS_STEP`` (after the step counted its samples, before its
+  other collectives): a bug that does not repeat, so the elastic driver replaces the worker;
+* ``stop``: SIGSTOP of its own process in step ``CHAOS_STEP``, at the same point (a frozen rank);
+* ``broadcast``: SIGKILL of its own process as its first transfer starts: the first state sync's
+  broadcast, while its peers are in it. With ``CHAOS_LATE_RANK=L`` rank L enters that transfer
+  ``CHAOS_LATE_SECONDS`` (default 1.5) late, after the others have failed and reset: it then
+  waits on ranks that have left (the early-kill hang of issue 41).
+
+``CHAOS_INIT_RANK=I`` adds a second fault: once the first has struck, the worker that had rank I
+in the first round SIGKILLs itself inside its next ``hvd.init()``, right after its process group
+formed, while its peers still set theirs up (the lost commit of issue 41).
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -32,13 +44,47 @@ class ChaosError(RuntimeError):
     """The exception a rank raises on purpose."""
 
 
-def _first_raise(folder: str) -> bool:
-    """True the first time in the job (a marker file in `folder`)."""
+def _first_time(folder: str, what: str = "raised") -> bool:
+    """True the first time in the job (a marker file `what` in `folder`)."""
     try:
-        os.close(os.open(os.path.join(folder, "raised"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.close(os.open(os.path.join(folder, what), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return False
     return True
+
+
+def _strike(rank: int, sig: int) -> None:
+    print(f"chaos-fault rank={rank} peer=-1 t={time.time():.6f}", flush=True)
+    os.kill(os.getpid(), sig)
+
+
+def _phase_faults(folder: str, fault: str, rank: int) -> None:
+    """The faults that strike inside the runtime (``broadcast``, ``CHAOS_LATE_RANK``,
+    ``CHAOS_INIT_RANK``): wrappers of the torch.distributed calls that mark those phases."""
+    import torch.distributed as dist
+
+    fault_rank = int(os.environ.get("CHAOS_RANK", "-1"))
+    late = os.environ.get("CHAOS_LATE_RANK") == str(rank)
+    broadcast = dist.broadcast
+    if (fault == "broadcast" and rank == fault_rank) or late:
+        def first_transfer(*args, **kwargs):
+            if late and _first_time(folder, "late"):
+                time.sleep(float(os.environ.get("CHAOS_LATE_SECONDS", "1.5")))
+            elif not late and _first_time(folder):
+                _strike(rank, signal.SIGKILL)
+            return broadcast(*args, **kwargs)
+
+        dist.broadcast = first_transfer
+    if os.environ.get("CHAOS_INIT_RANK") == str(rank):
+        init_process_group = dist.init_process_group
+
+        def init(*args, **kwargs):
+            done = init_process_group(*args, **kwargs)
+            if os.path.exists(os.path.join(folder, "raised")) and _first_time(folder, "init"):
+                _strike(kwargs["rank"], signal.SIGKILL)
+            return done
+
+        dist.init_process_group = init
 
 
 def main() -> int:
@@ -65,13 +111,14 @@ def main() -> int:
               f"t={time.time():.6f}", flush=True)
 
     state.register_reset_callbacks([on_reset])
+    _phase_faults(folder, fault, hvd.rank())
 
     @hvd.elastic.run
     def train(state):
         rank, size = hvd.rank(), hvd.size()
         print(f"chaos-pid rank={rank} size={size} pid={os.getpid()} t={time.time():.6f}", flush=True)
         while state.cursor < samples:
-            raising = fault == "raise" and rank == fault_rank and state.step >= fault_step
+            raising = fault in ("raise", "stop") and rank == fault_rank and state.step >= fault_step
             sample = state.cursor + rank
             onehot = torch.zeros(samples)
             if sample < samples:
@@ -83,9 +130,12 @@ def main() -> int:
             state.counts = [c + int(n) for c, n in zip(state.counts, counted.tolist())]
             state.cursor += size
             state.step += 1
-            if raising and _first_raise(folder):  # between the step's collectives
-                print(f"chaos-fault rank={rank} peer=-1 t={time.time():.6f}", flush=True)
-                raise ChaosError(f"chaos: rank {rank} raises in step {state.step}")
+            if raising and _first_time(folder):  # between the step's collectives
+                if fault == "stop":
+                    _strike(rank, signal.SIGSTOP)  # until the driver kills it
+                else:
+                    print(f"chaos-fault rank={rank} peer=-1 t={time.time():.6f}", flush=True)
+                    raise ChaosError(f"chaos: rank {rank} raises in step {state.step}")
             generator = torch.Generator().manual_seed(sample)
             x = torch.randn(4, 8, generator=generator)
             optimizer.zero_grad()

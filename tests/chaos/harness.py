@@ -29,15 +29,20 @@ server) may outlive the run.
 along), faults ``ELASTIC_FAULTS``: ``kill`` (SIGKILL of the worker that has the target rank, up
 to 0.1 s after it printed a chosen step; for one seed in three a second SIGKILL follows *during
 the recovery*: the survivor that gets a chosen rank in the new round is killed from its reset
-callback's line) and ``raise`` (``ChaosError`` once, in a chosen step). Right: the job exits 0;
-every sample was counted exactly once in the committed state (`elastic_program`) and trained by
-some rank; the driver names each failed worker with its rank and cause, and starts a replacement
-for it (the discovery script still offers the slot); nothing is left running. The line also
-reports the recovery, and how many replacements joined (one that the job's end overtook is
-stopped by the driver: docs/failures.md).
+callback's line), ``raise`` (``ChaosError`` once, in a chosen step), ``stop`` (the target SIGSTOPs
+itself in a chosen step), and two faults at a phase the program reaches (`elastic_program`):
+``broadcast`` (the target dies as the first state sync's transfer starts, and another rank comes
+to that transfer late, after the others have reset) and ``init`` (the same death, then another
+worker dies inside the ``hvd.init()`` of the next round). Right: the job exits 0; the next step
+runs within `exit_bound` of the fault; every sample was counted exactly once in the committed
+state (`elastic_program`) and trained by some rank; the driver names each failed worker with its
+rank and cause (``ELASTIC_WHAT``), and starts a replacement for it (the discovery script still
+offers the slot); nothing is left running. The line also reports the recovery, and how many
+replacements joined (one that the job's end overtook is stopped by the driver: docs/failures.md).
 
 ``run(seed, launcher, fault, workdir)`` is deterministic in what it injects: the seed picks the
-target rank, the step and (for ``kill``/``stop``) a delay inside the step.
+target rank, the step, (for ``kill``/``stop``) a delay inside the step, and the other rank of
+``broadcast`` and ``init``.
 """
 from __future__ import annotations
 
@@ -69,7 +74,11 @@ NP = 3
 #: Launchers of fixed-size jobs started as a process of their own (``spark`` runs in this one).
 LAUNCHERS = ("horovodrun", "function", "mpi")
 FAULTS = ("kill", "raise", "close", "stop")
-ELASTIC_FAULTS = ("kill", "raise")
+ELASTIC_FAULTS = ("kill", "raise", "stop", "broadcast", "init")
+#: Elastic faults the program injects in itself at a phase it reaches (`elastic_program`), and
+#: how the driver must describe the failed worker.
+ELASTIC_WHAT = {"kill": "killed by SIGKILL", "raise": "ChaosError", "stop": "stopped responding",
+                "broadcast": "killed by SIGKILL", "init": "killed by SIGKILL"}
 SPARK_FAULTS = ("kill", "raise", "stop")
 #: Every case: launcher -> its faults.
 CASES = {**{launcher: FAULTS for launcher in LAUNCHERS}, "spark": SPARK_FAULTS,
@@ -414,7 +423,7 @@ class _ElasticFaults:
         if m:
             self.pids[wid] = int(m.group(2))
         m = _FAULT.search(text)
-        if m and out.fault == "raise" and not self.faults:
+        if m and out.fault != "kill":  # injected by the program itself
             self.faults.append((float(m.group(3)), wid, int(m.group(1))))
         m = _RESET.search(text)
         if m and self.faults:
@@ -447,8 +456,16 @@ def run_elastic(seed: int, fault: str, workdir: Path, target: Optional[int] = No
     discover.write_text(f"#!/bin/sh\necho localhost:{NP}\n")
     discover.chmod(0o755)
     env = _env(marker, CHAOS_DIR=str(data), CHAOS_SAMPLES=str(ELASTIC_SAMPLES))
-    if fault == "raise":
+    other = (target + 1 + second_rank) % NP  # a rank other than the target, chosen by the seed
+    if fault in ("raise", "stop"):
         env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(target), CHAOS_STEP=str(step))
+    elif fault == "broadcast":
+        # another rank comes late to the transfer the target dies in; not rank 0, the transfer's
+        # root, which fails at once and resets, so the late one waits on a rank that has left
+        late = 1 if target == 2 else 2
+        env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(target), CHAOS_LATE_RANK=str(late))
+    elif fault == "init":  # another one dies as the next round forms
+        env.update(CHAOS_FAULT="broadcast", CHAOS_RANK=str(target), CHAOS_INIT_RANK=str(other))
     argv = [*horovodrun(), "-np", str(NP), "--min-np", str(NP - 1), "--max-np", str(NP),
             "--host-discovery-script", str(discover), sys.executable, str(ELASTIC_PROGRAM)]
     watch = _ElasticFaults(out, second and fault == "kill", second_rank, delay)
@@ -491,7 +508,12 @@ def _judge_elastic(out: Outcome, watch: _ElasticFaults, data: Path) -> None:
     missing = sorted(set(range(ELASTIC_SAMPLES)) - trained)
     if missing:
         problems.append(f"samples no rank trained on: {missing[:10]} ({len(missing)})")
-    expected_what = "killed by SIGKILL" if out.fault == "kill" else "ChaosError"
+    expected_what = ELASTIC_WHAT[out.fault]
+    if watch.recovered_at is None:
+        problems.append("no step ran after the fault")
+    elif watch.recovered_at - faults[0][0] > exit_bound(out.fault):
+        problems.append(f"the next step ran {watch.recovered_at - faults[0][0]:.2f}s after the "
+                        f"fault (bound {exit_bound(out.fault):g}s)")
     replacements = 0
     for _, wid, rank in faults:
         attempt = watch.attempts.get(wid)

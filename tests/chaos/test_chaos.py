@@ -9,7 +9,9 @@ A case is one launcher and one fault (`harness.CASES`): the fixed-size launchers
 ``function`` (``horovod.run``), ``mpi`` (``horovodrun --mpi``) with ``kill``, ``raise``,
 ``close`` and ``stop``; ``spark`` (``horovod.spark.run`` on one local Spark session for the
 module) with ``kill``, ``raise`` and ``stop``; ``elastic`` (``horovodrun --min-np 2 --max-np 3``
-with a discovery script) with ``kill`` and ``raise``. See `harness` for what is injected and what
+with a discovery script) with ``kill``, ``raise``, ``stop``, ``broadcast`` (a death in the first
+state sync, another rank late to it) and ``init`` (then a second death inside the next round's
+``hvd.init()``). See `harness` for what is injected and what
 is right. Every run prints one line (seed, fault, target rank, named rank, seconds from the fault
 to the driver's exit); ``python tests/chaos/harness.py LAUNCHER FAULT SEED`` reruns one.
 
@@ -38,6 +40,9 @@ SHORT_ROUND = {
     ("horovodrun", "stop"): {"target": 0},
     ("elastic", "kill"): {"target": 0, "second": True},
     ("elastic", "raise"): {},
+    ("elastic", "stop"): {},
+    ("elastic", "broadcast"): {"target": 2},  # rank 1 is late: it waits on rank 0, gone
+    ("elastic", "init"): {},
     ("spark", "kill"): {},
 }
 _LONG_ONLY = "the long round's (CHAOS_RUNS=N > 1 runs every case); the short round keeps CI short"
