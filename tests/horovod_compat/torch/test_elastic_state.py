@@ -390,22 +390,28 @@ def test_elastic_init_joins_rounds_and_run_rejoins_after_a_failure(fake_driver):
     assert torch.equal(_flat(model, opt), _flat(ref, ref_opt))
 
 
-def test_a_round_whose_peer_never_joins_is_left_for_the_next(fake_driver, monkeypatch):
-    """The peer of round 1 dies before joining: init times out (HOROVOD_ELASTIC_TIMEOUT) with
-    HorovodInternalError, so run() restores and re-joins instead of failing the worker."""
-    store, joins = fake_driver
-    monkeypatch.setenv("HOROVOD_ELASTIC_TIMEOUT", "2")
-    monkeypatch.setattr(lifecycle, "LOST_WAIT_SECONDS", 0.1)  # no driver to name a lost member
+def _peer_never_joins_round_1(monkeypatch, timeout):
+    """The fake driver's round 1 has a second worker that never comes: joining it fails after
+    HOROVOD_ELASTIC_TIMEOUT=`timeout`, and no driver names the lost member."""
+    monkeypatch.setenv("HOROVOD_ELASTIC_TIMEOUT", timeout)
+    monkeypatch.setattr(lifecycle, "LOST_WAIT_SECONDS", 0.1)
     real_join = worker.join_world
 
     def join_world(timeout=None):
         world = real_join(timeout)
-        if world.round == 1:  # a 2-worker round whose other worker is gone
+        if world.round == 1:
             world = World(round=1, rank=0, size=2, local_rank=0, local_size=2, cross_rank=0,
                           cross_size=1, store_host=world.store_host, store_port=world.store_port)
         return world
 
     monkeypatch.setattr(worker, "join_world", join_world)
+
+
+def test_a_round_whose_peer_never_joins_is_left_for_the_next(fake_driver, monkeypatch):
+    """The peer of round 1 dies before joining: init times out (HOROVOD_ELASTIC_TIMEOUT) with
+    HorovodInternalError, so run() restores and re-joins instead of failing the worker."""
+    store, joins = fake_driver
+    _peer_never_joins_round_1(monkeypatch, timeout="2")
     hvd.init()
     state = CountingState(x=0)
     attempts = []
@@ -459,18 +465,7 @@ def test_a_failed_rejoin_restores_the_sampler_and_deals_it_over_the_next_world(f
     "Horovod has not been initialized", which ended the worker that held the commit) -- and the
     next round deals the rest of the epoch."""
     store, joins = fake_driver
-    monkeypatch.setenv("HOROVOD_ELASTIC_TIMEOUT", "1")
-    monkeypatch.setattr(lifecycle, "LOST_WAIT_SECONDS", 0.1)
-    real_join = worker.join_world
-
-    def join_world(timeout=None):
-        world = real_join(timeout)
-        if world.round == 1:  # a 2-worker round whose other worker is gone
-            world = World(round=1, rank=0, size=2, local_rank=0, local_size=2, cross_rank=0,
-                          cross_size=1, store_host=world.store_host, store_port=world.store_port)
-        return world
-
-    monkeypatch.setattr(worker, "join_world", join_world)
+    _peer_never_joins_round_1(monkeypatch, timeout="1")
     hvd.init()
     sampler = hvd.elastic.ElasticSampler(list(range(12)), shuffle=False)
     state = hvd.elastic.TorchState(sampler=sampler, epoch=0)
