@@ -3,9 +3,13 @@
 under ``TF_USE_LEGACY_KERAS=1``).
 
 * ``BroadcastGlobalVariablesCallbackImpl``: rank ``root_rank``'s model weights on every rank at the
-  start of training (when every rank's model is built), and its model *and optimizer* variables at
-  the end of the first batch (when the optimizer's slots exist), as Horovod does.  Keras 3's
-  ``model.weights`` leave out random-seed states, so each rank keeps its own dropout randomness.
+  start of training, and its model *and optimizer* variables at the end of the first batch (when
+  the optimizer's slots exist), as Horovod does.  A model that builds on its first batch (a
+  ``Sequential`` without an input shape, a subclassed model) has no weights at the start (under
+  tf-keras, asking for them raises): its weights are broadcast as its first call creates them,
+  before the first step runs, so that step starts from rank ``root_rank``'s weights on every rank
+  (Horovod broadcast only after the first step).  Keras 3's ``model.weights`` leave out
+  random-seed states, so each rank keeps its own dropout randomness.
 * ``MetricAverageCallbackImpl``: the epoch-end logs averaged over the ranks.  One allgather of every
   rank's logs, so ranks whose logs differ (a metric only some ranks have) cannot deadlock; a key
   missing on some rank keeps its local value.
@@ -22,6 +26,7 @@ Keras' session and variables are read and set through ``keras.backend.get_value`
 """
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any, Callable, Dict, List, Optional
 
@@ -120,10 +125,17 @@ class BroadcastGlobalVariablesCallbackImpl:
         self._local.register(var)
 
     def _model_variables(self) -> List[Any]:
-        weights = getattr(self.model, "weights", None)
+        try:
+            weights = getattr(self.model, "weights", None)
+        except ValueError:  # tf-keras: "Weights for model ... have not yet been created"
+            return []
         if weights is None:
             weights = getattr(self.model, "variables", [])
         return [v for v in weights if v not in self._local]
+
+    def _broadcast_model(self) -> None:
+        with tf.device(self.device):
+            eval_in_session(broadcast_variables(self._model_variables(), root_rank=self.root_rank))
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.broadcast_done:
@@ -132,8 +144,37 @@ class BroadcastGlobalVariablesCallbackImpl:
         # every rank must take part in the same broadcast: do it only if every rank has them
         counts = allgather_object(len(variables))
         if counts and min(counts) == max(counts) > 0:
-            with tf.device(self.device):
-                eval_in_session(broadcast_variables(variables, root_rank=self.root_rank))
+            self._broadcast_model()
+        elif counts and max(counts) == 0 and not in_tf1_graph():
+            self._broadcast_when_built()
+
+    def _broadcast_when_built(self) -> None:
+        """The model builds on its first call, inside the first step: broadcast its weights right
+        after that call created them, before the step reads them.
+
+        * tf-keras creates and initialises a layer's weights at once, also while the step is
+          being traced (``tf.init_scope``): the broadcast runs then, eagerly, before the traced
+          step first runs.
+        * Keras 3 may first build the model in a symbolic call, in a stateless scope that drops
+          assignments to variables, or create its weights in the trace as tf.function variables
+          that get their values once the trace ends (TensorFlow then traces the step again). The
+          broadcast waits for the first call that finds the weights holding their values.
+        * A step run eagerly (``run_eagerly=True``) used this rank's own weights in that call; it
+          is made again from the broadcast weights (a layer that counts its calls sees one more).
+        """
+        model, call = self.model, self.model.call
+
+        def first_call_broadcasts(*args: Any, **kwargs: Any) -> Any:
+            out = call(*args, **kwargs)
+            variables = self._model_variables()
+            if not variables or _in_keras_stateless_scope() or not _hold_values(variables):
+                return out
+            del model.call  # the model's own call from now on (later traces, saving)
+            with tf.init_scope():
+                self._broadcast_model()
+            return call(*args, **kwargs) if tf.executing_eagerly() else out
+
+        model.call = first_call_broadcasts
 
     def on_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.broadcast_done:
@@ -143,6 +184,20 @@ class BroadcastGlobalVariablesCallbackImpl:
         with tf.device(self.device):
             eval_in_session(broadcast_variables(variables, root_rank=self.root_rank))
         self.broadcast_done = True
+
+
+def _in_keras_stateless_scope() -> bool:
+    """Whether this runs in Keras 3's ``StatelessScope`` (a symbolic call that builds a model):
+    assignments to variables there are recorded and dropped. Keras 3 has no public way to ask;
+    if that module is not loaded, nothing runs in it."""
+    scope = sys.modules.get("keras.src.backend.common.stateless_scope")
+    return bool(scope is not None and scope.in_stateless_scope())
+
+
+def _hold_values(variables: List[Any]) -> bool:
+    """Whether every variable already holds a value of its shape (read eagerly)."""
+    with tf.init_scope():
+        return all(np.shape(v.numpy()) == tuple(v.shape) for v in variables)
 
 
 # ----------------------------------------------------------------------------- metric average

@@ -366,6 +366,46 @@ def check_broadcast_callback():
     })
 
 
+def lazy_model(kind, seed):
+    """A model that builds on its first batch under tf-keras (no weights before): a Sequential
+    without an input shape, or a subclassed model; its weights come from `seed`."""
+    first = K.initializers.RandomNormal(stddev=0.5, seed=seed)
+    second = K.initializers.RandomNormal(stddev=0.5, seed=seed + 1000)
+    if kind == "sequential":
+        return K.Sequential([K.layers.Dense(3, activation="tanh", kernel_initializer=first),
+                             K.layers.Dense(2, kernel_initializer=second)])
+
+    class Net(K.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = K.layers.Dense(3, activation="tanh", kernel_initializer=first)
+            self.out = K.layers.Dense(2, kernel_initializer=second)
+
+        def call(self, inputs):
+            return self.out(self.hidden(inputs))
+
+    return Net()
+
+
+def check_broadcast_unbuilt():
+    """The broadcast callback on models that build on their first batch, each rank's from its
+    own seed: training equals one process training from rank 0's weights on the full batch, so
+    the first step started from rank 0's weights too (traced, and run eagerly)."""
+    x, y = data()
+    out = {}
+    for kind in ("sequential", "subclassed"):
+        for eager in (False, True):
+            model = lazy_model(kind, 300 + RANK)
+            model.compile(optimizer=hvd.DistributedOptimizer(sgd()), loss="mse", run_eagerly=eager)
+            model.fit(half(x), half(y), batch_size=8, epochs=3, shuffle=False, verbose=0,
+                      callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+            ref = lazy_model(kind, 300)
+            ref.compile(optimizer=sgd(), loss="mse", run_eagerly=eager)
+            ref.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+            out[f"{kind}_{'eager' if eager else 'traced'}"] = max_diff(flat(model), flat(ref))
+    emit("broadcast_unbuilt", out)
+
+
 def check_metric_average():
     x, y = data(seed=30 + RANK)  # different data: different losses per rank
     model = make_model(31)
@@ -610,7 +650,8 @@ def check_api_surface():
 CHECKS = [check_api_surface, check_numerics, check_backward_passes,
           check_gradient_aggregation_with_local_vars, check_inf_gradient_cycle,
           check_loss_scale_custom_loop,
-          check_partial_and_sparse, check_process_set, check_broadcast_callback, check_metric_average,
+          check_partial_and_sparse, check_process_set, check_broadcast_callback,
+          check_broadcast_unbuilt, check_metric_average,
           check_learning_rate_callbacks, check_best_model_checkpoint, check_load_model,
           check_elastic_state]
 

@@ -8,7 +8,8 @@ asserts on those values:
 (b) backward_passes_per_step (averaged or not) == one step on the aggregated batch; Horovod's
     aggregation test with local variables and IndexedSlices; an infinite gradient in one cycle;
     PartialDistributedOptimizer; sparse gradients;
-(c) the callbacks: broadcast (different initial weights end up equal; local variables stay),
+(c) the callbacks: broadcast (different initial weights end up equal; local variables stay; on
+    models that build on their first batch, the first step starts from rank 0's weights),
     metric averaging (the mean of the ranks' values; a metric only one rank logs does not hang),
     learning-rate warmup and schedules (values per batch, Horovod's formulas), momentum correction
     (tf-keras legacy optimizers), BestModelCheckpoint (rank 0 writes);
@@ -196,6 +197,19 @@ def test_broadcast_global_variables_callback(results):
         assert res["diff_vs_rank0_start"] <= 1e-5
         assert res["local_kernel_is_mine"] == 0.0 and res["others_are_root"] == 0.0
     assert r0["optimizer_state"] == r1["optimizer_state"]
+
+
+def test_broadcast_callback_on_models_that_build_on_their_first_batch(results):
+    """tf-keras: a Sequential without an input shape and a subclassed model have no weights
+    until their first batch (Horovod's tensorflow2_keras_mnist.py stopped there with "Weights
+    for model 'sequential' have not yet been created"); the first step still starts from rank 0's
+    weights on every rank."""
+    r0, r1 = both(results, "broadcast_unbuilt")
+    for res in (r0, r1):
+        assert set(res) == {f"{kind}_{mode}" for kind in ("sequential", "subclassed")
+                            for mode in ("traced", "eager")}
+        for case, diff in res.items():
+            assert diff <= 1e-5, (case, diff)
 
 
 def test_metric_average_callback(results):

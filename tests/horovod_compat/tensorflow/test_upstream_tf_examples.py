@@ -210,19 +210,26 @@ def _check_tensorflow2_keras_mnist(out: str, tmp_path: Path, epochs: int = 24) -
         assert len(saved) == 24, saved
 
 
+#: Both Keras for the Keras script Keras 2 users run most: its Sequential has no input shape, so
+#: under tf-keras it has no weights until its first batch (Keras 3 builds it before training).
+BOTH_KERAS = pytest.mark.parametrize("keras", [KERAS3, LEGACY], ids=["keras3", "tf_keras"])
+
+
+@BOTH_KERAS
 @pytest.mark.timeout(600)
-def test_tensorflow2_keras_mnist_under_horovodrun(tmp_path, small_env):
+def test_tensorflow2_keras_mnist_under_horovodrun(tmp_path, small_env, keras):
     stop = r"^\[0\]<std(?:out|err)>:Epoch 5/24\s*$" if SHORT else None
     done = _launch([*HOROVODRUN, sys.executable, str(TF2 / "tensorflow2_keras_mnist.py")], tmp_path,
-                   {**small_env, **KERAS3}, timeout=540, stop_when=stop)
+                   {**small_env, **keras}, timeout=540, stop_when=stop)
     _check_tensorflow2_keras_mnist(done.before_stop, tmp_path, epochs=4 if SHORT else 24)
 
 
 @full_only
+@BOTH_KERAS
 @pytest.mark.timeout(600)
-def test_tensorflow2_keras_mnist_through_horovod_run(tmp_path, small_env):
+def test_tensorflow2_keras_mnist_through_horovod_run(tmp_path, small_env, keras):
     done = _launch([sys.executable, str(TF2 / "tensorflow2_keras_mnist.py"), "2", "localhost:2",
-                    "gloo"], tmp_path, {**small_env, **KERAS3}, timeout=540)
+                    "gloo"], tmp_path, {**small_env, **keras}, timeout=540)
     assert "Running training through horovod.run" in done.output
     _check_tensorflow2_keras_mnist(done.output, tmp_path)
 
