@@ -133,9 +133,9 @@ class BroadcastGlobalVariablesCallbackImpl:
             weights = getattr(self.model, "variables", [])
         return [v for v in weights if v not in self._local]
 
-    def _broadcast_model(self) -> None:
+    def _broadcast(self, variables: List[Any]) -> None:
         with tf.device(self.device):
-            eval_in_session(broadcast_variables(self._model_variables(), root_rank=self.root_rank))
+            eval_in_session(broadcast_variables(variables, root_rank=self.root_rank))
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.broadcast_done:
@@ -144,7 +144,7 @@ class BroadcastGlobalVariablesCallbackImpl:
         # every rank must take part in the same broadcast: do it only if every rank has them
         counts = allgather_object(len(variables))
         if counts and min(counts) == max(counts) > 0:
-            self._broadcast_model()
+            self._broadcast(variables)
         elif counts and max(counts) == 0 and not in_tf1_graph():
             self._broadcast_when_built()
 
@@ -171,7 +171,7 @@ class BroadcastGlobalVariablesCallbackImpl:
                 return out
             del model.call  # the model's own call from now on (later traces, saving)
             with tf.init_scope():
-                self._broadcast_model()
+                self._broadcast(variables)
             return call(*args, **kwargs) if tf.executing_eagerly() else out
 
         model.call = first_call_broadcasts
@@ -181,8 +181,7 @@ class BroadcastGlobalVariablesCallbackImpl:
             return
         variables = self._model_variables()
         variables += optimizer_variables(getattr(self.model, "optimizer", None))
-        with tf.device(self.device):
-            eval_in_session(broadcast_variables(variables, root_rank=self.root_rank))
+        self._broadcast(variables)
         self.broadcast_done = True
 
 
