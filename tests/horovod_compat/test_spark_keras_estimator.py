@@ -164,12 +164,20 @@ def test_bad_inputs_fail_before_training(spark, tmp_path):
 
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not EXAMPLE.is_file(), reason=f"Horovod's upstream example is not at {EXAMPLE}")
-def test_upstream_keras_spark_mnist_example_runs_unchanged(tmp_path):
+@pytest.mark.parametrize("flavor", ["keras3", "tf_keras"])
+def test_upstream_keras_spark_mnist_example_runs_unchanged(tmp_path, flavor):
+    """Under Keras 3 and under tf-keras (``TF_USE_LEGACY_KERAS=1``, as Keras 2 users run it): the
+    driver builds and serializes the model with one, the ranks and ``transform`` load it with the
+    same one."""
+    if flavor == "tf_keras":
+        pytest.importorskip("tf_keras", reason="tf-keras is not installed (scripts/bootstrap.sh "
+                                               "installs it for the tests)")
     data_dir, work_dir = tmp_path / "data", tmp_path / "work"
     work_dir.mkdir()
     write_mnist_libsvm(data_dir / "mnist.bz2", rows=int(os.environ.get("KERAS_MNIST_ROWS", "400")))
     env = {**os.environ, **SPARK_TEST_ENV, "SPARK_HOME": str(mirror_spark_home(tmp_path)),
-           "PYSPARK_SUBMIT_ARGS": SUBMIT_ARGS}
+           "PYSPARK_SUBMIT_ARGS": SUBMIT_ARGS,
+           "TF_USE_LEGACY_KERAS": "1" if flavor == "tf_keras" else "0"}
     proc = subprocess.Popen(
         [sys.executable, str(EXAMPLE), "--num-proc", "2", "--batch-size", "32", "--epochs", "3",
          "--data-dir", str(data_dir), "--work-dir", str(work_dir)],
@@ -187,6 +195,10 @@ def test_upstream_keras_spark_mnist_example_runs_unchanged(tmp_path):
     epochs = re.split(r"\[0\]<stdout>:Epoch \d+/3", out.split("Test accuracy")[0])[1:]
     losses = [float(re.findall(r"loss: ([0-9.]+)", e)[-1]) for e in epochs]
     assert len(losses) == 3 and losses[-1] < losses[0], out[-5000:]
+    # the ranks ran the requested Keras: tf-keras draws its progress bar with "=", Keras 3 with "━"
+    bars = "".join(epochs)
+    assert ("[=====" in bars, "━━━━━" in bars) == (flavor == "tf_keras", flavor == "keras3"), \
+        f"{flavor}: rank 0's progress bars are not that Keras':\n" + bars[-3000:]
     accuracy = float(re.search(r"Test accuracy: ([0-9.]+)", out).group(1))
     assert accuracy > 0.3, out[-3000:]
     checkpoints = list((work_dir / "runs").glob("*/checkpoint"))
