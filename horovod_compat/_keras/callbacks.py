@@ -26,7 +26,6 @@ Keras' session and variables are read and set through ``keras.backend.get_value`
 """
 from __future__ import annotations
 
-import sys
 import warnings
 from typing import Any, Callable, Dict, List, Optional
 
@@ -35,6 +34,7 @@ import tensorflow as tf
 
 from horovod_compat._keras import eval_in_session, in_tf1_graph
 from horovod_compat.common.lifecycle import rank, size
+from horovod_compat.tensorflow._keras_models import model_weights, on_first_build, optimizer_variables
 from horovod_compat.tensorflow.functions import allgather_object, broadcast_variables
 from horovod_compat.tensorflow.gradients import LocalVariables
 
@@ -55,16 +55,6 @@ def is_variable(obj: Any) -> bool:
         return isinstance(obj, keras.Variable)
     except (ImportError, AttributeError):  # pragma: no cover
         return False
-
-
-def optimizer_variables(optimizer: Any) -> List[Any]:
-    """The optimizer's variables (a property on Keras 3, a method on tf-keras)."""
-    if optimizer is None:
-        return []
-    variables = getattr(optimizer, "variables", None)
-    if callable(variables):
-        variables = variables()
-    return list(variables or [])
 
 
 def _to_float(value: Any) -> float:
@@ -125,13 +115,7 @@ class BroadcastGlobalVariablesCallbackImpl:
         self._local.register(var)
 
     def _model_variables(self) -> List[Any]:
-        try:
-            weights = getattr(self.model, "weights", None)
-        except ValueError:  # tf-keras: "Weights for model ... have not yet been created"
-            return []
-        if weights is None:
-            weights = getattr(self.model, "variables", [])
-        return [v for v in weights if v not in self._local]
+        return [v for v in model_weights(self.model) if v not in self._local]
 
     def _broadcast(self, variables: List[Any]) -> None:
         with tf.device(self.device):
@@ -150,31 +134,8 @@ class BroadcastGlobalVariablesCallbackImpl:
 
     def _broadcast_when_built(self) -> None:
         """The model builds on its first call, inside the first step: broadcast its weights right
-        after that call created them, before the step reads them.
-
-        * tf-keras creates and initialises a layer's weights at once, also while the step is
-          being traced (``tf.init_scope``): the broadcast runs then, eagerly, before the traced
-          step first runs.
-        * Keras 3 may first build the model in a symbolic call, in a stateless scope that drops
-          assignments to variables, or create its weights in the trace as tf.function variables
-          that get their values once the trace ends (TensorFlow then traces the step again). The
-          broadcast waits for the first call that finds the weights holding their values.
-        * A step run eagerly (``run_eagerly=True``) used this rank's own weights in that call; it
-          is made again from the broadcast weights (a layer that counts its calls sees one more).
-        """
-        model, call = self.model, self.model.call
-
-        def first_call_broadcasts(*args: Any, **kwargs: Any) -> Any:
-            out = call(*args, **kwargs)
-            variables = self._model_variables()
-            if not variables or _in_keras_stateless_scope() or not _hold_values(variables):
-                return out
-            del model.call  # the model's own call from now on (later traces, saving)
-            with tf.init_scope():
-                self._broadcast(variables)
-            return call(*args, **kwargs) if tf.executing_eagerly() else out
-
-        model.call = first_call_broadcasts
+        after that call created them, before the step reads them (``on_first_build``)."""
+        on_first_build(self.model, self, lambda: self._broadcast(self._model_variables()))
 
     def on_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.broadcast_done:
@@ -183,20 +144,6 @@ class BroadcastGlobalVariablesCallbackImpl:
         variables += optimizer_variables(getattr(self.model, "optimizer", None))
         self._broadcast(variables)
         self.broadcast_done = True
-
-
-def _in_keras_stateless_scope() -> bool:
-    """Whether this runs in Keras 3's ``StatelessScope`` (a symbolic call that builds a model):
-    assignments to variables there are recorded and dropped. Keras 3 has no public way to ask;
-    if that module is not loaded, nothing runs in it."""
-    scope = sys.modules.get("keras.src.backend.common.stateless_scope")
-    return bool(scope is not None and scope.in_stateless_scope())
-
-
-def _hold_values(variables: List[Any]) -> bool:
-    """Whether every variable already holds a value of its shape (read eagerly)."""
-    with tf.init_scope():
-        return all(np.shape(v.numpy()) == tuple(v.shape) for v in variables)
 
 
 # ----------------------------------------------------------------------------- metric average

@@ -113,18 +113,14 @@ def save_checkpoint(weights: List[np.ndarray], epoch: int, history: Dict[str, Li
                         protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def optimizer_variables(optimizer: Any) -> List[Any]:
-    """The optimizer's variables (a property in Keras 3, a method in older tf-keras optimizers)."""
-    found = optimizer.variables
-    return list(found() if callable(found) else found)
-
-
 def restore_optimizer(optimizer: Any, model: Any, values: Optional[List[np.ndarray]]) -> bool:
     """Build ``optimizer`` for the model's variables and give its variables ``values``; False (and
     nothing changed) when the saved state does not fit this optimizer (another class or model)."""
+    from horovod_compat.tensorflow._keras_models import build_optimizer, optimizer_variables
+
     if not values:
         return False
-    optimizer.build(model.trainable_variables)
+    build_optimizer(optimizer, model.trainable_variables)
     variables = optimizer_variables(optimizer)
     if len(variables) != len(values) or any(tuple(v.shape) != np.shape(x)
                                             for v, x in zip(variables, values)):
@@ -264,6 +260,7 @@ def train(cfg: KerasTrainConfig) -> Optional[Dict[str, Any]]:
     import tensorflow as tf
 
     import horovod_compat.tensorflow.keras as hvd
+    from horovod_compat.tensorflow._keras_models import optimizer_variables
 
     keras = keras_module(cfg.legacy)
     hvd.init()
