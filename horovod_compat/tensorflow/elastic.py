@@ -5,7 +5,7 @@ back; ``sync`` assigns rank 0's values on every rank (one fused broadcast)."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, List, Optional, Sequence, TypeVar
+from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 
 import tensorflow as tf
 
@@ -14,7 +14,10 @@ from horovod_compat.common.elastic import ObjectState, State  # noqa: F401
 from horovod_compat.common.exceptions import HorovodInternalError
 from horovod_compat.common.lifecycle import rank
 
-from .functions import broadcast_object, broadcast_variables
+from ._keras_models import (
+    build_like, build_optimizer, build_spec, model_weights, on_first_build, optimizer_variables,
+)
+from .functions import allgather_object, broadcast_object, broadcast_variables
 
 __all__ = ["run", "State", "ObjectState", "TensorFlowState", "TensorFlowKerasState"]
 
@@ -75,7 +78,19 @@ class TensorFlowState(ObjectState):
 class TensorFlowKerasState(TensorFlowState):
     """A Keras ``model`` and ``optimizer`` (default: ``model.optimizer``) plus keyword attributes.
 
-    The optimizer's variables are tracked once they exist (Keras creates them at the first step)."""
+    The model may build on its first batch (a ``Sequential`` without an input shape, a subclassed
+    model) and the optimizer creates its slots at its first step: the state tracks whatever
+    variables exist at each commit and sync. ``sync`` makes every rank match rank 0's:
+
+    * no rank's model is built yet (a job's start): its weights are broadcast from rank 0 as the
+      first batch creates them, before the first step runs (Horovod's KerasState read the weights
+      at once, which tf-keras refuses for such a model);
+    * some ranks' models or optimizers are built and others' are not (a worker that joined a
+      running job, with a model that builds on its first batch): those ranks first build theirs
+      from rank 0's input shapes and create their optimizer's slots, then everything is broadcast
+      (Horovod's elastic Keras example runs one ``fit`` step before it makes the state, so that
+      every rank has the same variables).
+    """
 
     def __init__(self, model: Any, optimizer: Any = None, backend: Any = None,
                  **kwargs: Any) -> None:
@@ -84,17 +99,47 @@ class TensorFlowKerasState(TensorFlowState):
         super().__init__(variables=self._all_variables(), **kwargs)
 
     def _all_variables(self) -> List[tf.Variable]:
-        opt_vars = getattr(self.optimizer, "variables", None) if self.optimizer else None
-        if callable(opt_vars):  # tf-keras v2 optimizers: a method
-            opt_vars = opt_vars()
-        # model.weights: on Keras 3 it leaves out the layers' seed-generator states, so that
-        # each rank keeps its own dropout randomness
-        return list(self.model.weights) + list(opt_vars or [])
+        return model_weights(self.model) + optimizer_variables(self.optimizer)
 
     def save(self) -> None:
         self.variables = self._all_variables()
         super().save()
 
     def sync(self) -> None:
+        self._build_like_the_others()
         self.variables = self._all_variables()
         super().sync()
+
+    def _counts(self) -> List[Tuple[int, int]]:
+        return [tuple(c) for c in allgather_object(
+            (len(model_weights(self.model)), len(optimizer_variables(self.optimizer))))]
+
+    def _build_like_the_others(self) -> None:
+        counts = self._counts()
+        if len(set(counts)) == 1:
+            if counts[0][0] == 0:
+                on_first_build(self.model, self, lambda: broadcast_variables(
+                    model_weights(self.model), root_rank=0))
+            return
+        models = [m for m, _ in counts]
+        source = models.index(max(models))  # rank 0, unless its model is the one not built
+        spec = broadcast_object(build_spec(self.model) if rank() == source else None,
+                                root_rank=source)
+        mine = counts[rank()]
+        if mine[0] == 0 and max(models) > 0:
+            if spec is None:
+                raise ValueError(
+                    f"KerasState.sync: this rank's model has no weights yet, rank {source}'s has "
+                    f"{max(models)}, and its model does not record the shapes it was built with; "
+                    "build the model before making the state (model.build(input_shape), or one "
+                    "fit step as Horovod's elastic Keras example does)")
+            build_like(self.model, spec)
+        if self.optimizer is not None and mine[1] < max(o for _, o in counts):
+            build_optimizer(self.optimizer, self.model.trainable_variables)
+        counts = self._counts()
+        if len(set(counts)) != 1:
+            raise ValueError(
+                "KerasState.sync: the ranks' models and optimizers still have different numbers "
+                "of variables after building them like rank "
+                f"{source}'s: {', '.join(f'rank {r}: {m} + {o}' for r, (m, o) in enumerate(counts))} "
+                "(model + optimizer); every rank must build the same model and optimizer")

@@ -588,6 +588,85 @@ def check_elastic_state():
                      "run_is_callable": callable(hvd.elastic.run)})
 
 
+def weight_count(model):
+    try:
+        return len(model.weights)
+    except ValueError:  # tf-keras: a Sequential without an input shape, before its first call
+        return 0
+
+
+def elastic_callbacks(state):
+    return [hvd.elastic.UpdateEpochStateCallback(state), hvd.elastic.UpdateBatchStateCallback(state),
+            hvd.elastic.CommitStateCallback(state, batches_per_commit=2)]
+
+
+def check_elastic_unbuilt():
+    """KerasState on models that build on their first batch.
+
+    start: every rank's model unbuilt, each from its own seed; the state is made and synced (as
+    hvd.elastic.run does) before fit: training equals one process training from rank 0's weights
+    on the full batch (traced and run eagerly), and a commit after the build restores.
+    joined: rank 0's model and optimizer are built and hold state (a survivor), rank 1's are not
+    (a worker that joined): after sync rank 1 holds rank 0's weights and optimizer variables
+    exactly, and training on equals one process going on from that state."""
+    x, y = data()
+    out = {}
+    for kind in ("sequential", "subclassed"):
+        for eager in (False, True):
+            model = lazy_model(kind, 400 + RANK)
+            model.compile(optimizer=hvd.DistributedOptimizer(sgd()), loss="mse", run_eagerly=eager)
+            state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+            state.sync()
+            model.fit(half(x), half(y), batch_size=8, epochs=3, shuffle=False, verbose=0,
+                      callbacks=elastic_callbacks(state))
+            ref = lazy_model(kind, 400)
+            ref.compile(optimizer=sgd(), loss="mse", run_eagerly=eager)
+            ref.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+            trained = flat(model)
+            model.set_weights([np.zeros_like(w) for w in model.get_weights()])
+            state.restore()  # the last commit: the end of the last epoch
+            out[f"start_{kind}_{'eager' if eager else 'traced'}"] = {
+                "vs_reference": max_diff(trained, flat(ref)),
+                "restored": max_diff(flat(model), trained), "epoch": state.epoch}
+
+    def adam():
+        return K.optimizers.Adam(0.05)
+
+    for kind in ("sequential", "subclassed"):
+        model = lazy_model(kind, 500 + RANK)
+        model.compile(optimizer=hvd.DistributedOptimizer(adam()), loss="mse")
+        if RANK == 0:  # the survivor: built, with optimizer state of its own
+            model(x[:1])
+            model.optimizer.build(model.trainable_variables)
+            for i, v in enumerate(opt_vars(model.optimizer)):
+                if tf.as_dtype(v.dtype).is_integer:
+                    v.assign(5)
+                elif len(v.shape):  # slots (not the learning rate)
+                    v.assign(np.full(v.shape, 0.01 * (i + 1), tf.as_dtype(v.dtype).as_numpy_dtype))
+        counts_before = [weight_count(model), len(opt_vars(model.optimizer))]
+        state = hvd.elastic.KerasState(model, batch=7 - RANK, epoch=1)
+        state.sync()
+        weights = [np.asarray(w) for w in model.get_weights()]
+        slots = [np.asarray(v) for v in opt_vars(model.optimizer)]
+        root = allgather_object((weights, slots))[0]
+        synced = {"weights": max(max_diff(a, b) for a, b in zip(weights, root[0])),
+                  "slots": max(max_diff(a, b) for a, b in zip(slots, root[1])),
+                  "counts": [len(weights), len(slots), len(root[0]), len(root[1])],
+                  "counts_before": counts_before, "batch": state.batch}
+        model.fit(half(x), half(y), batch_size=8, epochs=2, shuffle=False, verbose=0)
+        ref = lazy_model(kind, 0)
+        ref.compile(optimizer=adam(), loss="mse")
+        ref(x[:1])
+        ref.optimizer.build(ref.trainable_variables)
+        ref.set_weights(root[0])
+        for v, value in zip(opt_vars(ref.optimizer), root[1]):
+            v.assign(value)
+        ref.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        synced["vs_reference"] = max_diff(flat(model), flat(ref))
+        out[f"joined_{kind}"] = synced
+    emit("elastic_unbuilt", out)
+
+
 # ----------------------------------------------------------------------------- the rest
 
 def check_api_surface():
@@ -653,7 +732,7 @@ CHECKS = [check_api_surface, check_numerics, check_backward_passes,
           check_partial_and_sparse, check_process_set, check_broadcast_callback,
           check_broadcast_unbuilt, check_metric_average,
           check_learning_rate_callbacks, check_best_model_checkpoint, check_load_model,
-          check_elastic_state]
+          check_elastic_state, check_elastic_unbuilt]
 
 if __name__ == "__main__":
     only = os.environ.get("KERAS_CHECKS")

@@ -14,7 +14,8 @@ asserts on those values:
     learning-rate warmup and schedules (values per batch, Horovod's formulas), momentum correction
     (tf-keras legacy optimizers), BestModelCheckpoint (rank 0 writes);
 (d) load_model wraps the saved optimizer and keeps its state (also custom optimizers/objects);
-(e) elastic KerasState sync/restore/commit and the elastic callbacks during fit.
+(e) elastic KerasState sync/restore/commit and the elastic callbacks during fit; the state on models
+    that build on their first batch (made before training; a worker joining with one unbuilt).
 """
 from __future__ import annotations
 
@@ -292,6 +293,29 @@ def test_elastic_keras_state_and_callbacks(results):
 
 
 # ----------------------------------------------------------------------------- the API
+
+def test_elastic_keras_state_on_models_that_build_on_their_first_batch(results):
+    """A state made before the first batch: training equals one process from rank 0's weights
+    (traced and run eagerly) and a commit restores. A worker joining with an unbuilt model and
+    optimizer: after sync it holds the survivor's weights and optimizer state exactly, and
+    training on equals one process going on from that state."""
+    for rank, res in zip((0, 1), both(results, "elastic_unbuilt")):
+        for kind in ("sequential", "subclassed"):
+            for mode in ("traced", "eager"):
+                start = res[f"start_{kind}_{mode}"]
+                assert start["vs_reference"] < 1e-5, (rank, kind, mode, start)
+                assert start["restored"] == 0.0 and start["epoch"] == 3, (rank, kind, mode, start)
+            joined = res[f"joined_{kind}"]
+            assert joined["weights"] == 0.0 and joined["slots"] == 0.0, (rank, kind, joined)
+            weights, slots, root_weights, root_slots = joined["counts"]
+            assert weights == root_weights == 4 and slots == root_slots > 4, (rank, kind, joined)
+            before = joined["counts_before"]
+            # rank 1 came with nothing built (an optimizer's step count / learning rate at most)
+            assert before == [4, slots] if rank == 0 else (before[0] == 0 and before[1] <= 2), \
+                (rank, kind, joined)
+            assert joined["batch"] == 7, (rank, kind, joined)  # rank 0's attributes
+            assert joined["vs_reference"] < 1e-5, (rank, kind, joined)
+
 
 def test_value_collectives_and_namespace(results):
     flavor = results[0]
