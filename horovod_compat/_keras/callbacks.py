@@ -8,7 +8,9 @@ under ``TF_USE_LEGACY_KERAS=1``).
   ``Sequential`` without an input shape, a subclassed model) has no weights at the start (under
   tf-keras, asking for them raises): its weights are broadcast as its first call creates them,
   before the first step runs, so that step starts from rank ``root_rank``'s weights on every rank
-  (Horovod broadcast only after the first step).  Keras 3's ``model.weights`` leave out
+  (Horovod broadcast only after the first step). Where the root's model is built and others'
+  are not (the root alone loaded a checkpoint), those build theirs from the root's input shapes
+  at the start, and the broadcast follows.  Keras 3's ``model.weights`` leave out
   random-seed states, so each rank keeps its own dropout randomness.
 * ``MetricAverageCallbackImpl``: the epoch-end logs averaged over the ranks.  One allgather of every
   rank's logs, so ranks whose logs differ (a metric only some ranks have) cannot deadlock; a key
@@ -34,7 +36,9 @@ import tensorflow as tf
 
 from horovod_compat._keras import eval_in_session, in_tf1_graph
 from horovod_compat.common.lifecycle import rank, size
-from horovod_compat.tensorflow._keras_models import model_weights, on_first_build, optimizer_variables
+from horovod_compat.tensorflow._keras_models import (
+    build_like_source, counts, model_weights, on_first_build, optimizer_variables,
+)
 from horovod_compat.tensorflow.functions import allgather_object, broadcast_variables
 from horovod_compat.tensorflow.gradients import LocalVariables
 
@@ -124,13 +128,22 @@ class BroadcastGlobalVariablesCallbackImpl:
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.broadcast_done:
             return
-        variables = self._model_variables()
         # every rank must take part in the same broadcast: do it only if every rank has them
-        counts = allgather_object(len(variables))
-        if counts and min(counts) == max(counts) > 0:
-            self._broadcast(variables)
-        elif counts and max(counts) == 0 and not in_tf1_graph():
+        every = counts(self.model)
+        models = [m for m, _ in every]
+        if min(models) == max(models) > 0:
+            self._broadcast(self._model_variables())
+        elif in_tf1_graph():
+            return
+        elif max(models) == 0:
             self._broadcast_when_built()
+        elif models[self.root_rank] > 0:
+            # the root's model is built (e.g. it alone loaded a checkpoint) and some others' are
+            # not: they build theirs from the root's input shapes first, so that the first step
+            # starts from the root's weights everywhere (Horovod broadcast after that step)
+            build_like_source(self.model, None, every, self.root_rank,
+                              "BroadcastGlobalVariablesCallback")
+            self._broadcast(self._model_variables())
 
     def _broadcast_when_built(self) -> None:
         """The model builds on its first call, inside the first step: broadcast its weights right

@@ -8,20 +8,25 @@ when asked for them). The broadcast callback (``horovod_compat._keras.callbacks`
 * ``model_weights`` / ``optimizer_variables``: what a rank has now (nothing before the build);
 * ``on_first_build``: run an action (a broadcast) right after the model's first call created its
   weights, before the step that made the call reads them;
-* ``build_spec`` / ``build_like``: build a model from another rank's input shapes, and
-  ``build_optimizer``: create an optimizer's slots, so that a worker that joins an elastic job with
-  an unbuilt model can take the job's weights and optimizer state at once.
+* ``build_like_source``: on the ranks whose model (or optimizer) is not built while another rank's
+  is, build it from that rank's input shapes (and create the optimizer's slots), so that every
+  rank has the same variables to broadcast: a worker that joins an elastic job with an unbuilt
+  model, or the ranks that start afresh while rank 0 loaded a checkpoint.
 """
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["model_weights", "optimizer_variables", "on_first_build", "build_spec", "build_like",
-           "build_optimizer"]
+from horovod_compat.common.lifecycle import rank
+
+from .functions import allgather_object, broadcast_object
+
+__all__ = ["model_weights", "optimizer_variables", "on_first_build", "counts", "build_like_source",
+           "build_spec", "build_like", "build_optimizer"]
 
 #: The attribute of ``on_first_build``'s wrapper that holds its pending actions.
 _ACTIONS = "_horovod_on_first_build"
@@ -143,3 +148,30 @@ def build_optimizer(optimizer: Any, variables: List[Any]) -> None:
             optimizer._create_all_weights(variables)
         else:  # Keras 3 and tf-keras optimizers
             optimizer.build(variables)
+
+
+def counts(model: Any, optimizer: Any = None) -> List[Tuple[int, int]]:
+    """Every rank's (model weights, optimizer variables) counts (a collective)."""
+    return [tuple(c) for c in allgather_object(
+        (len(model_weights(model)), len(optimizer_variables(optimizer))))]
+
+
+def build_like_source(model: Any, optimizer: Any, every: Sequence[Tuple[int, int]],
+                      source: int, what: str) -> None:
+    """Given ``every`` rank's counts, build this rank's model from rank ``source``'s input shapes
+    if it has no weights while ``source``'s model has, and (with an ``optimizer``) create its
+    slots if it has fewer variables than the most any rank has. Every rank calls this (one
+    broadcast of ``source``'s input shapes). ``what`` names the caller in the error raised when
+    ``source``'s model does not record its input shapes."""
+    spec = broadcast_object(build_spec(model) if rank() == source else None, root_rank=source)
+    mine = every[rank()]
+    if mine[0] == 0 and every[source][0] > 0:
+        if spec is None:
+            raise ValueError(
+                f"{what}: this rank's model has no weights yet, rank {source}'s has "
+                f"{every[source][0]}, and its model does not record the shapes it was built with; "
+                "build the model on every rank first (model.build(input_shape), or one fit step "
+                "as Horovod's elastic Keras example does)")
+        build_like(model, spec)
+    if optimizer is not None and mine[1] < max(o for _, o in every):
+        build_optimizer(optimizer, model.trainable_variables)

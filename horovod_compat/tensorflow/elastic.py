@@ -5,7 +5,7 @@ back; ``sync`` assigns rank 0's values on every rank (one fused broadcast)."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, List, Optional, Sequence, TypeVar
 
 import tensorflow as tf
 
@@ -15,9 +15,9 @@ from horovod_compat.common.exceptions import HorovodInternalError
 from horovod_compat.common.lifecycle import rank
 
 from ._keras_models import (
-    build_like, build_optimizer, build_spec, model_weights, on_first_build, optimizer_variables,
+    build_like_source, counts, model_weights, on_first_build, optimizer_variables,
 )
-from .functions import allgather_object, broadcast_object, broadcast_variables
+from .functions import broadcast_object, broadcast_variables
 
 __all__ = ["run", "State", "ObjectState", "TensorFlowState", "TensorFlowKerasState"]
 
@@ -110,36 +110,20 @@ class TensorFlowKerasState(TensorFlowState):
         self.variables = self._all_variables()
         super().sync()
 
-    def _counts(self) -> List[Tuple[int, int]]:
-        return [tuple(c) for c in allgather_object(
-            (len(model_weights(self.model)), len(optimizer_variables(self.optimizer))))]
-
     def _build_like_the_others(self) -> None:
-        counts = self._counts()
-        if len(set(counts)) == 1:
-            if counts[0][0] == 0:
+        every = counts(self.model, self.optimizer)
+        if len(set(every)) == 1:
+            if every[0][0] == 0:
                 on_first_build(self.model, self, lambda: broadcast_variables(
                     model_weights(self.model), root_rank=0))
             return
-        models = [m for m, _ in counts]
+        models = [m for m, _ in every]
         source = models.index(max(models))  # rank 0, unless its model is the one not built
-        spec = broadcast_object(build_spec(self.model) if rank() == source else None,
-                                root_rank=source)
-        mine = counts[rank()]
-        if mine[0] == 0 and max(models) > 0:
-            if spec is None:
-                raise ValueError(
-                    f"KerasState.sync: this rank's model has no weights yet, rank {source}'s has "
-                    f"{max(models)}, and its model does not record the shapes it was built with; "
-                    "build the model before making the state (model.build(input_shape), or one "
-                    "fit step as Horovod's elastic Keras example does)")
-            build_like(self.model, spec)
-        if self.optimizer is not None and mine[1] < max(o for _, o in counts):
-            build_optimizer(self.optimizer, self.model.trainable_variables)
-        counts = self._counts()
-        if len(set(counts)) != 1:
+        build_like_source(self.model, self.optimizer, every, source, "KerasState.sync")
+        every = counts(self.model, self.optimizer)
+        if len(set(every)) != 1:
             raise ValueError(
                 "KerasState.sync: the ranks' models and optimizers still have different numbers "
-                "of variables after building them like rank "
-                f"{source}'s: {', '.join(f'rank {r}: {m} + {o}' for r, (m, o) in enumerate(counts))} "
+                f"of variables after building them like rank {source}'s: "
+                f"{', '.join(f'rank {r}: {m} + {o}' for r, (m, o) in enumerate(every))} "
                 "(model + optimizer); every rank must build the same model and optimizer")

@@ -1,4 +1,4 @@
-"""Horovod TensorFlow/Keras programs written the way real projects write them (corpus/: 19
+"""Horovod TensorFlow/Keras programs written the way real projects write them (corpus/: 20
 programs of our own, one style each -- Keras ``fit`` with Horovod's callbacks, sharded ``tf.data``,
 custom loops with ``DistributedGradientTape``, subclassed models, mixed precision, object
 collectives and ``join``, elastic states, ``load_model``, embeddings, ``horovod.run``, start-up
@@ -15,6 +15,9 @@ Markers in a program's docstring: ``Keras: tf-keras`` runs it with ``TF_USE_LEGA
 (Keras-2-only code that Keras 3 itself rejects), ``Keras: 3`` with Keras 3; ``Launch: python``
 runs it with plain ``python`` (it calls ``horovod.run`` itself), anything else under
 ``horovodrun -np 2``.
+
+Some programs also train the same model in one process, on rank 0, and check that the distributed
+run ended with the same weights (k20: a Keras 2 script under tf-keras).
 
 Time: a run costs 4-15 s on 2 idle cores (TensorFlow's import and start-up are most of it), the
 whole corpus 2-4 minutes (idle or busy cores). Every run of the suite takes the REPRESENTATIVE set
@@ -54,6 +57,7 @@ REPRESENTATIVE = [
     "v18_graph_mode_keras.py",       # Keras in a TF1 graph: callbacks, value collectives,
     #                                  backward_passes_per_step
     "t19_tape_variants.py",          # DistributedGradientTape made inside the tape's with block
+    "k20_keras2_resume.py",          # rank 0 alone loads a checkpoint, the others' models unbuilt
 ]
 
 pytestmark = [
@@ -133,6 +137,10 @@ EXPECT: Dict[str, Callable[[Dict[str, Any]], bool]] = {
         and r["checkpoints"] == [f"v18-checkpoint-{e}.h5" for e in (1, 2, 3)]
         # 2 epochs of 8 batches, each counted (half applied); the weights did move
         and r["passes_iterations"] == 16 and falls(r["passes_losses"])),
+    "k20_keras2_resume.py": lambda r: (
+        falls(r["losses"]) and len(r["losses"]) == 5 and r["resumed_at"] == 3
+        and r["reference_resumed_at"] == 3 and r["reference_gap"] < 1e-5
+        and r["checkpoints"] == [f"checkpoint-{e}.h5" for e in (1, 2, 3)]),
     "t19_tape_variants.py": lambda r: all(
         r[k][1] < r[k][0] for k in ("eager", "fn", "multitask", "heads")),
 }
