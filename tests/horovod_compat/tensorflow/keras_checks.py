@@ -452,20 +452,26 @@ def hvd_lr(opt):
 def check_learning_rate_callbacks():
     x, y = data()
     initial_lr = 0.2
-    model = make_model(40)
-    opt = hvd.DistributedOptimizer(sgd(lr=initial_lr))
-    model.compile(optimizer=opt, loss="mse")
-    seen = []
-    history = model.fit(half(x), half(y), batch_size=2, epochs=6, shuffle=False, verbose=0,
-                        callbacks=[
-                            hvd.callbacks.LearningRateWarmupCallback(initial_lr, warmup_epochs=2),
-                            hvd.callbacks.LearningRateScheduleCallback(
-                                initial_lr, multiplier=0.5, start_epoch=2, end_epoch=4),
-                            hvd.callbacks.LearningRateScheduleCallback(
-                                initial_lr, multiplier=lambda epoch: 0.01 * epoch, start_epoch=4),
-                            LrRecorder(seen)])
+
+    def scheduled_fit(model, seen):
+        opt = hvd.DistributedOptimizer(sgd(lr=initial_lr))
+        model.compile(optimizer=opt, loss="mse")
+        history = model.fit(half(x), half(y), batch_size=2, epochs=6, shuffle=False, verbose=0,
+                            callbacks=[
+                                hvd.callbacks.LearningRateWarmupCallback(initial_lr, warmup_epochs=2),
+                                hvd.callbacks.LearningRateScheduleCallback(
+                                    initial_lr, multiplier=0.5, start_epoch=2, end_epoch=4),
+                                hvd.callbacks.LearningRateScheduleCallback(
+                                    initial_lr, multiplier=lambda epoch: 0.01 * epoch, start_epoch=4),
+                                LrRecorder(seen)])
+        return opt, history
+
+    seen, seen_unbuilt = [], []
+    opt, history = scheduled_fit(make_model(40), seen)
+    scheduled_fit(lazy_model("subclassed", 42), seen_unbuilt)  # builds on its first batch
     result = {"seen": seen, "history_lr": [float(v) for v in history.history["lr"]],
-              "lr_attr": float(np.asarray(K.backend.get_value(opt.lr)))}
+              "lr_attr": float(np.asarray(K.backend.get_value(opt.lr))),
+              "seen_unbuilt": seen_unbuilt}
     if LEGACY:  # momentum correction: a legacy optimizer's momentum is a variable
         model = make_model(41)
         model.compile(optimizer=hvd.DistributedOptimizer(

@@ -1,4 +1,4 @@
-"""Horovod TensorFlow/Keras programs written the way real projects write them (corpus/: 20
+"""Horovod TensorFlow/Keras programs written the way real projects write them (corpus/: 21
 programs of our own, one style each -- Keras ``fit`` with Horovod's callbacks, sharded ``tf.data``,
 custom loops with ``DistributedGradientTape``, subclassed models, mixed precision, object
 collectives and ``join``, elastic states, ``load_model``, embeddings, ``horovod.run``, start-up
@@ -17,7 +17,7 @@ runs it with plain ``python`` (it calls ``horovod.run`` itself), anything else u
 ``horovodrun -np 2``.
 
 Some programs also train the same model in one process, on rank 0, and check that the distributed
-run ended with the same weights (k20: a Keras 2 script under tf-keras).
+run ended with the same weights (k20, k21: Keras 2 scripts under tf-keras).
 
 Time: a run costs 4-15 s on 2 idle cores (TensorFlow's import and start-up are most of it), the
 whole corpus 2-4 minutes (idle or busy cores). Every run of the suite takes the REPRESENTATIVE set
@@ -58,6 +58,7 @@ REPRESENTATIVE = [
     #                                  backward_passes_per_step
     "t19_tape_variants.py",          # DistributedGradientTape made inside the tape's with block
     "k20_keras2_resume.py",          # rank 0 alone loads a checkpoint, the others' models unbuilt
+    "k21_keras2_train_step.py",      # Keras 2 train_step, every model unbuilt, a deferred restore
 ]
 
 pytestmark = [
@@ -141,6 +142,10 @@ EXPECT: Dict[str, Callable[[Dict[str, Any]], bool]] = {
         falls(r["losses"]) and len(r["losses"]) == 5 and r["resumed_at"] == 3
         and r["reference_resumed_at"] == 3 and r["reference_gap"] < 1e-5
         and r["checkpoints"] == [f"checkpoint-{e}.h5" for e in (1, 2, 3)]),
+    "k21_keras2_train_step.py": lambda r: (
+        falls(r["losses"]) and len(r["losses"]) == 5 and r["resumed_at"] == 3
+        and r["reference_resumed_at"] == 3 and r["reference_gap"] < 1e-5 and _close(r["lr"], 0.01)
+        and r["checkpoints"] == [f"ckpt-{e}.index" for e in (1, 2, 3)]),
     "t19_tape_variants.py": lambda r: all(
         r[k][1] < r[k][0] for k in ("eager", "fn", "multitask", "heads")),
 }

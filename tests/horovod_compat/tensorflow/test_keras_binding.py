@@ -246,6 +246,7 @@ def test_learning_rate_warmup_and_schedule_callbacks(results):
             assert seen["lr"] == pytest.approx(expected, rel=1e-6), seen
         assert res["history_lr"] == pytest.approx([_expected_lr(e, 3) for e in range(6)], rel=1e-6)
         assert res["lr_attr"] == pytest.approx(_expected_lr(5, 3), rel=1e-6)
+        assert res["seen_unbuilt"] == res["seen"]  # the same on a model that builds on its first batch
         if flavor == "tf_keras":  # momentum correction for the batch the learning rate halves
             momentum = [(m["epoch"], m["batch"], round(m["momentum"], 6), round(m["momentum_after"], 6))
                         for m in res["momentum"]]
