@@ -625,7 +625,9 @@ class SetState:
                 return
             except RuntimeError:
                 if w.is_completed():
-                    raise  # the transfer itself failed
+                    # failed, or finished just after the slice ran out: its own outcome
+                    w.wait()
+                    return
             try:
                 gone = self._departed()
                 if gone is None:

@@ -552,3 +552,40 @@ def test_async_bursts_of_unnamed_ops_with_changing_shapes():
     the size mismatch (most runs of 5 repetitions; 12 are run)."""
     for bad in run_function_warm(_async_bursts, 12, num_processes=2, return_all=True, timeout=60):
         assert bad == []
+
+
+def test_a_transfer_that_finishes_just_after_a_wait_slice_ran_out_is_not_a_failure():
+    """Regression (found by a CI run on a loaded machine): a transfer is waited for in slices; one
+    that completed between its slice's timeout and the check that followed was reported with the
+    slice's own "Operation timed out!" as a failed allgather. It is waited for once more: its own
+    outcome counts (a transfer that did fail still raises its own error)."""
+    import torch.distributed as dist
+
+    from horovod_compat.common import negotiation
+
+    class FinishesAfterTheSlice(dist.Work):
+        def __init__(self, error=None):
+            super().__init__()
+            self.error, self.waits = error, 0
+
+        def wait(self, timeout=None):
+            self.waits += 1
+            if self.waits == 1:
+                raise RuntimeError("Operation timed out!")  # the slice ran out...
+            if self.error:  # ...and the transfer had finished: with this outcome
+                raise RuntimeError(self.error)
+            return True
+
+        def is_completed(self):
+            return self.waits >= 1
+
+    class Watch:
+        enabled = True
+
+    state = object.__new__(negotiation.SetState)
+    state.watch = Watch()
+    done = FinishesAfterTheSlice()
+    negotiation.SetState._await(state, done, "cpu")
+    assert done.waits == 2
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        negotiation.SetState._await(state, FinishesAfterTheSlice("Connection closed by peer"), "cpu")
