@@ -14,7 +14,11 @@ Tracebacks a rank prints on stderr are shown for the user's code (unless ``verbo
 * frames of horovod-compat's own code are folded into one line ``  ... (N frames in horovod_compat)``;
 * the traceback of an error that is the knock-on of another rank's failure (a peer that left or
   died during a collective, as `distributor.engine.is_knock_on` decides) is one line: the
-  exception's line and where its full traceback is.
+  exception's line and where its full traceback is;
+* the C++ stack that torch's native code adds to its warnings and errors (``Exception raised
+  from ... (most recent call first):`` and its ``frame #N:`` lines: e.g. torch's TCPStore client
+  warns with about 40 of them when the rank that hosts the store dies) is one line: where it was
+  raised, how many frames, and where they are kept.
 
 Full tracebacks are kept: in ``DIR/rank.<rank>/stderr`` with ``--output-filename`` (those files
 hold every line as the rank wrote it), else in a *tracebacks file*, made on the first traceback
@@ -70,6 +74,10 @@ KEEP_FILES = 20
 #: The last line of a failed job's error when its tracebacks file was made.
 KEPT_LINE = "Full tracebacks of the ranks (shown shortened above): {path}"
 _FILE_NAME = re.compile(r"tracebacks-\d{8}-\d{6}-\w+\.log")
+#: The first line of a C++ stack in the text of a c10::Error (torch's native errors and warnings),
+#: and the lines of its frames.
+_CPP_STACK = re.compile(r"(Exception raised from .*) \(most recent call first\):$")
+_CPP_FRAME = re.compile(r"frame #\d+: |<omitting python frames>$")
 
 
 def tracebacks_dir() -> str:
@@ -252,15 +260,25 @@ class _Tracebacks:
     A traceback is held back from its first line to its exception's line (one write of the
     rank's exception hook), then shown at once. Blank and chaining lines after a traceback shown
     as one line are held until the next line says whether they join two knock-on errors (then
-    they are dropped)."""
+    they are dropped). A C++ stack is held from its first line to its last frame."""
 
     def __init__(self, where) -> None:
         self._where = where
         self._block: Optional[List[str]] = None
+        self._cpp: Optional[List[str]] = None
         self._held: List[str] = []
         self._after_one_line = False
 
     def feed(self, line: str, keep) -> List[str]:
+        if self._cpp is not None:
+            if _CPP_FRAME.match(line) and len(self._cpp) < _MAX_TRACEBACK_LINES:
+                self._cpp.append(line)
+                return []
+            stack, self._cpp = self._cpp, None
+            return self._finish_cpp(stack, keep) + self.feed(line, keep)
+        if self._block is None and _CPP_STACK.match(line):
+            self._cpp = [line]
+            return []
         if self._block is not None:
             if line.startswith(" ") and len(self._block) < _MAX_TRACEBACK_LINES:
                 self._block.append(line)
@@ -297,8 +315,16 @@ class _Tracebacks:
             return out
         return self._release(folded)
 
+    def _finish_cpp(self, stack: List[str], keep) -> List[str]:
+        where = self._where() if len(stack) > 1 else None
+        if where is None:  # no frames, or nowhere to keep them
+            return self._release(stack)
+        keep(stack)
+        raised = _CPP_STACK.match(stack[0]).group(1)
+        return self._release([f"{raised} [C++ stack of {len(stack) - 1} lines: {where}]"])
+
     def flush(self) -> List[str]:
         """What is held back, as it is (the rank's output ended)."""
-        out = self._held + (self._block or [])
-        self._held, self._block, self._after_one_line = [], None, False
+        out = self._held + (self._block or []) + (self._cpp or [])
+        self._held, self._block, self._cpp, self._after_one_line = [], None, None, False
         return out

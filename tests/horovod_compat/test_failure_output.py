@@ -159,6 +159,46 @@ def test_the_root_cause_traceback_shows_the_users_frames_and_folds_horovod_compa
         assert kept.read().splitlines() == ["[1]<stderr>:" + line for line in ROOT_TRACEBACK]
 
 
+CPP_WARNING = [
+    "[W1130 13:14:39.759687424 TCPStore.cpp:138] [c10d] recvValueWithTimeout failed on "
+    "SocketImpl(fd=4): Failed to recv, got 0 bytes. Connection was likely closed.",
+    "Exception raised from recvBytes at /__w/pytorch/torch/csrc/distributed/c10d/Utils.hpp:787 "
+    "(most recent call first):",
+    "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x9d (0x7f04 in libc10.so)",
+    "frame #1: <unknown function> + 0x674888d (0x7f04a694888d in libtorch_cpu.so)",
+    "<omitting python frames>",
+    "frame #21: <unknown function> + 0x3d07bb (0x7f04b51d07bb in libtorch_python.so)",
+    "frame #50: _start + 0x21 (0x55d8cec02081 in python)",
+    "",
+]
+
+
+def test_the_cpp_stack_of_a_torch_warning_is_one_line_and_kept_in_full(kept_dir):
+    """torch's TCPStore client warns with its C++ stack (about 40 frames) when the rank that hosts
+    the store dies: the warning stays, the frames become one line naming where they are kept."""
+    output = RankOutput(io.StringIO(), io.StringIO(), size=3)
+    _, err = _printed(output, [(2, "stderr", line) for line in CPP_WARNING + ROOT_TRACEBACK])
+    path = output.tracebacks_path
+    assert err[:3] == [
+        f"[2]<stderr>:{CPP_WARNING[0]}",
+        "[2]<stderr>:Exception raised from recvBytes at /__w/pytorch/torch/csrc/distributed/c10d/"
+        f"Utils.hpp:787 [C++ stack of 5 lines: {path}]",
+        "[2]<stderr>:",
+    ]
+    assert err[3:] == ["[2]<stderr>:" + line for line in fold_frames(ROOT_TRACEBACK)], err
+    with open(path) as kept:
+        assert kept.read().splitlines()[:6] == [f"[2]<stderr>:{line}" for line in CPP_WARNING[1:7]]
+
+
+def test_a_cpp_stack_cut_short_by_the_end_of_the_job_or_shown_verbose_is_shown_as_it_is(tmp_path):
+    _, err = _printed(RankOutput(io.StringIO(), io.StringIO(), size=1),
+                      [(0, "stderr", line) for line in CPP_WARNING[:4]])
+    assert err == [f"[0]<stderr>:{line}" for line in CPP_WARNING[:4]]
+    _, err = _printed(RankOutput(io.StringIO(), io.StringIO(), size=1, verbose=True),
+                      [(0, "stderr", line) for line in CPP_WARNING])
+    assert err == [f"[0]<stderr>:{line}" for line in CPP_WARNING]
+
+
 def test_a_launch_that_succeeds_removes_its_file_one_that_fails_names_it_last(kept_dir):
     lines = [(0, "stderr", line) for line in KNOCK_ON_TRACEBACK]
     with RankOutput(io.StringIO(), io.StringIO(), size=2) as output:  # the launch succeeds
