@@ -372,24 +372,27 @@ class ElasticJob(Job):
         world = self._worlds.get(failed)
         if world is None or world.round != rounds.round:
             return
-        for wid in list(rounds.members):
-            s = self._record(wid)
-            if not s.state.final and s.channel is not None:
-                try:
-                    s.channel.send(Kind.LOST, (world.round, world.rank))
-                except OSError:
-                    pass
+        self._send(list(rounds.members), Kind.LOST, (world.round, world.rank), running_only=False)
 
     def _notify(self, update: HostUpdate, only: Optional[List[int]] = None) -> None:
         rounds = self._rounds
         assert rounds is not None
-        for wid in (only if only is not None else list(rounds.members)):
+        self._send(only if only is not None else list(rounds.members), Kind.HOSTS_UPDATED,
+                   (self._stamp(), int(update)), running_only=True)
+
+    def _send(self, wids: List[int], kind: Kind, payload: object, running_only: bool) -> None:
+        """Send one frame to each worker of `wids` still connected and not ended (with
+        `running_only`, running); a connection that breaks meanwhile is that worker's own failure,
+        which its supervisor reports."""
+        for wid in wids:
             s = self._record(wid)
-            if s.state is WorkerState.RUNNING and s.channel is not None:
-                try:
-                    s.channel.send(Kind.HOSTS_UPDATED, (self._stamp(), int(update)))
-                except OSError:
-                    pass
+            if s.channel is None or s.state.final or (
+                    running_only and s.state is not WorkerState.RUNNING):
+                continue
+            try:
+                s.channel.send(kind, payload)
+            except OSError:
+                pass
 
     def _form_round(self, now: float) -> None:
         rounds = self._rounds
