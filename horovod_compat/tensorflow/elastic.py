@@ -11,9 +11,10 @@ import tensorflow as tf
 
 from horovod_compat.common import elastic as _elastic
 from horovod_compat.common.elastic import ObjectState, State  # noqa: F401
-from horovod_compat.common.exceptions import HorovodInternalError
+from horovod_compat.common.exceptions import HorovodInternalError, peer_failure
 from horovod_compat.common.lifecycle import rank
 
+from . import mpi_ops
 from ._keras_models import (
     build_like_source, counts, model_weights, on_first_build, optimizer_variables,
 )
@@ -29,17 +30,32 @@ def run(func: F) -> F:
 
     Inside ``tf.function`` (Keras' ``train_step``) a collective that failed because a peer left
     reaches the caller as ``tf.errors.UnknownError`` carrying the runtime's
-    ``HorovodInternalError``; it is raised as ``HorovodInternalError`` here so that the loop
-    restores the last commit and resets, as it does for an eager collective."""
+    ``HorovodInternalError``; it is raised as ``HorovodInternalError`` here (`internal_error`) so
+    that the loop restores the last commit and resets, as it does for an eager collective."""
     @functools.wraps(func)
     def unwrapped(state: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return func(state, *args, **kwargs)
         except tf.errors.UnknownError as exc:
-            if "HorovodInternalError" in (exc.message or ""):
-                raise HorovodInternalError(exc.message) from exc
-            raise
+            error = internal_error(exc)
+            if error is None:
+                raise
+            raise error from exc
     return _elastic.run(unwrapped)  # type: ignore[return-value]
+
+
+def internal_error(exc: tf.errors.UnknownError) -> Optional[HorovodInternalError]:
+    """The ``HorovodInternalError`` that `exc` (a graph node's failure) carries as text, None if it
+    carries none. It names the rank that failed first and whether it froze, as the error the node
+    raised did: the elastic loop reports a frozen peer to the driver from those, so that the next
+    round does not wait for it."""
+    message = exc.message or ""
+    if "HorovodInternalError" not in message:
+        return None
+    cause = mpi_ops.node_error(message)
+    if cause is None or not cause.knock_on:
+        return HorovodInternalError(message)
+    return peer_failure(message, cause.peer, cause.frozen)
 
 
 

@@ -37,6 +37,7 @@ XLA compilation of these ops (``jit_compile=True`` cannot contain a ``numpy_func
 """
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import warnings
@@ -211,6 +212,21 @@ def _node(fn: Callable[..., Any], name: Optional[str], inputs: Sequence[Any],
     return checked, checked[0].op if checked else outs[0].op
 
 
+#: The last few ``HorovodInternalError`` that graph nodes' collectives raised. TensorFlow gives
+#: the caller only their text (in an ``UnknownError``); `node_error` finds the error itself, with
+#: the rank that failed first and whether it froze (`exceptions.peer_failure`).
+_node_errors: "collections.deque[HorovodInternalError]" = collections.deque(maxlen=8)
+
+
+def node_error(message: str) -> Optional[HorovodInternalError]:
+    """The ``HorovodInternalError`` a graph node raised whose text `message` (an ``UnknownError``'s)
+    carries, the most recent first; None if none does."""
+    for exc in reversed(list(_node_errors)):
+        if str(exc) and str(exc) in message:
+            return exc
+    return None
+
+
 def _in_node(fn: Callable[..., Any], name: Optional[str],
              report: Optional[Sequence[tf.DType]] = None) -> Callable[..., Any]:
     """``fn`` as the body of a ``tf.numpy_function`` node (run on a TensorFlow pool thread).
@@ -218,7 +234,7 @@ def _in_node(fn: Callable[..., Any], name: Optional[str],
     With ``report`` (the node's output dtypes) the body also returns a status, ``code`` and
     ``message``: TensorFlow's error code of a failure that Horovod reports with its own TensorFlow
     error type (``_wait``), with empty results; 0 and "" with the real results otherwise."""
-    def call(*arrays: np.ndarray) -> Any:
+    def serial(*arrays: np.ndarray) -> Any:
         if sum(a.nbytes for a in arrays) >= SERIAL_BELOW:
             return fn(name, *arrays)
         threads = torch.get_num_threads()
@@ -229,6 +245,13 @@ def _in_node(fn: Callable[..., Any], name: Optional[str],
             return fn(name, *arrays)
         finally:
             torch.set_num_threads(threads)
+
+    def call(*arrays: np.ndarray) -> Any:
+        try:
+            return serial(*arrays)
+        except HorovodInternalError as exc:
+            _node_errors.append(exc)
+            raise
 
     if report is None:
         return call

@@ -245,6 +245,25 @@ def error_of(fn):
     return None
 
 
+# A collective that fails inside a tf.function reaches the caller as text (an UnknownError); the
+# elastic loop gets back which peer failed first and that it froze, as an eager failure says.
+from horovod_compat.common.exceptions import peer_failure  # noqa: E402
+from horovod_compat.tensorflow.elastic import internal_error  # noqa: E402
+
+
+def _frozen_peer(name, *arrays):
+    raise peer_failure("rank 1 stopped making progress (no sign of life for 30 s while rank 0 "
+                       "waited for it)", 1, True)
+
+
+try:
+    tf.function(lambda: mpi_ops._run(_frozen_peer, [tf.constant([1.0])], [tf.float32], "failing"))()
+except tf.errors.UnknownError as exc:
+    node_failure = internal_error(exc)
+    put("node_failure", [type(node_failure).__name__, node_failure.knock_on, node_failure.peer,
+                         node_failure.frozen, "stopped making progress" in str(node_failure)])
+
+
 sparse = tf.IndexedSlices(tf.ones([1, 3]), tf.constant([r]), tf.constant([2, 3]))
 emb = tf.Variable(tf.ones([4, 2]))
 with tf.GradientTape(persistent=True) as tape_sp:

@@ -289,3 +289,11 @@ def test_adasum_errors_are_horovods(results):
                                                                    "Average and Sum"]
         assert errors["average_aggregated"] == [
             "ValueError", "Adasum does not support average_aggregated_gradients == True"]
+
+
+def test_a_failure_inside_a_function_keeps_the_failed_peer_for_the_elastic_loop(results):
+    """hvd.elastic.run reports a frozen peer to the driver (which replaces it at once instead of
+    letting the next round wait for it): inside a tf.function the failure reaches it as text, and
+    `internal_error` gives back the peer and that it froze."""
+    for rank in (0, 1):
+        assert results[rank]["node_failure"] == ["HorovodInternalError", True, 1, True, True]
