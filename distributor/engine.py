@@ -56,6 +56,9 @@ OUTPUT_TAIL_LINES = 200
 PLACEMENT_END_GRACE_SECONDS = 2.0
 #: How long after a rank's exit the engine keeps reading what it sent before the exit.
 DISCONNECT_GRACE_SECONDS = 10.0
+#: A pause of the driver's own watch loop (it turns every 0.2 s) longer than this means the driver
+#: was not scheduled: the heartbeats that came meanwhile are unread, so no rank counts as silent.
+WATCH_GAP_SECONDS = 1.0
 
 #: Words of errors that are the knock-on of another rank's failure, not a cause: the transports'
 #: (gloo, sockets) and the Horovod runtime's for a peer that died, stopped responding or left.
@@ -229,6 +232,9 @@ class Job:
         self._stopping = False
         self._stopped_running: set = set()  # ranks still running when the driver stopped them
         self._released_at: Optional[float] = None  # when every rank had finished (`_release_finished`)
+        # (rank, why) of the rank that sent no heartbeat for heartbeat_timeout (`_check_timeouts`)
+        self._silent_rank: Optional[Tuple[int, str]] = None
+        self._watched_at: Optional[float] = None  # the last turn of `_watch`'s loop
         self._launcher_tail: Deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self._spawns = SpawnRouter()
         self._slots = TaskRendezvous()
@@ -273,6 +279,7 @@ class Job:
                     return
                 self._channels[channel] = rank
                 state.channel = channel
+                state.last_seen = time.monotonic()  # its heartbeats start with the payload
                 state.move(WorkerState.RUNNING)
             channel.send(Kind.PAYLOAD, payload_frame(self._payload_flags(rank), self._payload), raw=True)
             self._wake.put("connected")
@@ -372,6 +379,9 @@ class Job:
             except queue.Empty:
                 pass
             now = time.monotonic()
+            if self._watched_at is not None and now - self._watched_at > WATCH_GAP_SECONDS:
+                self._heard_from_all(now)  # the driver itself was not scheduled: no one is silent
+            self._watched_at = now
             with self._lock:
                 states = list(self._states.values())
             if self._all_ended(states, now):
@@ -438,16 +448,29 @@ class Job:
                 "and have been stopped. Their last output lines above show where they were."
             )
         silent = [
-            s.rank for s in states
+            s for s in states
             if s.connected and s.returncode is None and s.finished_at is None
             and now - s.last_seen > request.heartbeat_timeout
         ]
         if silent:
+            first = min(silent, key=lambda s: s.last_seen)
+            self._silent_rank = (first.rank, (
+                f"stopped responding (no heartbeat for {request.heartbeat_timeout:g}s: its process "
+                "is stopped or hung in native code, or its host or its network connection to the "
+                "driver was lost)"))
             return JobTimeoutError(
-                f"Ranks {silent} sent no heartbeat for {request.heartbeat_timeout:g}s: their host or "
-                "their network connection to the driver was lost."
+                f"Ranks {[s.rank for s in silent]} sent no heartbeat for "
+                f"{request.heartbeat_timeout:g}s: stopped or hung processes, or their host or their "
+                "network connection to the driver was lost."
             )
         return None
+
+    def _heard_from_all(self, now: float) -> None:
+        """Count every rank as heard from now (the heartbeats that came while the driver was not
+        scheduled are read only now)."""
+        with self._lock:
+            for s in self._states.values():
+                s.last_seen = max(s.last_seen, now)
 
     @classmethod
     def _all_ended(cls, states: List[WorkerRecord], now: float) -> bool:
@@ -527,7 +550,10 @@ class Job:
         others, else the earliest."""
         failed = [s for s in self._states.values() if self._failed(s) and self._own_failure(s)]
         if not failed:
-            return None
+            if self._silent_rank is None:
+                return None
+            rank, reason = self._silent_rank
+            return self._rank_failed(self._states[rank], reason)
         verdicts = {s.rank: self._classify(s) for s in failed}
         # when a knock-on first named each rank frozen: a rank that failed after that (mpirun
         # continues a stopped rank and kills it with SIGTERM when other ranks exit, at times
@@ -559,6 +585,11 @@ class Job:
             else:
                 named = {peer for _, peer, _ in blamed}
                 root = min(failed, key=lambda s: (s.rank not in named, self._when(s)))
+        return self._rank_failed(root, reason)
+
+    def _rank_failed(self, root: WorkerRecord, reason: Optional[str]) -> RankFailedError:
+        """The job's error: `root` is the root cause (`reason`: why, when it did not fail itself),
+        with one line for each other rank that failed or that the driver stopped."""
         others = [
             (s.rank, self._summary(s)) for s in sorted(self._states.values(), key=lambda s: s.rank)
             if s is not root and (self._failed(s) or s.stopped_by_driver)

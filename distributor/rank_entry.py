@@ -40,7 +40,9 @@ from .rank_env import (
     from_mpi_environment,
 )
 
-HEARTBEAT_INTERVAL = 5.0
+#: Seconds between two heartbeats of a rank to the driver (from a thread of its own: a stopped
+#: process, or native code that holds the GIL, stops them; `LaunchRequest.heartbeat_timeout`).
+HEARTBEAT_INTERVAL = 1.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -130,10 +132,28 @@ class _DriverLink:
 
     def _beat(self) -> None:
         while not self.finished.wait(HEARTBEAT_INTERVAL):
+            if _command_stopped():
+                continue  # the rank is its command: a stopped one is silent, as this process would be
             try:
                 self.channel.send(Kind.HEARTBEAT)
             except OSError:
                 return
+
+
+#: The process of the command this rank runs (`_run_command`), while it runs.
+_command: Optional[subprocess.Popen] = None
+
+
+def _command_stopped() -> bool:
+    """Whether this rank's command is stopped (state T or t: SIGSTOP, a debugger)."""
+    child = _command
+    if child is None or child.returncode is not None:
+        return False
+    try:
+        with open(f"/proc/{child.pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
 
 
 def _run_command(argv: list, on_report: Optional[Callable[[dict], None]] = None) -> None:
@@ -145,7 +165,8 @@ def _run_command(argv: list, on_report: Optional[Callable[[dict], None]] = None)
     path = os.path.join(tempfile.gettempdir(),
                         f"distributor-failure-{os.getpid()}-{secrets.token_hex(6)}.json")
     env = {**os.environ, failure_report.FAILURE_FILE_VAR: path}
-    child = subprocess.Popen(argv, env=env, preexec_fn=_child_dies_with_us)
+    global _command
+    child = _command = subprocess.Popen(argv, env=env, preexec_fn=_child_dies_with_us)
     forwarded = []
 
     def forward(signum: int, _frame: Any) -> None:

@@ -57,12 +57,19 @@ class CommandTarget:
 Target = Union[FunctionTarget, ScriptTarget, CommandTarget]
 
 
+#: `LaunchRequest.heartbeat_timeout` unless given.
+DEFAULT_HEARTBEAT_TIMEOUT = 120.0
+
+
 @dataclass(frozen=True)
 class LaunchRequest:
     """A job: `target` on `num_processes` ranks.
 
     `env` is added to every rank's environment. `start_timeout` bounds the time until every rank
-    has connected to the driver; `timeout` (None: no limit) bounds the whole job.
+    has connected to the driver; `timeout` (None: no limit) bounds the whole job. A connected rank
+    that sends no heartbeat (every second, `rank_entry.HEARTBEAT_INTERVAL`) for `heartbeat_timeout`
+    seconds before its result ends the job as the rank that stopped responding: its process is
+    stopped or hung in native code that holds the GIL, or its host or network is lost.
     `return_all` returns every rank's value in rank order instead of rank 0's.
 
     Failures: by default the first failing rank ends the job. `max_restarts=N` restarts every rank
@@ -78,7 +85,7 @@ class LaunchRequest:
     start_timeout: float = 120.0
     timeout: Optional[float] = None
     return_all: bool = False
-    heartbeat_timeout: float = 120.0
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
     max_restarts: int = 0
     elastic: Optional[ElasticPolicy] = None
 

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
-from ..engine import Job, WorkerRecord
+from ..engine import WATCH_GAP_SECONDS, Job, WorkerRecord
 from ..errors import (
     DistributedRunError,
     ElasticJobFailedError,
@@ -181,6 +181,9 @@ class ElasticJob(Job):
             except queue.Empty:
                 pass
             now = time.monotonic()
+            if self._watched_at is not None and now - self._watched_at > WATCH_GAP_SECONDS:
+                self._heard_from_all(now)  # the driver itself was not scheduled: no one is silent
+            self._watched_at = now
             if self._fatal is None and self.placement.failure() is not None:
                 self._fail(self.placement.failure())
             if self._fatal is None:
@@ -549,7 +552,8 @@ class ElasticJob(Job):
                 why = f"did not connect within start_timeout={request.start_timeout:g}s"
             elif s.channel is not None and s.finished_at is None and \
                     now - s.last_seen > request.heartbeat_timeout:
-                why = f"sent no heartbeat for {request.heartbeat_timeout:g}s (host or network lost)"
+                why = (f"sent no heartbeat for {request.heartbeat_timeout:g}s (stopped or hung, or "
+                       "its host or network lost)")
             if why is not None:
                 self._fail_worker(s, why)
 

@@ -574,6 +574,46 @@ def test_a_frozen_peer_killed_by_a_signal_afterwards_is_named_as_stopped_respond
         "collective)"), str(info.value)
 
 
+def _stops_itself(rank_to_stop: int) -> int:
+    import signal
+
+    rank = int(os.environ["RANK"])
+    if rank == rank_to_stop:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return rank
+
+
+def test_a_rank_silent_for_heartbeat_timeout_is_named_as_stopped_responding():
+    """A rank stopped where no peer waits for it (the others return): its heartbeats stop, and
+    heartbeat_timeout after the last one the job ends naming it, the others not blamed."""
+    started = time.monotonic()
+    request = LaunchRequest(FunctionTarget(_stops_itself, (1,)), 3, heartbeat_timeout=3)
+    with pytest.raises(RankFailedError) as info:
+        Job(request, output=lambda *a: None).run()
+    assert str(info.value).splitlines()[0] == (
+        "Rank 1 stopped responding (no heartbeat for 3s: its process is stopped or hung in native "
+        "code, or its host or its network connection to the driver was lost) (still running when "
+        "stopped)"), str(info.value)
+    assert info.value.other_failures == [], info.value.other_failures
+    # ended by the silence, not the default 120 s heartbeat timeout; far above what any machine needs
+    assert time.monotonic() - started < 60
+
+
+def test_a_rank_that_connects_late_is_silent_only_from_its_connection_on():
+    """A rank's heartbeats start when it has connected: one that connects after more than
+    heartbeat_timeout (a slow start) is not taken for silent."""
+    from distributor.launchers.python import PythonLauncher
+
+    class SlowStart(PythonLauncher):
+        def start(self, ranks, env_for, supervisor):
+            time.sleep(4)
+            super().start(ranks, env_for, supervisor)
+
+    request = LaunchRequest(FunctionTarget(_stops_itself, (-1,)), 2, heartbeat_timeout=3,
+                            return_all=True)
+    assert Job(request, launcher=SlowStart(), output=lambda *a: None).run() == [0, 1]
+
+
 def test_the_disconnect_graces_of_ranks_whose_connections_stay_open_run_at_once():
     """Ranks on a lost host exit (their ssh or mpirun is stopped) but their hub connections stay
     open: each gets DISCONNECT_GRACE_SECONDS from when its exit was seen, all at the same time,
