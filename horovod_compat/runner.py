@@ -25,6 +25,8 @@ from distributor import FunctionTarget, LaunchRequest, launch
 from distributor.launchers import MpirunLauncher
 from distributor.worker import in_rank, send_to_driver
 
+from .common.liveness import driver_heartbeat_timeout
+
 _VERBOSITIES = ("all", "log_callback_only")
 
 
@@ -70,9 +72,10 @@ class HorovodRunner:
         if not callable(main):
             raise TypeError(f"HorovodRunner.run: main must be a function, got {type(main).__name__}.")
         _check_kwargs(main, kwargs)
+        env = horovod_environment()
         request = LaunchRequest(
             FunctionTarget(main, (), dict(kwargs)), abs(self.num_processor),
-            env=horovod_environment(), start_timeout=_start_timeout(),
+            env=env, start_timeout=_start_timeout(), heartbeat_timeout=driver_heartbeat_timeout(env),
         )
         quiet = None if self.local_mode or self.driver_log_verbosity == "all" else _Quiet()
         placement, launcher = self._placement_and_launcher()

@@ -32,7 +32,7 @@ import mmap
 import os
 import threading
 import time
-from typing import Any, Callable, Iterable, List, Optional
+from typing import Any, Callable, Iterable, List, Mapping, Optional
 
 from .exceptions import HorovodInternalError, peer_failure
 
@@ -46,6 +46,10 @@ INTERVAL = 0.5
 DEFAULT_FROZEN_SECONDS = 30.0
 #: The smallest bound accepted (a few beats: below it a busy machine would flag live ranks).
 MIN_FROZEN_SECONDS = 2.0
+#: The shortest silence of a rank towards the driver that ends a job (`driver_heartbeat_timeout`):
+#: its heartbeat thread needs the GIL, which a rank's start holds for seconds at a time on a
+#: loaded machine (loading torch's libraries, unpickling its function); 5 s has been seen.
+MIN_DRIVER_SILENCE_SECONDS = 10.0
 #: A peer on this host whose process is stopped (state T or t) is reported after this long.
 STOPPED_SECONDS = 2.0
 #: A waiting rank whose own checks or beat thread paused this long was not scheduled itself (or
@@ -56,16 +60,31 @@ _LINE_WORDS = 8  # one beat counter per 64-byte line
 POST_BYTES = 8192
 
 
-def frozen_seconds() -> float:
-    """``HOROVOD_COMPAT_FROZEN_SECONDS`` (default 30): 0 turns frozen-peer detection off; other
-    values are raised to at least ``MIN_FROZEN_SECONDS``."""
-    raw = os.environ.get("HOROVOD_COMPAT_FROZEN_SECONDS", "").strip()
+def frozen_seconds(env: Optional[Mapping[str, str]] = None) -> float:
+    """``HOROVOD_COMPAT_FROZEN_SECONDS`` of `env` (default: this process's environment; unset:
+    30): 0 turns frozen-peer detection off; other values are raised to at least
+    ``MIN_FROZEN_SECONDS``."""
+    raw = (os.environ if env is None else env).get("HOROVOD_COMPAT_FROZEN_SECONDS", "").strip()
     try:
         value = float(raw) if raw else DEFAULT_FROZEN_SECONDS
     except ValueError:
         raise ValueError(f"HOROVOD_COMPAT_FROZEN_SECONDS={raw!r} is not a number of seconds "
                          "(0 turns frozen-rank detection off)") from None
     return 0.0 if value <= 0 else max(value, MIN_FROZEN_SECONDS)
+
+
+def driver_heartbeat_timeout(job_env: Mapping[str, str]) -> float:
+    """The ``heartbeat_timeout`` of a Horovod launch (`distributor.LaunchRequest`), for ranks
+    started with this process's environment plus `job_env`: ``HOROVOD_COMPAT_FROZEN_SECONDS`` (at
+    least ``MIN_DRIVER_SILENCE_SECONDS``). A rank that the driver has not heard from for that long
+    ends the job as one that stopped responding, as its peers end it when they wait for it in a
+    collective; it also ends it where no peer waits for it (stopped inside ``hvd.init()``, which
+    the peers' beats do not cover yet, or after the last step). The engine's default when the
+    detection is off (0)."""
+    from distributor.spec import DEFAULT_HEARTBEAT_TIMEOUT
+
+    seconds = frozen_seconds({**os.environ, **job_env})
+    return max(seconds, MIN_DRIVER_SILENCE_SECONDS) if seconds else DEFAULT_HEARTBEAT_TIMEOUT
 
 
 # -- the beat thread ---------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from distributor.forkserver_daemon import DaemonSettings
 from distributor.launchers import MpirunLauncher, PythonLauncher
 from distributor.rank_entry import run_as_main
 
+from ..common.liveness import driver_heartbeat_timeout
 from ..run_rank import call_with_slot_env
 from . import hosts as hostlib
 from .elastic import ELASTIC_ENV, UNBOUNDED_WORKERS, ElasticArgs, FixedHosts, wait_for_slots
@@ -377,7 +378,8 @@ class HorovodJob:
         """Run `target` on every rank; every rank's value in rank order (function targets)."""
         request = LaunchRequest(target, self.num_proc, env=self.env,
                                 start_timeout=self.start_timeout, return_all=return_all,
-                                elastic=self.elastic)
+                                elastic=self.elastic,
+                                heartbeat_timeout=driver_heartbeat_timeout(self.env))
         placement = self._placement()
         if self.verbose:
             print(f"horovod-compat: launching {self.describe()}", file=sys.stderr, flush=True)

@@ -25,6 +25,7 @@ from distributor.launchers import MpirunLauncher, PythonLauncher
 from distributor.placement import SparkPlacement
 from distributor.placement.spark_plan import NODE_PER_HOST
 
+from ..common.liveness import driver_heartbeat_timeout
 from ..launch.elastic import check_elastic_args
 from ..launch.job import start_timeout_from
 from ..launch.knobs import nic_environment
@@ -128,7 +129,8 @@ def run(
                                   preload=("torch",))
         request_target = (call_with_slot_env, (fn, *args), dict(kwargs))
     request = LaunchRequest(FunctionTarget(*request_target), num_proc, env=job_env,
-                            start_timeout=timeout, return_all=True)
+                            start_timeout=timeout, return_all=True,
+                            heartbeat_timeout=driver_heartbeat_timeout(job_env))
     placement = SparkPlacement(context, required_modules=("horovod_compat",), node_per=NODE_PER_HOST)
     if verbose >= 2:
         log.info("horovod.spark.run: %d rank(s) via %s", num_proc,
@@ -202,7 +204,8 @@ def run_elastic(
         discovery=placement.discover if most > num_proc else None,
     )
     request = LaunchRequest(FunctionTarget(fn, tuple(args), dict(kwargs)), num_proc, env=job_env,
-                            start_timeout=timeout, return_all=True, elastic=policy)
+                            start_timeout=timeout, return_all=True, elastic=policy,
+                            heartbeat_timeout=driver_heartbeat_timeout(job_env))
     launcher = PythonLauncher(preload=("torch",))
     with RankOutput(stdout, stderr, timestamps=prefix_output_with_timestamp, size=most) as output:
         return launch(request, placement=placement, launcher=launcher, output=output)

@@ -10,6 +10,8 @@ import datetime
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from ...common.liveness import driver_heartbeat_timeout
+
 
 class Backend:
     """Runs a function on several processes and returns each process's value."""
@@ -78,10 +80,11 @@ class SparkBackend(Backend):
         from distributor.placement.spark import SparkPlacement
         from distributor.spec import FunctionTarget, LaunchRequest
 
+        job_env = {**self._env, **{k: str(v) for k, v in (env or {}).items()}}
         request = LaunchRequest(
             FunctionTarget(fn, tuple(args), dict(kwargs or {})), self.num_processes(),
-            env={**self._env, **{k: str(v) for k, v in (env or {}).items()}},
-            start_timeout=self._start_timeout_seconds(), return_all=True,
+            env=job_env, start_timeout=self._start_timeout_seconds(), return_all=True,
+            heartbeat_timeout=driver_heartbeat_timeout(job_env),
         )
         # Every estimator's ranks import torch (the Keras ones through the runtime too): in a reused
         # Python worker they fork from a fork server that imported it, and TensorFlow once a Keras
