@@ -40,6 +40,12 @@ rank and cause (``ELASTIC_WHAT``), and starts a replacement for it (the discover
 offers the slot); nothing is left running. The line also reports the recovery, and how many
 replacements joined (one that the job's end overtook is stopped by the driver: docs/failures.md).
 
+**Phase faults** (``run(..., phase=P)``, P one of ``train_program.PHASES``: ``init``, ``broadcast``,
+``checkpoint``, ``last``, ``shutdown``): the target rank of a fixed-size job strikes itself with
+``kill``, ``raise`` or ``stop`` when it reaches the phase (`train_program`), under the
+``PHASE_LAUNCHERS``: those above and ``tcp`` (``horovodrun`` with shared memory off, the TCP mesh
+of ranks on several hosts). Right is what is right for the same fault at a step.
+
 ``run(seed, launcher, fault, workdir)`` is deterministic in what it injects: the seed picks the
 target rank, the step, (for ``kill``/``stop``) a delay inside the step, and the other rank of
 ``broadcast`` and ``init``.
@@ -65,9 +71,13 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # tests/, for `procs` when run as a script
     sys.path.insert(0, str(HERE.parent))
+if str(HERE) not in sys.path:  # tests/chaos/, for `train_program`
+    sys.path.insert(0, str(HERE))
 
 import procs  # noqa: E402
 from distributor import engine  # noqa: E402
+from horovod_compat.common.liveness import driver_heartbeat_timeout  # noqa: E402
+from train_program import CHECKPOINT_EVERY, PHASES  # noqa: E402
 PROGRAM = HERE / "train_program.py"
 ELASTIC_PROGRAM = HERE / "elastic_program.py"
 NP = 3
@@ -80,6 +90,11 @@ ELASTIC_FAULTS = ("kill", "raise", "stop", "broadcast", "init")
 ELASTIC_WHAT = {"kill": "killed by SIGKILL", "raise": "ChaosError", "stop": "stopped responding",
                 "broadcast": "killed by SIGKILL", "init": "killed by SIGKILL"}
 SPARK_FAULTS = ("kill", "raise", "stop")
+#: Launchers of the phase faults: ``tcp`` is ``horovodrun`` with shared memory off.
+PHASE_LAUNCHERS = ("horovodrun", "tcp", "function", "mpi")
+PHASE_FAULTS = ("kill", "raise", "stop")
+#: The shared-memory switches of the ``tcp`` launcher (docs/failures.md: the TCP mesh).
+SHM_OFF = {"HOROVOD_COMPAT_SHM_DATA": "0", "HOROVOD_COMPAT_SHM_CONTROL": "0"}
 #: Every case: launcher -> its faults.
 CASES = {**{launcher: FAULTS for launcher in LAUNCHERS}, "spark": SPARK_FAULTS,
          "elastic": ELASTIC_FAULTS}
@@ -162,6 +177,7 @@ class Outcome:
     problems: List[str] = field(default_factory=list)
     output: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)  # more "key=value" for the line
+    phase: str = "step"
 
     @property
     def ok(self) -> bool:
@@ -172,15 +188,20 @@ class Outcome:
         verdict = "ok" if self.ok else "FAILED: " + "; ".join(self.problems)
         peer = f" peer={self.peer}" if self.fault == "close" else ""
         notes = "".join(f" {note}" for note in self.notes)
+        where = f"step={self.step}" if self.phase == "step" else f"phase={self.phase}"
         return (f"chaos seed={self.seed} launcher={self.launcher} fault={self.fault} "
-                f"target={self.target}{peer} step={self.step} named={self.named} "
+                f"target={self.target}{peer} {where} named={self.named} "
                 f"seconds={secs} rc={self.returncode}{notes} {verdict}")
 
 
-def exit_bound(fault: str) -> float:
+def exit_bound(fault: str, phase: str = "step") -> float:
     """Seconds from `fault` to the driver's exit that a run may take: EXIT_BOUND after a crash,
-    FROZEN_SECONDS + STOP_MARGIN after a freeze (``stop``), FROZEN_SECONDS + LOST_MARGIN after
-    a lost host (``lost``)."""
+    FROZEN_SECONDS + STOP_MARGIN after a freeze (``stop``) -- the driver's silence bound instead of
+    FROZEN_SECONDS where no peer waits for the frozen rank (in ``hvd.init()``, at shutdown) --,
+    FROZEN_SECONDS + LOST_MARGIN after a lost host (``lost``)."""
+    if fault == "stop" and phase in ("init", "shutdown"):
+        return driver_heartbeat_timeout({"HOROVOD_COMPAT_FROZEN_SECONDS": f"{FROZEN_SECONDS:g}"}) \
+            + STOP_MARGIN
     if fault == "stop":
         return FROZEN_SECONDS + STOP_MARGIN
     if fault == "lost":
@@ -205,7 +226,7 @@ def elastic_plan(seed: int) -> tuple:
 
 
 def _argv(launcher: str, workdir: Path) -> List[str]:
-    if launcher == "horovodrun":
+    if launcher in ("horovodrun", "tcp"):
         return [*horovodrun(), "-np", str(NP), sys.executable, str(PROGRAM)]
     if launcher == "mpi":
         return [*horovodrun(), "--mpi", "-np", str(NP), sys.executable, str(PROGRAM)]
@@ -250,7 +271,7 @@ def _signal_later(pid: int, sig: int, delay: float, fault_at: List[float]) -> No
 def _env(marker: str, **extra: str) -> Dict[str, str]:
     env = {**os.environ, MARKER_VAR: marker, "PYTHONUNBUFFERED": "1",
            "HOROVOD_COMPAT_FROZEN_SECONDS": f"{FROZEN_SECONDS:g}"}
-    for name in ("CHAOS_FAULT", "CHAOS_RANK", "CHAOS_STEP"):
+    for name in ("CHAOS_FAULT", "CHAOS_RANK", "CHAOS_STEP", "CHAOS_PHASE", "CHAOS_DIR"):
         env.pop(name, None)
     env.update(extra)
     return env
@@ -304,7 +325,7 @@ class _FixedFaults:
             self.fault_at.append(float(m.group(3)))
             out.peer = int(m.group(2))
         m = _STEP.search(line)
-        if (out.fault in ("kill", "stop") and m and not self.injected
+        if (out.phase == "step" and out.fault in ("kill", "stop") and m and not self.injected
                 and int(m.group(2)) == out.target and int(m.group(1)) >= out.step
                 and out.target in self.pids):
             self.injected = True
@@ -316,10 +337,13 @@ class _FixedFaults:
 
 
 def run(seed: int, launcher: str, fault: str, workdir: Path, target: Optional[int] = None,
-        spark: Any = None, second: Optional[bool] = None) -> Outcome:
+        spark: Any = None, second: Optional[bool] = None, phase: str = "step") -> Outcome:
     """One run: start the job, inject `fault` as `seed` says (into rank `target` if given, else
     the seed's; ``elastic``: with a second kill during the recovery if `second`, else as the seed
-    says), check the outcome. ``spark`` runs need `spark`, a `spark_session`."""
+    says; at `phase` of a fixed-size job, if not ``step``), check the outcome. ``spark`` runs need
+    `spark`, a `spark_session`."""
+    if phase != "step":
+        return run_phase(seed, launcher, fault, phase, workdir, target)
     if launcher == "elastic":
         return run_elastic(seed, fault, workdir, target, second)
     if launcher == "spark":
@@ -344,9 +368,34 @@ def run(seed: int, launcher: str, fault: str, workdir: Path, target: Optional[in
     return out
 
 
+def run_phase(seed: int, launcher: str, fault: str, phase: str, workdir: Path,
+              target: Optional[int] = None) -> Outcome:
+    """One run of a fixed-size job whose target rank strikes itself with `fault` at `phase`."""
+    if launcher not in PHASE_LAUNCHERS or fault not in PHASE_FAULTS or phase not in PHASES:
+        raise ValueError(f"phase faults: launchers {PHASE_LAUNCHERS}, faults {PHASE_FAULTS}, "
+                         f"phases {PHASES}; got {launcher} {fault} {phase}")
+    planned, step, _delay = plan(seed)
+    target = planned if target is None else target
+    step = CHECKPOINT_EVERY * (1 + step % 4) - 1 if phase == "checkpoint" else -1
+    out = Outcome(seed, launcher, fault, target, step, phase=phase)
+    marker = uuid.uuid4().hex
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = _env(marker, CHAOS_STEPS="30", CHAOS_PHASE=phase, CHAOS_FAULT=fault,
+               CHAOS_RANK=str(target), CHAOS_STEP=str(step), CHAOS_DIR=str(workdir),
+               **(SHM_OFF if launcher == "tcp" else {}))
+    watch = _FixedFaults(out, 0.0)
+    exited_at = _run_process(_argv(launcher, workdir), env, workdir, out, watch)
+    if watch.fault_at:
+        out.seconds = exited_at - watch.fault_at[0]
+    _judge(out)
+    _check_left(out, lambda: processes_with(marker))
+    procs.stop_warm_servers(f"{MARKER_VAR}={marker}")
+    return out
+
+
 def _judge(out: Outcome) -> None:
     problems = out.problems
-    bound = exit_bound(out.fault)
+    bound = exit_bound(out.fault, out.phase)
     if out.seconds is None:
         problems.append("the fault was never injected (did the job start?)")
     elif out.seconds > bound:
@@ -697,14 +746,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="harness.py", description="cases: " + "; ".join(
             f"{launcher} {{{','.join(faults)}}}" for launcher, faults in CASES.items()))
-    parser.add_argument("launcher", choices=sorted(CASES))
+    parser.add_argument("launcher", choices=sorted(set(CASES) | set(PHASE_LAUNCHERS)))
     parser.add_argument("fault")
     parser.add_argument("seeds", nargs="+", type=int, metavar="SEED")
     parser.add_argument("--target", type=int, default=None, help="the rank to hit")
     parser.add_argument("--second", action="store_true", default=None,
                         help="elastic kill: a second kill during the recovery")
+    parser.add_argument("--phase", default="step", choices=("step",) + PHASES,
+                        help=f"a fixed-size job's phase fault (launchers {', '.join(PHASE_LAUNCHERS)};"
+                             f" faults {', '.join(PHASE_FAULTS)})")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.fault not in CASES[args.launcher]:
+    if args.phase != "step":
+        if args.launcher not in PHASE_LAUNCHERS or args.fault not in PHASE_FAULTS:
+            parser.error(f"phase faults: launchers {', '.join(PHASE_LAUNCHERS)}, faults "
+                         f"{', '.join(PHASE_FAULTS)}")
+    elif args.fault not in CASES.get(args.launcher, ()):
         parser.error(f"{args.launcher} has the faults {', '.join(CASES[args.launcher])}")
     failures = 0
     with contextlib.ExitStack() as stack:
@@ -712,7 +768,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         spark = stack.enter_context(spark_session()) if args.launcher == "spark" else None
         for seed in args.seeds:
             out = run(seed, args.launcher, args.fault, tmp / str(seed), target=args.target,
-                      spark=spark, second=args.second)
+                      spark=spark, second=args.second, phase=args.phase)
             print(out.line(), flush=True)
             if not out.ok:
                 failures += 1

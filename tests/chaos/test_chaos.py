@@ -15,6 +15,12 @@ state sync, another rank late to it) and ``init`` (then a second death inside th
 is right. Every run prints one line (seed, fault, target rank, named rank, seconds from the fault
 to the driver's exit); ``python tests/chaos/harness.py LAUNCHER FAULT SEED`` reruns one.
 
+Phase faults (`harness.run_phase`): a rank of a fixed-size job strikes itself (``kill``, ``raise``,
+``stop``) at a phase it reaches -- ``init``, ``broadcast``, ``checkpoint``, ``last``, ``shutdown`` --
+under ``horovodrun`` (shared memory), ``tcp`` (``horovodrun``, shared memory off), ``function``
+and ``mpi``; ``python tests/chaos/harness.py LAUNCHER FAULT SEED --phase PHASE`` reruns one. The
+short round runs `PHASE_SHORT_ROUND`: every phase, every fault and every launcher at least once.
+
 The short round (``CHAOS_RUNS`` unset or 1) runs one run of each case in `SHORT_ROUND` -- every
 fixed-size crash case, ``stop`` under ``horovodrun`` on rank 0 (it hosts the job's store and the
 mesh coordinator; ``stop`` under ``mpi``, where mpirun continues the stopped rank before it ends
@@ -45,6 +51,14 @@ SHORT_ROUND = {
     ("elastic", "init"): {},
     ("spark", "kill"): {},
 }
+#: The short round's phase faults, (phase, fault, launcher): each phase, fault and launcher once
+#: at least. A stop in hvd.init() (no peer beat covers it yet) and at shutdown (no peer waits for
+#: it) ends the job on the driver's silence bound (liveness.driver_heartbeat_timeout); under mpi
+#: the rank's heartbeat comes from the process that runs the script, and is silent while it is
+#: stopped.
+PHASE_SHORT_ROUND = (("init", "stop", "horovodrun"), ("broadcast", "kill", "tcp"),
+                     ("checkpoint", "raise", "function"), ("last", "kill", "mpi"),
+                     ("shutdown", "stop", "mpi"))
 _LONG_ONLY = "the long round's (CHAOS_RUNS=N > 1 runs every case); the short round keeps CI short"
 
 
@@ -88,3 +102,17 @@ def spark():
 @pytest.mark.parametrize("fault", _cases("spark"))
 def test_horovod_spark_run_names_the_culprit_and_ends_the_job(spark, fault, tmp_path, capsys):
     _round("spark", fault, tmp_path, capsys, spark=spark)
+
+
+@pytest.mark.parametrize("launcher", harness.PHASE_LAUNCHERS)
+@pytest.mark.parametrize("fault", harness.PHASE_FAULTS)
+@pytest.mark.parametrize("phase", harness.PHASES)
+def test_a_fault_at_a_phase_names_the_culprit_and_ends_the_job(phase, fault, launcher, tmp_path,
+                                                               capsys):
+    if launcher == "mpi" and not harness.mpirun_available():
+        pytest.skip("mpirun is not installed")
+    if not LONG and (phase, fault, launcher) not in PHASE_SHORT_ROUND:
+        pytest.skip(_LONG_ONLY)
+    seeds = harness.run_seeds(SEED, f"{launcher}@{phase}", fault, RUNS)
+    harness.check_round((harness.run(seed, launcher, fault, tmp_path / str(i), phase=phase)
+                         for i, seed in enumerate(seeds)), capsys)

@@ -10,19 +10,60 @@ chosen by environment variables ``CHAOS_FAULT=raise|close``, ``CHAOS_RANK`` and 
 * ``close``: rank CHAOS_RANK shuts down every TCP connection it holds to one other rank's process
   (gloo's, found through ``/proc``), as a network fault between the two would, and prints the peer.
 
+With ``CHAOS_PHASE`` (not ``step``) rank CHAOS_RANK strikes itself with ``CHAOS_FAULT``
+(``kill``: SIGKILL, ``raise``: ``ChaosError``, ``stop``: SIGSTOP) at a phase it reaches, whatever
+the time it takes to get there (`PHASES`):
+
+* ``init``: inside ``hvd.init()``, right after its process group formed, while the others go on
+  setting up the job's runtime;
+* ``broadcast``: as the first broadcast (``broadcast_parameters``) starts, the others in it;
+* ``checkpoint``: while rank 0 writes the checkpoint of step CHAOS_STEP (every ``CHECKPOINT_EVERY``
+  steps it saves the model; rank 0 itself strikes halfway through the file, another rank as rank 0
+  starts writing);
+* ``last``: in the last step, before its collectives;
+* ``shutdown``: at ``hvd.shutdown()``, after the last step.
+
 Before a fault it prints ``chaos-fault rank=R peer=P t=T`` (T: ``time.time()``). At the start each
 rank prints ``chaos-pid rank=R pid=PID``, so the harness can SIGKILL the process that trains.
 """
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import time
 
+#: Where a phase fault strikes (see the module); ``step``: the harness's faults at a chosen step.
+PHASES = ("init", "broadcast", "checkpoint", "last", "shutdown")
+CHECKPOINT_EVERY = 5
+
 
 class ChaosError(RuntimeError):
     """The exception a rank raises on purpose."""
+
+
+def strike(rank: int, fault: str, where: str) -> None:
+    """The phase fault `fault` on this rank, now."""
+    print(f"chaos-fault rank={rank} peer=-1 t={time.time():.6f}", flush=True)
+    if fault == "raise":
+        raise ChaosError(f"chaos: rank {rank} raises {where}")
+    os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+
+
+def _strike_in_init(fault: str, target: int) -> None:
+    """Make rank `target` strike inside ``hvd.init()``, once its process group formed."""
+    import torch.distributed as dist
+
+    init_process_group = dist.init_process_group
+
+    def init(*args, **kwargs):
+        done = init_process_group(*args, **kwargs)
+        if kwargs.get("rank") == target:
+            strike(target, fault, "in hvd.init()")
+        return done
+
+    dist.init_process_group = init
 
 
 def _socket_inodes(pid: int) -> dict:
@@ -98,6 +139,9 @@ def main(steps: int = 0) -> int:
     fault = os.environ.get("CHAOS_FAULT", "")
     fault_rank = int(os.environ.get("CHAOS_RANK", "-1"))
     fault_step = int(os.environ.get("CHAOS_STEP", "-1"))
+    phase = os.environ.get("CHAOS_PHASE", "step")
+    if phase == "init":
+        _strike_in_init(fault, fault_rank)
     hvd.init()
     rank = hvd.rank()
     print(f"chaos-pid rank={rank} pid={os.getpid()}", flush=True)
@@ -106,9 +150,14 @@ def main(steps: int = 0) -> int:
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                          named_parameters=model.named_parameters())
+    if phase == "broadcast" and rank == fault_rank:
+        strike(rank, fault, "as the first broadcast starts")
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    checkpoint = os.path.join(os.environ.get("CHAOS_DIR", "."), "checkpoint.pt")
     for step in range(steps):
-        if rank == fault_rank and step == fault_step:
+        if phase == "last" and rank == fault_rank and step == steps - 1:
+            strike(rank, fault, "in the last step")
+        if phase == "step" and rank == fault_rank and step == fault_step:
             if fault == "raise":
                 print(f"chaos-fault rank={rank} peer=-1 t={time.time():.6f}", flush=True)
                 raise ChaosError(f"chaos: rank {rank} raises at step {step}")
@@ -126,9 +175,36 @@ def main(steps: int = 0) -> int:
         hvd.synchronize(handle)
         assert config["step"] == step and gathered.numel() == 2 * hvd.size()
         print(f"step {step} rank {rank} sum {float(total[0]):.1f}", flush=True)
+        if step % CHECKPOINT_EVERY == CHECKPOINT_EVERY - 1:
+            at_fault = phase == "checkpoint" and step == fault_step
+            if rank == 0:
+                _save(model, checkpoint, rank, fault if at_fault and fault_rank == 0 else "")
+            elif at_fault and rank == fault_rank:
+                strike(rank, fault, "while rank 0 writes a checkpoint")
         time.sleep(0.01)
+    if phase == "shutdown" and rank == fault_rank:
+        strike(rank, fault, "at hvd.shutdown()")
     hvd.shutdown()
     return rank
+
+
+def _save(model, path: str, rank: int, fault: str) -> None:
+    """Rank 0's checkpoint (torch.save to a new file, then renamed over the last); with `fault`,
+    rank 0 strikes halfway through writing it."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    data = buffer.getvalue()
+    with open(path + ".tmp", "wb") as handle:
+        handle.write(data[:len(data) // 2])
+        handle.flush()
+        if fault:
+            strike(rank, fault, "while it writes a checkpoint")
+        handle.write(data[len(data) // 2:])
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":
