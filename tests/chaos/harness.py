@@ -16,6 +16,9 @@ Spark session, `spark_session`; faults ``SPARK_FAULTS``). Faults (``FAULTS``):
   closed by peer"), and either may fail first: right is one of the two ends of those connections.
 * ``stop``: SIGSTOP, from outside, of the process that trains on the target rank, once it printed
   a chosen step (a frozen rank). Right: the target rank is named, "stopped responding".
+* ``worker`` (``spark`` only): SIGKILL, from outside, of the Spark Python worker whose task runs
+  the target rank (the rank's fork server and the rank go with it), once the rank printed a
+  chosen step: an executor's Python worker lost. Right: the target rank is named.
 
 Every fixed-size run must also end within `exit_bound` seconds of the fault (``EXIT_BOUND``, 10 s,
 after a crash; ``FROZEN_SECONDS`` + ``STOP_MARGIN`` after a freeze: the jobs run with
@@ -73,6 +76,8 @@ if str(HERE.parent) not in sys.path:  # tests/, for `procs` when run as a script
     sys.path.insert(0, str(HERE.parent))
 if str(HERE) not in sys.path:  # tests/chaos/, for `train_program`
     sys.path.insert(0, str(HERE))
+if str(HERE.parents[1]) not in sys.path:  # the repository: its `distributor`, not tests/distributor
+    sys.path.insert(0, str(HERE.parents[1]))
 
 import procs  # noqa: E402
 from distributor import engine  # noqa: E402
@@ -89,7 +94,7 @@ ELASTIC_FAULTS = ("kill", "raise", "stop", "broadcast", "init")
 #: how the driver must describe the failed worker.
 ELASTIC_WHAT = {"kill": "killed by SIGKILL", "raise": "ChaosError", "stop": "stopped responding",
                 "broadcast": "killed by SIGKILL", "init": "killed by SIGKILL"}
-SPARK_FAULTS = ("kill", "raise", "stop")
+SPARK_FAULTS = ("kill", "raise", "stop", "worker")
 #: Launchers of the phase faults: ``tcp`` is ``horovodrun`` with shared memory off.
 PHASE_LAUNCHERS = ("horovodrun", "tcp", "function", "mpi")
 PHASE_FAULTS = ("kill", "raise", "stop")
@@ -325,12 +330,16 @@ class _FixedFaults:
             self.fault_at.append(float(m.group(3)))
             out.peer = int(m.group(2))
         m = _STEP.search(line)
-        if (out.phase == "step" and out.fault in ("kill", "stop") and m and not self.injected
-                and int(m.group(2)) == out.target and int(m.group(1)) >= out.step
-                and out.target in self.pids):
+        if (out.phase == "step" and out.fault in ("kill", "stop", "worker") and m
+                and not self.injected and int(m.group(2)) == out.target
+                and int(m.group(1)) >= out.step and out.target in self.pids):
             self.injected = True
             sig = signal.SIGSTOP if out.fault == "stop" else signal.SIGKILL
-            _signal_later(self.pids[out.target], sig, self.delay, self.fault_at)
+            pid = self.pids[out.target]
+            if out.fault == "worker":
+                pid = spark_python_worker(pid) or pid
+                out.notes.append(f"python_worker={pid}")
+            _signal_later(pid, sig, self.delay, self.fault_at)
         m = _NAMED.match(line)
         if m and out.named is None:
             out.named, out.failure_line = int(m.group(1)), line
@@ -617,6 +626,33 @@ def spark_session(app_name: str = "chaos") -> Iterator[Any]:
     assert not left, f"the Spark JVM or its workers outlived the session: {left}"
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
+
+
+def spark_python_worker(rank_pid: int) -> Optional[int]:
+    """The Spark Python worker above a rank process: its nearest ancestor that PySpark's daemon
+    forked (a worker keeps the daemon's command line); None if there is none."""
+    pid = _parent(rank_pid)
+    while pid > 1:
+        if "pyspark.daemon" in _cmdline(pid) or "pyspark/daemon.py" in _cmdline(pid):
+            return pid
+        pid = _parent(pid)
+    return None
+
+
 def spark_ranks(jvm: int) -> List[int]:
     """Rank processes under the Spark JVM: a child of an executor's fork server (and what it
     started), or a ``distributor.rank_entry`` process. Python workers and fork servers stay
@@ -624,24 +660,10 @@ def spark_ranks(jvm: int) -> List[int]:
     _importable(HERE.parent / "distributor")  # spark_clusters, the Spark tests' helpers
     from spark_clusters import descendants  # noqa: PLC0415
 
-    def cmdline(pid: int) -> str:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                return f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            return ""
-
-    def parent(pid: int) -> int:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return int(f.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            return 0
-
     found = []
     for pid in descendants(jvm):
-        if "distributor.rank_entry" in cmdline(pid) or (
-                "distributor.forkserver" in cmdline(parent(pid)) and procs.alive(pid)):
+        if "distributor.rank_entry" in _cmdline(pid) or (
+                "distributor.forkserver" in _cmdline(_parent(pid)) and procs.alive(pid)):
             found.append(pid)
             found.extend(descendants(pid))
     return sorted(set(found))

@@ -8,7 +8,7 @@ an elastic job must instead go on and finish with every committed sample counted
 A case is one launcher and one fault (`harness.CASES`): the fixed-size launchers ``horovodrun``,
 ``function`` (``horovod.run``), ``mpi`` (``horovodrun --mpi``) with ``kill``, ``raise``,
 ``close`` and ``stop``; ``spark`` (``horovod.spark.run`` on one local Spark session for the
-module) with ``kill``, ``raise`` and ``stop``; ``elastic`` (``horovodrun --min-np 2 --max-np 3``
+module) with ``kill``, ``raise``, ``stop`` and ``worker`` (the rank's Spark Python worker lost); ``elastic`` (``horovodrun --min-np 2 --max-np 3``
 with a discovery script) with ``kill``, ``raise``, ``stop``, ``broadcast`` (a death in the first
 state sync, another rank late to it) and ``init`` (then a second death inside the next round's
 ``hvd.init()``). See `harness` for what is injected and what
@@ -25,7 +25,8 @@ The short round (``CHAOS_RUNS`` unset or 1) runs one run of each case in `SHORT_
 fixed-size crash case, ``stop`` under ``horovodrun`` on rank 0 (it hosts the job's store and the
 mesh coordinator; ``stop`` under ``mpi``, where mpirun continues the stopped rank before it ends
 the job, has a unit test in tests/distributor/test_engine.py), each elastic fault (the kill on rank 0, with a second kill
-during the recovery), and a SIGKILL under Spark -- and skips the others, saying so. A long round
+during the recovery), a SIGKILL under Spark and a lost Python worker -- and skips the others,
+saying so. A long round
 runs every case ``CHAOS_RUNS`` times, every target chosen by the seed. The lost host is in
 tests/multihost/test_chaos_hosts.py.
 """
@@ -50,6 +51,7 @@ SHORT_ROUND = {
     ("elastic", "broadcast"): {"target": 2},  # rank 1 is late: it waits on rank 0, gone
     ("elastic", "init"): {},
     ("spark", "kill"): {},
+    ("spark", "worker"): {},
 }
 #: The short round's phase faults, (phase, fault, launcher): each phase, fault and launcher once
 #: at least. A stop in hvd.init() (no peer beat covers it yet) and at shutdown (no peer waits for
