@@ -54,6 +54,9 @@ EXIT_GRACE_SECONDS = 30.0
 OUTPUT_TAIL_LINES = 200
 #: How long after the placement reports that nothing runs any more the engine waits for frames.
 PLACEMENT_END_GRACE_SECONDS = 2.0
+#: How long after the placement failed (a Spark executor lost) the engine waits for a rank's
+#: connection to drop before it stops the job: the lost rank is then named.
+PLACEMENT_FAILURE_SETTLE_SECONDS = 3.0
 #: How long after a rank's exit the engine keeps reading what it sent before the exit.
 DISCONNECT_GRACE_SECONDS = 10.0
 #: A pause of the driver's own watch loop (it turns every 0.2 s) longer than this means the driver
@@ -234,6 +237,7 @@ class Job:
         self._released_at: Optional[float] = None  # when every rank had finished (`_release_finished`)
         # (rank, why) of the rank that sent no heartbeat for heartbeat_timeout (`_check_timeouts`)
         self._silent_rank: Optional[Tuple[int, str]] = None
+        self._stopped_at: Optional[float] = None  # time.time() of `_stop_all`
         self._watched_at: Optional[float] = None  # the last turn of `_watch`'s loop
         self._launcher_tail: Deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self._spawns = SpawnRouter()
@@ -373,6 +377,7 @@ class Job:
         first_failure_at: Optional[float] = None
         timeout_error: Optional[BaseException] = None
         placement_ended_at: Optional[float] = None
+        placement_failed_at: Optional[float] = None
         while True:
             try:
                 self._wake.get(timeout=0.2)
@@ -393,6 +398,12 @@ class Job:
             if self._stopping:
                 continue
             if self.placement.failure() is not None:
+                # the ranks lost with it (an executor) drop their connections a moment later:
+                # wait for that before stopping the others, to name the lost rank
+                placement_failed_at = placement_failed_at or now
+                if (now - placement_failed_at < PLACEMENT_FAILURE_SETTLE_SECONDS
+                        and any(s.connected for s in states) and not self._lost(states)):
+                    continue
                 self._stop_all()
                 continue
             failed = [s for s in states if self._failed(s)]
@@ -416,8 +427,33 @@ class Job:
                 log.warning("ranks %s finished but did not exit within %ss; stopping them",
                             overdue, EXIT_GRACE_SECONDS)
                 self.placement.stop()
-        failure = self._failure_error() or self.placement.failure()
+        failure = self._failure_error() or self._lost_with_placement() or self.placement.failure()
         return failure if failure is not None else timeout_error
+
+    def _lost(self, states: List[WorkerRecord]) -> List[WorkerRecord]:
+        """The ranks whose connection ended without a result, an error or an exit status before
+        the driver stopped the job."""
+        stopped_at = self._stopped_at or math.inf
+        return [s for s in states
+                if s.disconnected and s.result is None and s.finished_at is None and s.error is None
+                and s.returncode is None and (s.disconnect_time or math.inf) < stopped_at]
+
+    def _lost_with_placement(self) -> Optional[RankFailedError]:
+        """When the placement failed (e.g. a Spark executor lost), the rank whose connection
+        ended first without a result, an error or an exit status, before the driver stopped the
+        job: it was lost with what ran it, and the placement's failure is the knock-on."""
+        placement_failure = self.placement.failure()
+        if placement_failure is None:
+            return None
+        lost = self._lost(list(self._states.values()))
+        if not lost:
+            return None
+        root = min(lost, key=lambda s: s.disconnect_time or math.inf)
+        first_line = str(placement_failure).splitlines()[0] if str(placement_failure) else \
+            type(placement_failure).__name__
+        return self._rank_failed(root, f"was lost: its connection to the driver ended with no "
+                                       f"result and no exit status, and {first_line}",
+                                 outcome="exit status unknown")
 
     def _release_finished(self, states: List[WorkerRecord], now: float) -> Optional[float]:
         """Once every rank has finished, tell those held (`PayloadFlag.HOLD`) to exit; return
@@ -532,6 +568,7 @@ class Job:
         if self._stopping:
             return
         self._stopping = True
+        self._stopped_at = time.time()
         with self._lock:
             for s in self._states.values():
                 if s.returncode is None and s.finished_at is None:  # (a finished one is held)
@@ -555,6 +592,7 @@ class Job:
             rank, reason = self._silent_rank
             return self._rank_failed(self._states[rank], reason)
         verdicts = {s.rank: self._classify(s) for s in failed}
+        outcome = None
         # when a knock-on first named each rank frozen: a rank that failed after that (mpirun
         # continues a stopped rank and kills it with SIGTERM when other ranks exit, at times
         # before the driver stops the job) failed because it had been stopped, not on its own
@@ -580,16 +618,20 @@ class Job:
             if silent:
                 root = self._states[silent[0]]
                 waiting = sorted(rank for _, peer, rank in blamed if peer == root.rank)
+                lost = bool(self._lost([root]))
                 reason = self._unresponsive(root, waiting,
-                                            any(verdicts[r].frozen for r in waiting))
+                                            any(verdicts[r].frozen for r in waiting), lost)
+                outcome = "exit status unknown" if lost else None
             else:
                 named = {peer for _, peer, _ in blamed}
                 root = min(failed, key=lambda s: (s.rank not in named, self._when(s)))
-        return self._rank_failed(root, reason)
+        return self._rank_failed(root, reason, outcome)
 
-    def _rank_failed(self, root: WorkerRecord, reason: Optional[str]) -> RankFailedError:
-        """The job's error: `root` is the root cause (`reason`: why, when it did not fail itself),
-        with one line for each other rank that failed or that the driver stopped."""
+    def _rank_failed(self, root: WorkerRecord, reason: Optional[str],
+                     outcome: Optional[str] = None) -> RankFailedError:
+        """The job's error: `root` is the root cause (`reason`: why, when it did not fail itself;
+        `outcome`: how it ended, when its exit status cannot say), with one line for each other
+        rank that failed or that the driver stopped."""
         others = [
             (s.rank, self._summary(s)) for s in sorted(self._states.values(), key=lambda s: s.rank)
             if s is not root and (self._failed(s) or s.stopped_by_driver)
@@ -605,6 +647,7 @@ class Job:
             output_tail=tail,
             other_failures=others,
             reason=reason,
+            outcome=outcome,
         )
 
     @staticmethod
@@ -616,10 +659,15 @@ class Job:
         return state.error is not None and not state.error.get("signal")
 
     @staticmethod
-    def _unresponsive(state: WorkerRecord, waiting: List[int], frozen: bool) -> str:
-        """Why a rank that did not fail is the root cause: ranks `waiting` failed waiting for it."""
+    def _unresponsive(state: WorkerRecord, waiting: List[int], frozen: bool,
+                      lost: bool = False) -> str:
+        """Why a rank that did not fail is the root cause: ranks `waiting` failed waiting for it
+        (`lost`: its connection ended with nothing to say how, e.g. with its Spark executor)."""
         who = (f"rank {waiting[0]}" if len(waiting) == 1
                else "ranks " + ", ".join(map(str, waiting[:-1])) + f" and {waiting[-1]}")
+        if lost:
+            return (f"was lost (its connection to the driver ended with no result and no exit "
+                    f"status) while {who} waited for it in a collective")
         if state.finished_at is not None or state.returncode == 0:
             return f"finished while {who} waited for it in a collective"
         if frozen:

@@ -167,7 +167,8 @@ class RankFailedError(DistributedRunError):
     lines; every line was already printed live). `other_failures` lists the other ranks that
     failed or were stopped afterwards as (rank, one-line summary) pairs. `reason`, when set,
     says why a rank that did not fail itself is the root cause (it stopped responding while the
-    others failed waiting for it) and replaces "failed" in the first line.
+    others failed waiting for it) and replaces "failed" in the first line; `outcome`, when set,
+    says how it ended where its exit status cannot (a rank lost with the machine that ran it).
     """
 
     def __init__(
@@ -180,9 +181,11 @@ class RankFailedError(DistributedRunError):
         output_tail: Sequence[str] = (),
         other_failures: Sequence[tuple[int, str]] = (),
         reason: Optional[str] = None,
+        outcome: Optional[str] = None,
     ) -> None:
         self.rank = rank
         self.reason = reason
+        self.outcome = outcome
         self.exit_code = exit_code
         self.exc_type = exc_type
         self.exc_message = exc_message
@@ -192,7 +195,7 @@ class RankFailedError(DistributedRunError):
         super().__init__(self._render())
 
     def _render(self) -> str:
-        how = describe_exit(self.exit_code)
+        how = self.outcome or describe_exit(self.exit_code)
         lines = [f"Rank {self.rank} {self.reason} ({how})" if self.reason
                  else f"Rank {self.rank} failed ({how})"]
         if self.exc_type:
@@ -213,7 +216,7 @@ class RankFailedError(DistributedRunError):
         return (
             type(self),
             (self.rank, self.exit_code, self.exc_type, self.exc_message, self.traceback,
-             self.output_tail, self.other_failures, self.reason),
+             self.output_tail, self.other_failures, self.reason, self.outcome),
         )
 
 

@@ -256,3 +256,51 @@ def test_run_elastic_survives_a_lost_executor(spark, tmp_path):
     text = out.getvalue()
     assert "Spark task 1 (attempt 0) on executor host 127.0.0.1 was lost, and worker 1 with it" in text
     assert "[2]<stdout>:joined as rank 1 of 2" in text, text  # in partition 1's next attempt
+
+
+def lose_executor_at_step_5(marker):
+    """Rank 1 SIGKILLs its executor's JVM at step 5 (noting the time in `marker`); every rank
+    runs collectives until then and after."""
+    import os
+    import signal
+    import time
+
+    import torch
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    for step in range(400):
+        hvd.allreduce(torch.ones(1), name="step")
+        if step == 5 and hvd.rank() == 1:
+            with open(marker, "w") as f:
+                f.write(str(time.time()))
+            os.kill(_executor_jvm_of(os.getpid()), signal.SIGKILL)
+            time.sleep(60)  # dies with its executor
+        time.sleep(0.02)
+    return hvd.rank()
+
+
+@pytest.mark.skipif(CI, reason=(
+    "kills one of the shared local-cluster's executor JVMs: the module's next Spark job waits "
+    "~60 s for the standalone worker's new one; CI covers a lost Python worker (tests/chaos)"))
+def test_a_lost_executor_ends_a_fixed_size_job_naming_its_rank(spark, tmp_path):
+    """The executor JVM of rank 1's task is SIGKILLed (its Python worker, fork server and rank go
+    with it): horovod.spark.run raises within the crash bound of the chaos tier (10 s), naming
+    rank 1, and no rank process is left."""
+    lost = str(tmp_path / "lost")
+    marker = f"HOROVOD_TEST_MARKER_{uuid.uuid4().hex}"
+    with pytest.raises(RankFailedError) as info:
+        horovod.spark.run(lose_executor_at_step_5, args=(lost,), num_proc=2,
+                          env={"HOROVOD_TEST_MARKER": marker}, stdout=io.StringIO(),
+                          stderr=io.StringIO())
+    ended = time.time()
+    seconds = ended - float(Path(lost).read_text())
+    assert info.value.rank == 1, str(info.value)[-3000:]
+    assert seconds < 10, (seconds, str(info.value).splitlines()[0])
+    print(f"lost executor: the job ended {seconds:.2f} s after the kill: "
+          f"{str(info.value).splitlines()[0]}")
+    deadline = time.monotonic() + 30  # (no wait once they are gone)
+    while _ranks_with_marker(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _ranks_with_marker(marker) == [], "a rank outlived the job"
