@@ -67,7 +67,8 @@ def map_segment(st: Any, size: int, owners: Optional[List[int]] = None) -> mmap.
     without ``owners`` one segment, the set's first rank's; for a set across hosts, one per host
     (``_hierarchical``).  Each owner creates its segment with all pages reserved (so a full
     ``/dev/shm`` fails here with ``OSError``, on every rank, not later with SIGBUS) and unlinks it
-    once everybody mapped it, so nothing is left in ``/dev/shm`` whatever happens to the job."""
+    once everybody mapped it, or once the set failed (a peer died meanwhile), so nothing is left in
+    ``/dev/shm`` unless the owner itself is killed between the two."""
     owners = owners if owners is not None else [0] * st.n
     created, error = None, None
     if owners[st.me] == st.me:
@@ -81,20 +82,20 @@ def map_segment(st: Any, size: int, owners: Optional[List[int]] = None) -> mmap.
         except OSError as exc:
             error = f"{created}: {exc}"
     made: List[Any] = [None] * st.n
-    dist.all_gather_object(made, (created, error), group=st.ctl)
-    errors = [e for _, e in made if e is not None]
-    if errors:
-        if created is not None:
-            _unlink(created)
-        raise OSError(f"cannot create the shared-memory segment {errors[0]}")
     try:
-        fd = os.open(made[owners[st.me]][0], os.O_RDWR)
+        dist.all_gather_object(made, (created, error), group=st.ctl)
+        errors = [e for _, e in made if e is not None]
+        if errors:
+            raise OSError(f"cannot create the shared-memory segment {errors[0]}")
         try:
-            mm = mmap.mmap(fd, size)
+            fd = os.open(made[owners[st.me]][0], os.O_RDWR)
+            try:
+                mm = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
-    finally:
-        dist.barrier(group=st.ctl)
+            dist.barrier(group=st.ctl)
+    finally:  # also when a peer died meanwhile: the gather or the barrier raised
         if created is not None:
             _unlink(created)
     return mm
