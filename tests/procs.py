@@ -41,16 +41,27 @@ def _with(needle: str, warm_servers: bool) -> List[int]:
     return found
 
 
+def cmdline(pid: int) -> str:
+    """The command line of process `pid`, its words joined by spaces ("" if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def parent(pid: int) -> int:
+    """The parent of process `pid` (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def commands(pids: List[int]) -> Dict[int, str]:
     """{pid: command line} of those of `pids` still there (what a failure report names)."""
-    found = {}
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                found[pid] = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-    return found
+    return {pid: line.strip() for pid in pids if (line := cmdline(pid))}
 
 
 #: The command-line word of a warm fork server (distributor/forkserver_daemon.py), which stays

@@ -626,30 +626,14 @@ def spark_session(app_name: str = "chaos") -> Iterator[Any]:
     assert not left, f"the Spark JVM or its workers outlived the session: {left}"
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return 0
-
-
 def spark_python_worker(rank_pid: int) -> Optional[int]:
     """The Spark Python worker above a rank process: its nearest ancestor that PySpark's daemon
     forked (a worker keeps the daemon's command line); None if there is none."""
-    pid = _parent(rank_pid)
+    pid = procs.parent(rank_pid)
     while pid > 1:
-        if "pyspark.daemon" in _cmdline(pid) or "pyspark/daemon.py" in _cmdline(pid):
+        if "pyspark.daemon" in procs.cmdline(pid) or "pyspark/daemon.py" in procs.cmdline(pid):
             return pid
-        pid = _parent(pid)
+        pid = procs.parent(pid)
     return None
 
 
@@ -662,8 +646,8 @@ def spark_ranks(jvm: int) -> List[int]:
 
     found = []
     for pid in descendants(jvm):
-        if "distributor.rank_entry" in _cmdline(pid) or (
-                "distributor.forkserver" in _cmdline(_parent(pid)) and procs.alive(pid)):
+        if "distributor.rank_entry" in procs.cmdline(pid) or (
+                "distributor.forkserver" in procs.cmdline(procs.parent(pid)) and procs.alive(pid)):
             found.append(pid)
             found.extend(descendants(pid))
     return sorted(set(found))

@@ -166,16 +166,8 @@ def test_a_connection_without_the_secret_is_closed_and_forks_nothing(warm_dir):
         assert sock.recv(4096) == b"", "closed without an answer"
         sock.close()
     assert _alive(daemon)
-    children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == daemon]
+    children = [p for p in os.listdir("/proc") if p.isdigit() and procs.parent(int(p)) == daemon]
     assert children == [], "nothing was forked"
-
-
-def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return -1
 
 
 def test_a_directory_others_can_open_is_not_used(tmp_path):

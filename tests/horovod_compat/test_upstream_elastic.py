@@ -23,6 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
 from spark_clusters import descendants  # noqa: E402
+import procs  # noqa: E402
 from test_upstream_mnist import UPSTREAM, example_imports, write_mnist  # noqa: E402,F401 - fixture
 
 ELASTIC = UPSTREAM / "examples" / "elastic" / "pytorch"
@@ -37,25 +38,17 @@ pytestmark = [
 ]
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def worker_pids(root: int) -> List[int]:
     """The rank processes under `root`: `rank_entry` processes and the children of a fork server
     (an elastic job forks its workers from a warm server)."""
     found = []
     for pid in descendants(root):
-        cmd = _cmdline(pid)
+        cmd = procs.cmdline(pid)
         if "distributor.rank_entry" in cmd:
             found.append(pid)
         elif "distributor.forkserver" in cmd and any(
                 pid in descendants(server) for server in descendants(root)
-                if server != pid and "distributor.forkserver" in _cmdline(server)):
+                if server != pid and "distributor.forkserver" in procs.cmdline(server)):
             found.append(pid)
     return sorted(found)
 
