@@ -27,6 +27,11 @@ on rank ``CHAOS_RANK`` of the first round (``CHAOS_FAULT``):
   ``CHAOS_LATE_SECONDS`` (default 1.5) late, after the others have failed and reset: it then
   waits on ranks that have left (the early-kill hang of issue 41).
 
+* ``resets``: SIGKILL of its own process at the same point, ``CHAOS_REPEAT`` times,
+  ``REPEAT_EVERY`` steps apart, each time in the worker that then has rank ``CHAOS_RANK`` (a
+  replacement too): that many resets of the survivors, whose reset lines carry their resident
+  memory (``rss_kb=``).
+
 ``CHAOS_INIT_RANK=I`` adds a second fault: once the first has struck, the worker that had rank I
 in the first round SIGKILLs itself inside its next ``hvd.init()``, right after its process group
 formed, while its peers still set theirs up (the lost commit of issue 41).
@@ -51,6 +56,23 @@ def _first_time(folder: str, what: str = "raised") -> bool:
     except FileExistsError:
         return False
     return True
+
+
+#: Steps between two strikes of a repeated fault (``CHAOS_REPEAT``).
+REPEAT_EVERY = 8
+
+
+def _strikes(folder: str) -> int:
+    """How many times a repeated fault has struck so far (marker files ``raised``, ``raised.1``...)."""
+    return sum(1 for name in os.listdir(folder) if name == "raised" or name.startswith("raised."))
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
 
 
 def _strike(rank: int, sig: int) -> None:
@@ -106,9 +128,11 @@ def main() -> int:
     state = hvd.elastic.TorchState(model, optimizer, step=0, cursor=0, counts=[0] * samples)
     log = open(os.path.join(folder, f"trained.{os.getpid()}"), "a", buffering=1)
 
+    repeat = int(os.environ.get("CHAOS_REPEAT", "1"))
+
     def on_reset() -> None:
         print(f"chaos-reset rank={hvd.rank()} size={hvd.size()} pid={os.getpid()} "
-              f"t={time.time():.6f}", flush=True)
+              f"t={time.time():.6f} rss_kb={_rss_kb()}", flush=True)
 
     state.register_reset_callbacks([on_reset])
     _phase_faults(folder, fault, hvd.rank())
@@ -118,7 +142,9 @@ def main() -> int:
         rank, size = hvd.rank(), hvd.size()
         print(f"chaos-pid rank={rank} size={size} pid={os.getpid()} t={time.time():.6f}", flush=True)
         while state.cursor < samples:
-            raising = fault in ("raise", "stop") and rank == fault_rank and state.step >= fault_step
+            struck = _strikes(folder) if fault == "resets" else 0
+            raising = (fault in ("raise", "stop", "resets") and rank == fault_rank
+                       and struck < repeat and state.step >= fault_step + REPEAT_EVERY * struck)
             sample = state.cursor + rank
             onehot = torch.zeros(samples)
             if sample < samples:
@@ -130,9 +156,12 @@ def main() -> int:
             state.counts = [c + int(n) for c, n in zip(state.counts, counted.tolist())]
             state.cursor += size
             state.step += 1
-            if raising and _first_time(folder):  # between the step's collectives
+            # between the step's collectives
+            if raising and _first_time(folder, f"raised.{struck}" if struck else "raised"):
                 if fault == "stop":
                     _strike(rank, signal.SIGSTOP)  # until the driver kills it
+                elif fault == "resets":
+                    _strike(rank, signal.SIGKILL)
                 else:
                     print(f"chaos-fault rank={rank} peer=-1 t={time.time():.6f}", flush=True)
                     raise ChaosError(f"chaos: rank {rank} raises in step {state.step}")

@@ -35,8 +35,10 @@ the recovery*: the survivor that gets a chosen rank in the new round is killed f
 callback's line), ``raise`` (``ChaosError`` once, in a chosen step), ``stop`` (the target SIGSTOPs
 itself in a chosen step), and two faults at a phase the program reaches (`elastic_program`):
 ``broadcast`` (the target dies as the first state sync's transfer starts, and another rank comes
-to that transfer late, after the others have reset) and ``init`` (the same death, then another
-worker dies inside the ``hvd.init()`` of the next round). Right: the job exits 0; the next step
+to that transfer late, after the others have reset), ``init`` (the same death, then another
+worker dies inside the ``hvd.init()`` of the next round) and ``resets`` (the worker that has the
+target rank SIGKILLs itself ``RESETS`` times, 8 steps apart: the survivors' resident memory must
+stay flat across their resets, ``RESET_RSS_BOUND_MB``). Right: the job exits 0; the next step
 runs within `exit_bound` of the fault; every sample was counted exactly once in the committed
 state (`elastic_program`) and trained by some rank; the driver names each failed worker with its
 rank and cause (``ELASTIC_WHAT``), and starts a replacement for it (the discovery script still
@@ -89,10 +91,13 @@ NP = 3
 #: Launchers of fixed-size jobs started as a process of their own (``spark`` runs in this one).
 LAUNCHERS = ("horovodrun", "function", "mpi")
 FAULTS = ("kill", "raise", "close", "stop")
-ELASTIC_FAULTS = ("kill", "raise", "stop", "broadcast", "init")
+ELASTIC_FAULTS = ("kill", "raise", "stop", "broadcast", "init", "resets")
+#: How many times the elastic fault ``resets`` strikes in a run.
+RESETS = int(os.environ.get("CHAOS_RESETS", "6"))
 #: Elastic faults the program injects in itself at a phase it reaches (`elastic_program`), and
 #: how the driver must describe the failed worker.
 ELASTIC_WHAT = {"kill": "killed by SIGKILL", "raise": "ChaosError", "stop": "stopped responding",
+                "resets": "killed by SIGKILL",
                 "broadcast": "killed by SIGKILL", "init": "killed by SIGKILL"}
 SPARK_FAULTS = ("kill", "raise", "stop", "worker")
 #: Launchers of the phase faults: ``tcp`` is ``horovodrun`` with shared memory off.
@@ -133,13 +138,17 @@ RUN_TIMEOUT = float(os.environ.get("CHAOS_RUN_TIMEOUT", "120"))
 #: Samples of the elastic program's data set (3 per step with 3 workers).
 ELASTIC_SAMPLES = int(os.environ.get("CHAOS_SAMPLES", "360"))
 MARKER_VAR = "CHAOS_MARKER"
+#: How much a survivor's resident memory may grow from its second reset to its last in a run of
+#: repeated resets (elastic fault ``resets``): a leak of a process group, a transport or a state
+#: copy per reset shows as several MB each time.
+RESET_RSS_BOUND_MB = float(os.environ.get("CHAOS_RESET_RSS_BOUND_MB", "24"))
 
 _PID = re.compile(r"chaos-pid rank=(\d+) (?:size=\d+ )?pid=(\d+)")
 _STEP = re.compile(r"step (\d+) rank (\d+) ")
 _FAULT = re.compile(r"chaos-fault rank=(\d+) peer=(-?\d+) t=([\d.]+)")
 _NAMED = re.compile(r"(?:^horovodrun: |^chaos-driver: )Rank (\d+) (.*)$")
 _WORKER = re.compile(r"^\[(\d+)\]<stdout>:(.*)$")
-_RESET = re.compile(r"chaos-reset rank=(\d+) size=(\d+) pid=(\d+)")
+_RESET = re.compile(r"chaos-reset rank=(\d+) size=(\d+) pid=(\d+)(?: t=\S+ rss_kb=(\d+))?")
 #: The elastic driver's record of a failed worker (``ElasticJob._on_failure``).
 _ATTEMPT = re.compile(r"elastic job: worker (\d+) \((?:rank (\d+) of round \d+|not in a round yet)"
                       r", host [^)]*\) (.*) -> (.*)$")
@@ -456,6 +465,7 @@ class _ElasticFaults:
         self.attempts: Dict[int, Tuple[Optional[int], str, str]] = {}  # worker id -> (rank, what, action)
         self.started: List[int] = []          # worker ids in order of their first line
         self.recovered_at: Optional[float] = None  # first step after the first fault's reset
+        self.rss_kb: Dict[int, List[int]] = {}  # pid -> its resident memory at each of its resets
         self._reset_seen = False
 
     def _kill(self, wid: int, rank: int, delay: float = 0.0) -> None:
@@ -484,6 +494,8 @@ class _ElasticFaults:
         if m and out.fault != "kill":  # injected by the program itself
             self.faults.append((float(m.group(3)), wid, int(m.group(1))))
         m = _RESET.search(text)
+        if m and m.group(4):
+            self.rss_kb.setdefault(int(m.group(3)), []).append(int(m.group(4)))
         if m and self.faults:
             self._reset_seen = True
             if (out.fault == "kill" and self.second and len(self.faults) == 1
@@ -502,7 +514,9 @@ class _ElasticFaults:
 def run_elastic(seed: int, fault: str, workdir: Path, target: Optional[int] = None,
                 second: Optional[bool] = None) -> Outcome:
     """One elastic run (see the module's docstring); `target` and `second` (a second kill during
-    the recovery) override the seed's choice."""
+    the recovery) override the seed's choice. Fault ``resets``: a SIGKILL `RESETS` times
+    (`elastic_program`), and each survivor's memory must stay flat across its resets
+    (`RESET_RSS_BOUND_MB`)."""
     planned, step, planned_second, second_rank, delay = elastic_plan(seed)
     target = planned if target is None else target
     second = planned_second if second is None else second
@@ -515,8 +529,9 @@ def run_elastic(seed: int, fault: str, workdir: Path, target: Optional[int] = No
     discover.chmod(0o755)
     env = _env(marker, CHAOS_DIR=str(data), CHAOS_SAMPLES=str(ELASTIC_SAMPLES))
     other = (target + 1 + second_rank) % NP  # a rank other than the target, chosen by the seed
-    if fault in ("raise", "stop"):
-        env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(target), CHAOS_STEP=str(step))
+    if fault in ("raise", "stop", "resets"):
+        env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(target), CHAOS_STEP=str(step),
+                   CHAOS_REPEAT=str(RESETS if fault == "resets" else 1))
     elif fault == "broadcast":
         # another rank comes late to the transfer the target dies in; not rank 0, the transfer's
         # root, which fails at once and resets, so the late one waits on a rank that has left
@@ -529,6 +544,8 @@ def run_elastic(seed: int, fault: str, workdir: Path, target: Optional[int] = No
     watch = _ElasticFaults(out, second and fault == "kill", second_rank, delay)
     _run_process(argv, env, workdir, out, watch)
     _judge_elastic(out, watch, data)
+    if fault == "resets":
+        _judge_repeated_resets(out, watch, RESETS)
     _check_left(out, lambda: processes_with(marker))
     procs.stop_warm_servers(f"{MARKER_VAR}={marker}")
     return out
@@ -590,6 +607,24 @@ def _judge_elastic(out: Outcome, watch: _ElasticFaults, data: Path) -> None:
     joined = [wid for wid in watch.started if wid >= NP]
     out.notes.append(f"replaced={replacements} joined={len(joined)}")
     out.failure_line = "; ".join(f"worker {wid}: {watch.attempts.get(wid)}" for _, wid, _ in faults)
+
+
+def _judge_repeated_resets(out: Outcome, watch: _ElasticFaults, repeat: int) -> None:
+    """Every strike of a repeated fault happened, and the memory of each worker that lived
+    through three resets or more grew by less than `RESET_RSS_BOUND_MB` from its second reset to
+    its last (the first may allocate once: a replacement's first round)."""
+    if len(watch.faults) != repeat:
+        out.problems.append(f"{len(watch.faults)} strikes of the repeated fault, not {repeat}")
+    growth = {pid: (kb[-1] - kb[1]) / 1024 for pid, kb in watch.rss_kb.items() if len(kb) >= 3}
+    if not growth:
+        out.problems.append(f"no worker lived through 3 resets: {watch.rss_kb}")
+    out.notes.append("rss_growth_mb=" + ",".join(f"{mb:.1f}" for mb in growth.values())
+                     + f" over_resets={max((len(watch.rss_kb[p]) for p in growth), default=0)}")
+    for pid, mb in growth.items():
+        if mb >= RESET_RSS_BOUND_MB:
+            out.problems.append(f"worker pid {pid}: resident memory grew by {mb:.1f} MB from its "
+                                f"second reset to its last {watch.rss_kb[pid]} kB "
+                                f"(bound {RESET_RSS_BOUND_MB:g} MB)")
 
 
 # ---- Spark ------------------------------------------------------------------------------------
