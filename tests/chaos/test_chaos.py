@@ -51,7 +51,7 @@ SHORT_ROUND = {
     ("elastic", "stop"): {},
     ("elastic", "broadcast"): {"target": 2},  # rank 1 is late: it waits on rank 0, gone
     ("elastic", "init"): {},
-    ("elastic", "resets"): {},
+    ("elastic", "resets"): {"target": 1},  # rank 0 keeps its worker through every reset
     ("spark", "kill"): {},
     ("spark", "worker"): {},
 }
