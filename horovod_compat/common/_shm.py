@@ -39,13 +39,12 @@ from __future__ import annotations
 import mmap
 import os
 import time
-import uuid
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
 
-from . import liveness, ops
+from . import liveness, ops, shm_names
 from .exceptions import HorovodInternalError, peer_failure
 
 __all__ = ["map_segment", "PeerWatch", "SharedMemoryAllreduce", "Transport", "create", "eligible",
@@ -61,6 +60,10 @@ _LINE = 64        # bytes per barrier counter (one cache line each: no false sha
 _ALIGN = 16       # part boundaries are multiples of 16 elements (whole vector lanes)
 
 
+#: Whether this process has removed the segments of killed owners (`shm_names.remove_orphans`).
+_swept = False
+
+
 def map_segment(st: Any, size: int, owners: Optional[List[int]] = None) -> mmap.mmap:
     """Map a new ``size``-byte shared segment on every rank of set ``st`` (collective over its
     control group).  Rank ``i`` of the set maps the segment that rank ``owners[i]`` creates:
@@ -72,7 +75,11 @@ def map_segment(st: Any, size: int, owners: Optional[List[int]] = None) -> mmap.
     owners = owners if owners is not None else [0] * st.n
     created, error = None, None
     if owners[st.me] == st.me:
-        created = f"/dev/shm/horovod_compat-{uuid.uuid4().hex}"
+        global _swept
+        if not _swept:  # what killed owners left on this host (shm_names)
+            _swept = True
+            shm_names.remove_orphans()
+        created = shm_names.new_segment_path()
         try:
             fd = os.open(created, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             try:

@@ -30,6 +30,7 @@ from distributor.forkserver_daemon import DaemonSettings
 from distributor.launchers import MpirunLauncher, PythonLauncher
 from distributor.rank_entry import run_as_main
 
+from ..common import shm_names
 from ..common.liveness import driver_heartbeat_timeout
 from ..run_rank import call_with_slot_env
 from . import hosts as hostlib
@@ -383,7 +384,11 @@ class HorovodJob:
         placement = self._placement()
         if self.verbose:
             print(f"horovod-compat: launching {self.describe()}", file=sys.stderr, flush=True)
-        with RankOutput(stdout, stderr, timestamps=self.prefix_output_with_timestamp,
-                        directory=self.output_filename, size=self.num_proc,
-                        verbose=self.verbose) as output:
-            return launch(request, placement=placement, launcher=self._launcher(target), output=output)
+        try:
+            with RankOutput(stdout, stderr, timestamps=self.prefix_output_with_timestamp,
+                            directory=self.output_filename, size=self.num_proc,
+                            verbose=self.verbose) as output:
+                return launch(request, placement=placement, launcher=self._launcher(target),
+                              output=output)
+        finally:  # what a rank killed while it set up shared memory left on this host
+            shm_names.remove_orphans()

@@ -215,3 +215,37 @@ def test_distributed_optimizer_buckets_go_through_shared_memory():
                                      timeout=120):
         assert used > 0
         assert lo == hi == -6.0  # minus the averaged gradient (4 * 1 + 4 * 2) / 2
+
+
+OWNER_KILLED = textwrap.dedent("""\
+    import os, signal
+    import torch
+    import horovod.torch as hvd
+
+    if os.environ["RANK"] == "0":  # the owner of the set's segments: killed once it made one
+        fallocate = os.posix_fallocate
+
+        def fallocate_then_die(fd, offset, size):
+            fallocate(fd, offset, size)
+            print("owner pid", os.getpid(), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        os.posix_fallocate = fallocate_then_die
+    hvd.init()
+    hvd.allreduce(torch.ones(1))
+    """)
+
+
+def test_a_segment_whose_owner_was_killed_before_unlinking_it_is_removed_after_the_job(tmp_path):
+    """Rank 0 made its segment in /dev/shm and was SIGKILLed before the others had mapped it (so
+    before it unlinked it): horovodrun removes it when the job ends (shm_names.remove_orphans)."""
+    from hvd_launch import horovodrun
+
+    script = tmp_path / "owner_killed.py"
+    script.write_text(OWNER_KILLED)
+    run = horovodrun(2, [sys.executable, str(script)], timeout=120)
+    assert not run.timed_out and run.returncode != 0, run.tail()
+    pids = [line.split()[-1] for line in run.rank_lines(0) if line.startswith("owner pid")]
+    assert pids, "rank 0 never made its segment\n" + run.tail()
+    left = [name for name in os.listdir("/dev/shm") if name.startswith(f"horovod_compat-{pids[0]}-")]
+    assert left == [], left

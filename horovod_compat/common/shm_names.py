@@ -1,0 +1,67 @@
+"""The runtime's shared-memory segments in ``/dev/shm``: their names, and the removal of those whose
+owner is gone.
+
+A segment is named ``horovod_compat-<owner pid>-<random>``. Its owner unlinks it once every rank
+of its set has mapped it, or once the set failed meanwhile (`_shm.map_segment`); only an owner
+killed between creating it and that moment leaves it behind (a rank SIGKILLed inside
+``hvd.init()``). Such a segment is removed by `remove_orphans`: after each job by the launcher on
+its host (``horovodrun``, ``horovod.run``), and by the first segment a process creates (the next
+job on a host, Spark executors and other hosts included). Only this user's segments whose owner
+process no longer exists are removed.
+
+No torch here: the launcher imports it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from typing import List, Optional
+
+DIRECTORY = "/dev/shm"
+PREFIX = "horovod_compat-"
+_NAME = re.compile(re.escape(PREFIX) + r"(\d+)-[0-9a-f]{32}")
+
+
+def new_segment_path() -> str:
+    """A new segment's path, owned by this process."""
+    return os.path.join(DIRECTORY, f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
+
+
+def owner(name: str) -> Optional[int]:
+    """The owner pid in a segment's file name; None for a name that is not a segment's."""
+    match = _NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_orphans(directory: str = DIRECTORY) -> List[str]:
+    """Unlink this user's segments in `directory` whose owner process no longer exists; return
+    their names. A pid reused by a live process keeps its segment (removed once that one ends)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:  # no /dev/shm
+        return []
+    removed = []
+    for name in names:
+        pid = owner(name)
+        if pid is None or _alive(pid):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if os.lstat(path).st_uid != os.getuid():
+                continue
+            os.unlink(path)
+        except OSError:  # removed meanwhile, or not ours to remove
+            continue
+        removed.append(name)
+    return removed
