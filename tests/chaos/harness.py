@@ -25,7 +25,8 @@ after a crash; ``FROZEN_SECONDS`` + ``STOP_MARGIN`` after a freeze: the jobs run
 ``HOROVOD_COMPAT_FROZEN_SECONDS=FROZEN_SECONDS``), with a non-zero exit status (an exception from
 ``horovod.spark.run``), and leave no process behind: every process of a run carries
 ``CHAOS_MARKER`` in its environment; under Spark, no rank process (a child of an executor's fork
-server) may outlive the run.
+server) may outlive the run. Nor may a shared-memory segment the run made stay in ``/dev/shm``
+(`_check_shm`; every launcher started as a process: fixed-size, phase and elastic runs).
 
 **Elastic jobs** (launcher ``elastic``): ``horovodrun -np 3 --min-np 2 --max-np 3
 --host-discovery-script ... python elastic_program.py`` (the script offers ``localhost:3`` all
@@ -83,6 +84,7 @@ if str(HERE.parents[1]) not in sys.path:  # the repository: its `distributor`, n
 
 import procs  # noqa: E402
 from distributor import engine  # noqa: E402
+from horovod_compat.common import shm_names  # noqa: E402
 from horovod_compat.common.liveness import driver_heartbeat_timeout  # noqa: E402
 from train_program import CHECKPOINT_EVERY, PHASES  # noqa: E402
 PROGRAM = HERE / "train_program.py"
@@ -372,6 +374,7 @@ def run(seed: int, launcher: str, fault: str, workdir: Path, target: Optional[in
     target = planned if target is None else target
     out = Outcome(seed, launcher, fault, target, step)
     marker = uuid.uuid4().hex
+    shm_before, started = shm_segments(), time.time()
     env = _env(marker, CHAOS_STEPS="400")
     if fault in ("raise", "close"):
         env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(target), CHAOS_STEP=str(step))
@@ -382,6 +385,7 @@ def run(seed: int, launcher: str, fault: str, workdir: Path, target: Optional[in
         out.seconds = exited_at - watch.fault_at[0]
     _judge(out)
     _check_left(out, lambda: processes_with(marker))
+    _check_shm(out, shm_before, started)
     procs.stop_warm_servers(f"{MARKER_VAR}={marker}")  # the run's own: its marker keys it
     return out
 
@@ -397,6 +401,7 @@ def run_phase(seed: int, launcher: str, fault: str, phase: str, workdir: Path,
     step = CHECKPOINT_EVERY * (1 + step % 4) - 1 if phase == "checkpoint" else -1
     out = Outcome(seed, launcher, fault, target, step, phase=phase)
     marker = uuid.uuid4().hex
+    shm_before, started = shm_segments(), time.time()
     workdir.mkdir(parents=True, exist_ok=True)
     env = _env(marker, CHAOS_STEPS="30", CHAOS_PHASE=phase, CHAOS_FAULT=fault,
                CHAOS_RANK=str(target), CHAOS_STEP=str(step), CHAOS_DIR=str(workdir),
@@ -407,6 +412,7 @@ def run_phase(seed: int, launcher: str, fault: str, phase: str, workdir: Path,
         out.seconds = exited_at - watch.fault_at[0]
     _judge(out)
     _check_left(out, lambda: processes_with(marker))
+    _check_shm(out, shm_before, started)
     procs.stop_warm_servers(f"{MARKER_VAR}={marker}")
     return out
 
@@ -436,6 +442,36 @@ def _judge(out: Outcome) -> None:
         problems.append(f"ChaosError not named: {out.failure_line!r}")
     elif out.fault == "stop" and "stopped responding" not in out.failure_line:
         problems.append(f"not named as stopped responding: {out.failure_line!r}")
+
+
+def shm_segments() -> Dict[str, float]:
+    """{name: modification time} of the runtime's segments in /dev/shm now (`shm_names`)."""
+    found = {}
+    directory = Path(shm_names.DIRECTORY)
+    if directory.is_dir():
+        for entry in directory.iterdir():
+            if entry.name.startswith(shm_names.PREFIX):
+                with contextlib.suppress(FileNotFoundError):  # unlinked meanwhile
+                    found[entry.name] = entry.stat().st_mtime
+    return found
+
+
+def _check_shm(out: Outcome, before: Dict[str, float], started: float) -> None:
+    """No segment the run made may stay in /dev/shm: one made since `started` that was not there
+    before must be gone 10 s after the job ended (its owner unlinks it once mapped, the launcher
+    removes it when its owner was killed first; another test's, made meanwhile, goes as soon)."""
+    deadline = time.monotonic() + 10.0
+    while True:
+        left = sorted(name for name, made in shm_segments().items()
+                      if name not in before and made >= started - 1.0)
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    if left:
+        out.problems.append(f"shared-memory segments left in {shm_names.DIRECTORY}: {left}")
+        for name in left:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(shm_names.DIRECTORY, name))
 
 
 def _check_left(out: Outcome, find: Callable[[], List[int]]) -> None:
@@ -522,6 +558,7 @@ def run_elastic(seed: int, fault: str, workdir: Path, target: Optional[int] = No
     second = planned_second if second is None else second
     out = Outcome(seed, "elastic", fault, target, step)
     marker = uuid.uuid4().hex
+    shm_before, started = shm_segments(), time.time()
     data = workdir / "data"
     data.mkdir(parents=True, exist_ok=True)
     discover = workdir / "discover.sh"
@@ -547,6 +584,7 @@ def run_elastic(seed: int, fault: str, workdir: Path, target: Optional[int] = No
     if fault == "resets":
         _judge_repeated_resets(out, watch, RESETS)
     _check_left(out, lambda: processes_with(marker))
+    _check_shm(out, shm_before, started)
     procs.stop_warm_servers(f"{MARKER_VAR}={marker}")
     return out
 
