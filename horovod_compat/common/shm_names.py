@@ -1,7 +1,9 @@
 """The runtime's shared-memory segments in ``/dev/shm``: their names, and the removal of those whose
 owner is gone.
 
-A segment is named ``horovod_compat-<owner pid>-<random>``. Its owner unlinks it once every rank
+A segment is named ``horovod_compat-<PID namespace>-<owner pid>-<random>`` (the owner's PID
+namespace, so that a process never takes the pid of another namespace's process, sharing the same
+``/dev/shm``, for its own: containers with a shared IPC namespace). Its owner unlinks it once every rank
 of its set has mapped it, or once the set failed meanwhile (`_shm.map_segment`); only an owner
 killed between creating it and that moment leaves it behind (a rank SIGKILLed inside
 ``hvd.init()``). Such a segment is removed by `remove_orphans`: after each job by the launcher on
@@ -20,18 +22,29 @@ from typing import List, Optional
 
 DIRECTORY = "/dev/shm"
 PREFIX = "horovod_compat-"
-_NAME = re.compile(re.escape(PREFIX) + r"(\d+)-[0-9a-f]{32}")
+_NAME = re.compile(re.escape(PREFIX) + r"(\d+)-(\d+)-[0-9a-f]{32}")
+
+
+def _pid_namespace() -> str:
+    """This process's PID namespace (the inode of /proc/self/ns/pid; "0" where unknown)."""
+    try:
+        return re.sub(r"\D", "", os.readlink("/proc/self/ns/pid")) or "0"
+    except OSError:
+        return "0"
 
 
 def new_segment_path() -> str:
     """A new segment's path, owned by this process."""
-    return os.path.join(DIRECTORY, f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
+    return os.path.join(DIRECTORY, f"{PREFIX}{_pid_namespace()}-{os.getpid()}-{uuid.uuid4().hex}")
 
 
 def owner(name: str) -> Optional[int]:
-    """The owner pid in a segment's file name; None for a name that is not a segment's."""
+    """The owner pid in a segment's file name when the owner is in this PID namespace; None for
+    another namespace's segment or a name that is not a segment's."""
     match = _NAME.fullmatch(name)
-    return int(match.group(1)) if match else None
+    if match is None or match.group(1) != _pid_namespace():
+        return None
+    return int(match.group(2))
 
 
 def _alive(pid: int) -> bool:
