@@ -374,13 +374,20 @@ def run(seed: int, launcher: str, fault: str, workdir: Path, target: Optional[in
     target = planned if target is None else target
     out = Outcome(seed, launcher, fault, target, step)
     marker = uuid.uuid4().hex
-    shm_before, started = shm_segments(), time.time()
     env = _env(marker, CHAOS_STEPS="400")
     if fault in ("raise", "close"):
         env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(target), CHAOS_STEP=str(step))
+    return _run_fixed(out, env, marker, workdir, delay)
+
+
+def _run_fixed(out: Outcome, env: Dict[str, str], marker: str, workdir: Path,
+               delay: float) -> Outcome:
+    """Run a fixed-size job of `out`'s launcher (`env` carries its `marker`), judge its end and
+    check that it left nothing behind."""
+    shm_before, started = shm_segments(), time.time()
     workdir.mkdir(parents=True, exist_ok=True)
     watch = _FixedFaults(out, delay)
-    exited_at = _run_process(_argv(launcher, workdir), env, workdir, out, watch)
+    exited_at = _run_process(_argv(out.launcher, workdir), env, workdir, out, watch)
     if watch.fault_at:
         out.seconds = exited_at - watch.fault_at[0]
     _judge(out)
@@ -401,20 +408,10 @@ def run_phase(seed: int, launcher: str, fault: str, phase: str, workdir: Path,
     step = CHECKPOINT_EVERY * (1 + step % 4) - 1 if phase == "checkpoint" else -1
     out = Outcome(seed, launcher, fault, target, step, phase=phase)
     marker = uuid.uuid4().hex
-    shm_before, started = shm_segments(), time.time()
-    workdir.mkdir(parents=True, exist_ok=True)
     env = _env(marker, CHAOS_STEPS="30", CHAOS_PHASE=phase, CHAOS_FAULT=fault,
                CHAOS_RANK=str(target), CHAOS_STEP=str(step), CHAOS_DIR=str(workdir),
                **(SHM_OFF if launcher == "tcp" else {}))
-    watch = _FixedFaults(out, 0.0)
-    exited_at = _run_process(_argv(launcher, workdir), env, workdir, out, watch)
-    if watch.fault_at:
-        out.seconds = exited_at - watch.fault_at[0]
-    _judge(out)
-    _check_left(out, lambda: processes_with(marker))
-    _check_shm(out, shm_before, started)
-    procs.stop_warm_servers(f"{MARKER_VAR}={marker}")
-    return out
+    return _run_fixed(out, env, marker, workdir, 0.0)
 
 
 def _judge(out: Outcome) -> None:
