@@ -452,8 +452,8 @@ class Job:
         first_line = str(placement_failure).splitlines()[0] if str(placement_failure) else \
             type(placement_failure).__name__
         return self._rank_failed(root, f"was lost: its connection to the driver ended with no "
-                                       f"result and no exit status, and {first_line}",
-                                 outcome="exit status unknown")
+                                       f"result and no exit status (the placement failed: "
+                                       f"{first_line})", outcome="exit status unknown")
 
     def _release_finished(self, states: List[WorkerRecord], now: float) -> Optional[float]:
         """Once every rank has finished, tell those held (`PayloadFlag.HOLD`) to exit; return
@@ -622,6 +622,13 @@ class Job:
                 reason = self._unresponsive(root, waiting,
                                             any(verdicts[r].frozen for r in waiting), lost)
                 outcome = "exit status unknown" if lost else None
+            elif not blamed and self._lost(list(self._states.values())):
+                # knock-ons that name no peer (a plain torch.distributed program's transport
+                # errors), and a rank that vanished without a word: it took them down
+                root = min(self._lost(list(self._states.values())),
+                           key=lambda s: s.disconnect_time or math.inf)
+                reason = self._unresponsive(root, sorted(s.rank for s in failed), False, True)
+                outcome = "exit status unknown"
             else:
                 named = {peer for _, peer, _ in blamed}
                 root = min(failed, key=lambda s: (s.rank not in named, self._when(s)))
