@@ -171,6 +171,18 @@ def stop_session(spark) -> None:
         SparkContext._jvm = None
 
 
+def executor_jvm_of(pid: int) -> int:
+    """The executor JVM (CoarseGrainedExecutorBackend) that process `pid` runs under (called in
+    a rank, which SIGKILLs it to lose its executor)."""
+    while pid > 1:
+        with open(f"/proc/{pid}/stat") as stat:
+            pid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            if b"CoarseGrainedExecutorBackend" in cmdline.read():
+                return pid
+    raise RuntimeError("not under a Spark executor")
+
+
 def descendants(pid: int) -> List[int]:
     """Every live descendant of `pid` (from /proc)."""
     children: Dict[int, List[int]] = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
-from spark_clusters import LOCAL_CLUSTER, no_active_jobs, shared_session  # noqa: E402
+from spark_clusters import LOCAL_CLUSTER, executor_jvm_of, no_active_jobs, shared_session  # noqa: E402
 
 import horovod.spark  # noqa: E402
 from distributor import LaunchValidationError, RankFailedError  # noqa: E402
@@ -156,22 +156,12 @@ def test_run_elastic_has_horovods_signature_and_checks_its_arguments_before_any_
     assert _jobs_submitted(spark) == before, "a bad argument must fail before any Spark job"
 
 
-def _executor_jvm_of(pid):
-    """The executor JVM (CoarseGrainedExecutorBackend) that `pid` runs under."""
-    while pid > 1:
-        with open(f"/proc/{pid}/stat") as stat:
-            pid = int(stat.read().rsplit(")", 1)[1].split()[1])
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            if b"CoarseGrainedExecutorBackend" in cmdline.read():
-                return pid
-    raise RuntimeError("not under a Spark executor")
-
-
-def elastic_train(marker, steps, lose_executor=False):
+def elastic_train(marker, steps, executor_of=None):
     """(w - 1)^2 on every worker, so the averaged gradient does not depend on the world size: after
     S committed steps from w = 0 with lr 0.1, w = 1 - 0.8**S exactly when each step counted once.
-    The first worker to reach step 5 as rank 1 SIGKILLs itself once (`marker` records it), or with
-    `lose_executor` its executor's JVM; the loop goes on past `steps` until the replacement is
+    The first worker to reach step 5 as rank 1 SIGKILLs itself once (`marker` records it), or
+    with `executor_of` (spark_clusters.executor_jvm_of, passed as an argument so that it travels
+    by value) its executor's JVM; the loop goes on past `steps` until the replacement is
     back in the world (size 2), for at most 150 s (then the test's size check fails instead of
     the job running until the test's timeout)."""
     import os
@@ -199,7 +189,7 @@ def elastic_train(marker, steps, lose_executor=False):
         while state.step < steps or (hvd.size() < 2 and time.monotonic() < give_up):
             if state.step == 5 and hvd.rank() == 1 and not os.path.exists(marker):
                 open(marker, "w").close()
-                os.kill(_executor_jvm_of(os.getpid()) if lose_executor else os.getpid(),
+                os.kill(executor_of(os.getpid()) if executor_of else os.getpid(),
                         signal.SIGKILL)
                 time.sleep(60)  # dies with its executor
             opt.zero_grad()
@@ -248,7 +238,7 @@ def test_run_elastic_survives_a_lost_executor(spark, tmp_path):
     # module's fixture); the standalone worker of the local-cluster starts a new one.
     out = io.StringIO()
     marker = str(tmp_path / "killed")
-    results = horovod.spark.run_elastic(elastic_train, args=(marker, 30, True), num_proc=2,
+    results = horovod.spark.run_elastic(elastic_train, args=(marker, 30, executor_jvm_of), num_proc=2,
                                         min_num_proc=1, stdout=out, stderr=out)
     assert [r["rank"] for r in results] == [0, 1] and {r["size"] for r in results} == {2}
     for r in results:
@@ -258,7 +248,7 @@ def test_run_elastic_survives_a_lost_executor(spark, tmp_path):
     assert "[2]<stdout>:joined as rank 1 of 2" in text, text  # in partition 1's next attempt
 
 
-def lose_executor_at_step_5(marker):
+def lose_executor_at_step_5(marker, executor_of):
     """Rank 1 SIGKILLs its executor's JVM at step 5 (noting the time in `marker`); every rank
     runs collectives until then and after."""
     import os
@@ -275,7 +265,7 @@ def lose_executor_at_step_5(marker):
         if step == 5 and hvd.rank() == 1:
             with open(marker, "w") as f:
                 f.write(str(time.time()))
-            os.kill(_executor_jvm_of(os.getpid()), signal.SIGKILL)
+            os.kill(executor_of(os.getpid()), signal.SIGKILL)
             time.sleep(60)  # dies with its executor
         time.sleep(0.02)
     return hvd.rank()
@@ -291,7 +281,7 @@ def test_a_lost_executor_ends_a_fixed_size_job_naming_its_rank(spark, tmp_path):
     lost = str(tmp_path / "lost")
     marker = f"HOROVOD_TEST_MARKER_{uuid.uuid4().hex}"
     with pytest.raises(RankFailedError) as info:
-        horovod.spark.run(lose_executor_at_step_5, args=(lost,), num_proc=2,
+        horovod.spark.run(lose_executor_at_step_5, args=(lost, executor_jvm_of), num_proc=2,
                           env={"HOROVOD_TEST_MARKER": marker}, stdout=io.StringIO(),
                           stderr=io.StringIO())
     ended = time.time()
