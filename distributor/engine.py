@@ -622,13 +622,6 @@ class Job:
                 reason = self._unresponsive(root, waiting,
                                             any(verdicts[r].frozen for r in waiting), lost)
                 outcome = "exit status unknown" if lost else None
-            elif not blamed and self._lost(list(self._states.values())):
-                # knock-ons that name no peer (a plain torch.distributed program's transport
-                # errors), and a rank that vanished without a word: it took them down
-                root = min(self._lost(list(self._states.values())),
-                           key=lambda s: s.disconnect_time or math.inf)
-                reason = self._unresponsive(root, sorted(s.rank for s in failed), False, True)
-                outcome = "exit status unknown"
             else:
                 named = {peer for _, peer, _ in blamed}
                 root = min(failed, key=lambda s: (s.rank not in named, self._when(s)))

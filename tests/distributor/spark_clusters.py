@@ -183,6 +183,28 @@ def executor_jvm_of(pid: int) -> int:
     raise RuntimeError("not under a Spark executor")
 
 
+def lose_the_executor_at_step_5(lost: str) -> int:
+    """A Horovod rank program for the lost-executor tests: an allreduce every 20 ms; at step 5
+    rank 1 SIGKILLs its executor's JVM (noting the time in the file `lost`) and dies with it."""
+    import signal
+    import time
+
+    import torch
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    for step in range(400):
+        hvd.allreduce(torch.ones(1), name="step")
+        if step == 5 and hvd.rank() == 1:
+            with open(lost, "w") as f:
+                f.write(str(time.time()))
+            os.kill(executor_jvm_of(os.getpid()), signal.SIGKILL)
+            time.sleep(60)  # dies with its executor
+        time.sleep(0.02)
+    return hvd.rank()
+
+
 def descendants(pid: int) -> List[int]:
     """Every live descendant of `pid` (from /proc)."""
     children: Dict[int, List[int]] = {}

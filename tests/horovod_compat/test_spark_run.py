@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
-from spark_clusters import LOCAL_CLUSTER, executor_jvm_of, no_active_jobs, shared_session  # noqa: E402
+from spark_clusters import (  # noqa: E402
+    LOCAL_CLUSTER, executor_jvm_of, lose_the_executor_at_step_5, no_active_jobs, shared_session,
+)
 
 import horovod.spark  # noqa: E402
 from distributor import LaunchValidationError, RankFailedError  # noqa: E402
@@ -248,29 +250,6 @@ def test_run_elastic_survives_a_lost_executor(spark, tmp_path):
     assert "[2]<stdout>:joined as rank 1 of 2" in text, text  # in partition 1's next attempt
 
 
-def lose_executor_at_step_5(marker, executor_of):
-    """Rank 1 SIGKILLs its executor's JVM at step 5 (noting the time in `marker`); every rank
-    runs collectives until then and after."""
-    import os
-    import signal
-    import time
-
-    import torch
-
-    import horovod.torch as hvd
-
-    hvd.init()
-    for step in range(400):
-        hvd.allreduce(torch.ones(1), name="step")
-        if step == 5 and hvd.rank() == 1:
-            with open(marker, "w") as f:
-                f.write(str(time.time()))
-            os.kill(executor_of(os.getpid()), signal.SIGKILL)
-            time.sleep(60)  # dies with its executor
-        time.sleep(0.02)
-    return hvd.rank()
-
-
 @pytest.mark.skipif(CI, reason=(
     "kills one of the shared local-cluster's executor JVMs: the module's next Spark job waits "
     "~60 s for the standalone worker's new one; CI covers a lost Python worker (tests/chaos)"))
@@ -281,7 +260,7 @@ def test_a_lost_executor_ends_a_fixed_size_job_naming_its_rank(spark, tmp_path):
     lost = str(tmp_path / "lost")
     marker = f"HOROVOD_TEST_MARKER_{uuid.uuid4().hex}"
     with pytest.raises(RankFailedError) as info:
-        horovod.spark.run(lose_executor_at_step_5, args=(lost, executor_jvm_of), num_proc=2,
+        horovod.spark.run(lose_the_executor_at_step_5, args=(lost,), num_proc=2,
                           env={"HOROVOD_TEST_MARKER": marker}, stdout=io.StringIO(),
                           stderr=io.StringIO())
     ended = time.time()
