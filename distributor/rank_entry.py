@@ -28,7 +28,7 @@ import types
 import zipfile
 from typing import Any, Callable, Optional, Sequence
 
-from . import failure_report, netif, protocol, worker
+from . import failure_report, netif, procfs, protocol, worker
 from .payload import dumps_value, loads_target
 from .protocol import Channel, Kind, PayloadFlag, split_payload
 from .rank_env import (
@@ -145,15 +145,9 @@ _command: Optional[subprocess.Popen] = None
 
 
 def _command_stopped() -> bool:
-    """Whether this rank's command is stopped (state T or t: SIGSTOP, a debugger)."""
+    """Whether this rank's command is stopped (SIGSTOP, a debugger)."""
     child = _command
-    if child is None or child.returncode is not None:
-        return False
-    try:
-        with open(f"/proc/{child.pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
-    except (OSError, IndexError):
-        return False
+    return child is not None and child.returncode is None and procfs.stopped(child.pid)
 
 
 def _run_command(argv: list, on_report: Optional[Callable[[dict], None]] = None) -> None:

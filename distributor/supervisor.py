@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
+from . import procfs
+
 log = logging.getLogger(__name__)
 
 #: Maps (stream, line) of a multi-rank process to (rank or None for the launcher, stream, text).
@@ -191,10 +193,10 @@ def _kill_sessions(sids: Set[int]) -> None:
     for entry in entries:
         if not entry.isdigit():
             continue
+        fields = procfs.stat_fields(int(entry))
         try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                session = int(stat.read().rsplit(b")", 1)[1].split()[3])
-        except (OSError, IndexError, ValueError):
+            session = int(fields[3]) if fields else None
+        except (IndexError, ValueError):
             continue
         if session in sids:
             try:

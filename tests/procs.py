@@ -11,6 +11,8 @@ import signal
 import time
 from typing import Dict, List
 
+from distributor import procfs
+
 
 def alive(pid: int) -> bool:
     """Whether process `pid` exists and is not a zombie."""
@@ -52,11 +54,8 @@ def cmdline(pid: int) -> str:
 
 def parent(pid: int) -> int:
     """The parent of process `pid` (0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
+    fields = procfs.stat_fields(pid)
+    return int(fields[1]) if fields and len(fields) > 1 else 0
 
 
 def commands(pids: List[int]) -> Dict[int, str]:

@@ -44,6 +44,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 import torch
 import torch.distributed as dist
 
+from distributor import procfs
+
 from . import liveness, ops, shm_names
 from .exceptions import HorovodInternalError, peer_failure
 
@@ -317,13 +319,9 @@ def header_bytes(n: int) -> int:
 
 def _alive(pid: int) -> bool:
     """False once ``pid`` exited (a zombie not yet reaped by its launcher counts as exited)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
-    except (OSError, IndexError):
-        pass
+    state = procfs.state(pid)
+    if state is not None:
+        return state not in ("Z", "X")
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -34,10 +34,12 @@ import threading
 import time
 from typing import Any, Callable, Iterable, List, Mapping, Optional
 
+from distributor import procfs
+
 from .exceptions import HorovodInternalError, peer_failure
 
 __all__ = ["INTERVAL", "STOPPED_SECONDS", "DEFAULT_FROZEN_SECONDS", "frozen_seconds", "ShmBeats",
-           "Watch", "register", "unregister", "proc_state", "same_kind"]
+           "Watch", "register", "unregister", "same_kind"]
 
 #: Seconds between two beats of a process.
 INTERVAL = 0.5
@@ -202,15 +204,6 @@ def unmap(mm: mmap.mmap, *views: memoryview) -> None:
         pass
 
 
-def proc_state(pid: int) -> Optional[str]:
-    """The state letter of process ``pid`` on this host (``/proc/PID/stat``), None if unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError, UnicodeDecodeError):
-        return None
-
-
 def same_kind(exc: Optional[BaseException], message: str) -> HorovodInternalError:
     """A new ``HorovodInternalError`` with ``message`` that keeps what ``exc`` said about a failed
     peer (``knock_on``, ``peer``, ``frozen``): for the later ops of a transport ``exc`` broke."""
@@ -270,7 +263,7 @@ class Watch:
                     continue
                 quiet = now - self.since[j]
                 if self.pids is not None and (quiet >= 1.0 or self.beats is None):
-                    if proc_state(self.pids[j]) in ("T", "t"):
+                    if procfs.stopped(self.pids[j]):
                         first = self.stopped[j] = self.stopped[j] or now
                         if now - first >= min(STOPPED_SECONDS, self.after):
                             raise self._stopped(j, now - self.since[j], what)
