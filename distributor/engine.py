@@ -384,9 +384,7 @@ class Job:
             except queue.Empty:
                 pass
             now = time.monotonic()
-            if self._watched_at is not None and now - self._watched_at > WATCH_GAP_SECONDS:
-                self._heard_from_all(now)  # the driver itself was not scheduled: no one is silent
-            self._watched_at = now
+            self._watch_turn(now)
             with self._lock:
                 states = list(self._states.values())
             if self._all_ended(states, now):
@@ -501,12 +499,15 @@ class Job:
             )
         return None
 
-    def _heard_from_all(self, now: float) -> None:
-        """Count every rank as heard from now (the heartbeats that came while the driver was not
-        scheduled are read only now)."""
-        with self._lock:
-            for s in self._states.values():
-                s.last_seen = max(s.last_seen, now)
+    def _watch_turn(self, now: float) -> None:
+        """A turn of the watch loop at `now`. After a pause of the driver itself (it was not
+        scheduled), every rank counts as heard from: the heartbeats that came meanwhile are read
+        only now."""
+        if self._watched_at is not None and now - self._watched_at > WATCH_GAP_SECONDS:
+            with self._lock:
+                for s in self._states.values():
+                    s.last_seen = max(s.last_seen, now)
+        self._watched_at = now
 
     @classmethod
     def _all_ended(cls, states: List[WorkerRecord], now: float) -> bool:

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
-from ..engine import WATCH_GAP_SECONDS, Job, WorkerRecord
+from ..engine import Job, WorkerRecord
 from ..errors import (
     DistributedRunError,
     ElasticJobFailedError,
@@ -181,9 +181,7 @@ class ElasticJob(Job):
             except queue.Empty:
                 pass
             now = time.monotonic()
-            if self._watched_at is not None and now - self._watched_at > WATCH_GAP_SECONDS:
-                self._heard_from_all(now)  # the driver itself was not scheduled: no one is silent
-            self._watched_at = now
+            self._watch_turn(now)
             if self._fatal is None and self.placement.failure() is not None:
                 self._fail(self.placement.failure())
             if self._fatal is None:
