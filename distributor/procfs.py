@@ -2,6 +2,7 @@
 the runtimes above it (a stopped rank, a zombie, a process's session)."""
 from __future__ import annotations
 
+import os
 from typing import List, Optional
 
 
@@ -26,3 +27,18 @@ def state(pid: int) -> Optional[str]:
 def stopped(pid: int) -> bool:
     """Whether process `pid` is stopped (SIGSTOP) or stopped by a debugger."""
     return state(pid) in ("T", "t")
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited (a zombie not yet reaped counts as exited);
+    where ``/proc`` cannot say, whether a signal can find it (another user's process is alive)."""
+    current = state(pid)
+    if current is not None:
+        return current not in ("Z", "X")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True

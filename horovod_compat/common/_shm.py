@@ -171,7 +171,7 @@ class PeerWatch:
                 next_check = now + 0.025
                 for j, pid in enumerate(self.pids):
                     # a peer may post what we wait for and then exit: look once more after its exit
-                    if j != self.me and not _alive(pid) and not ready():
+                    if j != self.me and not procfs.alive(pid) and not ready():
                         raise peer_failure(
                             f"rank {j} of this process set (pid {pid}) exited while rank "
                             f"{self.me} waited for {what}", peer=self._peer(j))
@@ -315,20 +315,6 @@ class SharedMemoryAllreduce:
 
 def header_bytes(n: int) -> int:
     return (n * _LINE + 4095) // 4096 * 4096
-
-
-def _alive(pid: int) -> bool:
-    """False once ``pid`` exited (a zombie not yet reaped by its launcher counts as exited)."""
-    state = procfs.state(pid)
-    if state is not None:
-        return state not in ("Z", "X")
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 class _Done:

@@ -20,6 +20,8 @@ import re
 import uuid
 from typing import List, Optional
 
+from distributor import procfs
+
 DIRECTORY = "/dev/shm"
 PREFIX = "horovod_compat-"
 _NAME = re.compile(re.escape(PREFIX) + r"(\d+)-(\d+)-[0-9a-f]{32}")
@@ -47,16 +49,6 @@ def owner(name: str) -> Optional[int]:
     return int(match.group(2))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def remove_orphans(directory: str = DIRECTORY) -> List[str]:
     """Unlink this user's segments in `directory` whose owner process no longer exists; return
     their names. A pid reused by a live process keeps its segment (removed once that one ends)."""
@@ -67,7 +59,7 @@ def remove_orphans(directory: str = DIRECTORY) -> List[str]:
     removed = []
     for name in names:
         pid = owner(name)
-        if pid is None or _alive(pid):
+        if pid is None or procfs.alive(pid):
             continue
         path = os.path.join(directory, name)
         try:
