@@ -16,11 +16,7 @@ from distributor import procfs
 
 def alive(pid: int) -> bool:
     """Whether process `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
+    return procfs.state(pid) not in (None, "Z", "X")
 
 
 def _with(needle: str, warm_servers: bool) -> List[int]:

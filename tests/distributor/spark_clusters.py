@@ -36,6 +36,7 @@ from typing import Dict, Iterator, List, Optional
 
 import pyspark
 
+from distributor import procfs
 from distributor.rank_env import free_port
 
 PYSPARK_DIR = Path(pyspark.__file__).parent
@@ -227,11 +228,8 @@ def descendants(pid: int) -> List[int]:
 
 
 def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    """Whether process `pid` exists and is not a zombie."""
+    return procfs.state(pid) not in (None, "Z", "X")
 
 
 def kill_tree(pids: List[int], timeout: float = 15.0) -> None:
