@@ -58,6 +58,8 @@ from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Seque
 import torch
 import torch.distributed as dist
 
+from distributor import procfs
+
 from . import _exchange, _hierarchical, _mesh, _shm, hooks, liveness, mismatch
 from .exceptions import HorovodInternalError, peer_failure
 
@@ -418,7 +420,7 @@ class SetState:
         j = gone() if callable(gone) else None
         if j is None and self.pids:
             j = next((i for i, pid in enumerate(self.pids)
-                      if i != self.me and not _shm._alive(pid)), None)
+                      if i != self.me and not procfs.alive(pid)), None)
         return None if j is None else self.ranks[j]
 
     def _peer_loss(self, exc: HorovodInternalError) -> HorovodInternalError:
