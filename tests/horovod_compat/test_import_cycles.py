@@ -138,3 +138,106 @@ def test_the_runtime_and_the_bindings_import_only_downward(package: str) -> None
             if any(mod == f or mod.startswith(f + ".") for f in forbidden):
                 bad.append(f"{name} imports {mod}")
     assert bad == [], "\n".join(bad)
+
+
+def _defined(path: str, mods: Dict[str, str], name: str) -> Set[str] | None:
+    """The names module ``name`` (at ``path``) binds at its top level -- functions, classes,
+    assignments and imports, inside top-level ``if``/``try``/``with`` blocks too -- plus its
+    submodules if it is a package; None when it can bind names this reading cannot see (a module
+    ``__getattr__``, a star import, writes to ``globals()``)."""
+    tree = ast.parse(open(path).read(), path)
+    out: Set[str] = {m.rsplit(".", 1)[1] for m in mods if m.rsplit(".", 1)[0] == name and "." in m}
+    out |= {"__file__", "__name__", "__doc__", "__spec__", "__path__", "__dict__", "__loader__"}
+    pending: List[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == "__getattr__":
+                return None
+            out.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                if a.name == "*":
+                    return None
+                out.add(a.asname or a.name.split(".")[0])
+        else:
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    out.add(sub.id)
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                pending.extend(s for s in getattr(node, field, []) if isinstance(s, ast.stmt))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            out.update(node.names)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "globals":
+            return None
+    return out
+
+
+def _module_aliases(name: str, path: str, tree: ast.AST, mods: Dict[str, str]) -> Dict[str, str]:
+    """Local name -> package-internal module, for each ``from P import m`` and ``import P.m as x``
+    in the module at ``path`` (module level or inside functions)."""
+    is_pkg = path.endswith("__init__.py")
+    here = name.split(".") if is_pkg else name.split(".")[:-1]
+    out: Dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for a in node.names:
+                if f"{base}.{a.name}" in mods:
+                    out[a.asname or a.name] = f"{base}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and a.name in mods:
+                    out[a.asname] = a.name
+    return out
+
+
+def _missing_attributes(packages: List[str]) -> List[str]:
+    """``m.attr`` reads, in the packages' sources, of a package-internal module ``m`` that binds no
+    ``attr`` (and that no module of the packages assigns as ``m.attr = ...``)."""
+    mods: Dict[str, str] = {}
+    for package in packages:
+        mods.update(_modules(package))
+    trees = {m: ast.parse(open(p).read(), p) for m, p in mods.items()}
+    aliases = {m: _module_aliases(m, mods[m], trees[m], mods) for m in mods}
+    defined = {m: _defined(p, mods, m) for m, p in mods.items()}
+    for m, tree in trees.items():  # attributes set from outside: `_shm.x = ...`
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                    and isinstance(node.value, ast.Name) and node.value.id in aliases[m]
+                    and defined[aliases[m][node.value.id]] is not None):
+                defined[aliases[m][node.value.id]].add(node.attr)
+    bad = []
+    for m, tree in sorted(trees.items()):
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+                    and isinstance(node.value, ast.Name) and node.value.id in aliases[m]):
+                target = aliases[m][node.value.id]
+                names = defined[target]
+                if names is not None and node.attr not in names:
+                    bad.append(f"{mods[m]}:{node.lineno}: {node.value.id}.{node.attr} "
+                               f"({target} binds no {node.attr!r})")
+    return bad
+
+
+def test_every_attribute_read_off_an_internal_module_exists() -> None:
+    """A name removed from a module and still read as ``module.name`` elsewhere fails only when
+    that line runs -- often an error path (as ``negotiation`` calling ``_shm._alive`` after it
+    moved to ``procfs.alive``).  Checked here for every such read, whatever runs it."""
+    bad = _missing_attributes(["horovod_compat", "distributor", "horovod", "sparkdl"])
+    assert bad == [], "\n".join(bad)
+
+
+def test_the_attribute_checker_sees_a_missing_name(tmp_path, monkeypatch) -> None:
+    pkg = tmp_path / "att"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("X = 1\nif X:\n    Y = 2\ndef f():\n    pass\n")
+    (pkg / "b.py").write_text("from . import a\n\ndef g():\n    return a.f(), a.X, a.Y, a.gone\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
+    bad = _missing_attributes(["att"])
+    assert len(bad) == 1 and bad[0].endswith("b.py:4: a.gone (att.a binds no 'gone')"), bad
