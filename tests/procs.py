@@ -9,14 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Dict, List
+from typing import Dict, Iterable, List, Set, Tuple
 
 from distributor import procfs
 
 
-def alive(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie."""
-    return procfs.state(pid) not in (None, "Z", "X")
+alive = procfs.alive  # whether a process exists and is not a zombie
 
 
 def _with(needle: str, warm_servers: bool) -> List[int]:
@@ -114,3 +112,33 @@ def _terminate(pids: List[int]) -> None:
     deadline = time.monotonic() + 10
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def listening(pids: Iterable[int]) -> Set[Tuple[int, int]]:
+    """(pid, port) of each TCP socket (IPv4 or IPv6) in the LISTEN state that one of `pids` holds
+    open, from ``/proc/net/tcp*`` (this network namespace) and ``/proc/PID/fd``."""
+    ports: Dict[str, int] = {}  # socket inode -> local port
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as handle:
+                rows = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A":  # TCP_LISTEN
+                ports[fields[9]] = int(fields[1].rsplit(":", 1)[1], 16)
+    found = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in ports:
+                found.add((pid, ports[target[8:-1]]))
+    return found

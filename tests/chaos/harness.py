@@ -72,7 +72,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # tests/, for `procs` when run as a script
@@ -723,6 +723,32 @@ def spark_ranks(jvm: int) -> List[int]:
     return sorted(set(found))
 
 
+def _spark_python_side(spark: Any) -> List[int]:
+    """This process (the driver of ``horovod.spark.run``) and the Python workers under the Spark
+    JVM, which stay between jobs by design (not PySpark's daemon, the JVM's child that forks
+    them: it listens for the JVM, from its start)."""
+    _importable(HERE.parent / "distributor")  # spark_clusters, the Spark tests' helpers
+    from spark_clusters import descendants  # noqa: PLC0415
+
+    return [os.getpid()] + [pid for pid in descendants(spark.chaos_jvm)
+                            if "python" in procs.cmdline(pid).split(" ", 1)[0]
+                            and procs.parent(pid) != spark.chaos_jvm]
+
+
+def _check_listening(out: Outcome, find: Callable[[], Set[Tuple[int, int]]]) -> None:
+    """No process that stays after the job (the driver, Spark's Python workers) may still listen
+    on a port it opened for the job 10 s after the job ended: a socket of the job's control plane
+    left open there would outlive every job after it (the workers are reused)."""
+    deadline = time.monotonic() + 10.0
+    left = find()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = find()
+    if left:
+        out.problems.append("ports still listening after the job: " + ", ".join(
+            f"{port} (pid {pid}: {procs.cmdline(pid)[:80]})" for pid, port in sorted(left)))
+
+
 class _LineWriter:
     """A text stream (``horovod.spark.run``'s stdout/stderr) that hands on whole lines."""
 
@@ -759,6 +785,7 @@ def run_spark(seed: int, fault: str, spark: Any, target: Optional[int] = None) -
     if fault in ("raise", "close"):
         env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(target), CHAOS_STEP=str(step))
     watch = _FixedFaults(out, delay)
+    listening_before = procs.listening(_spark_python_side(spark))
 
     def on_line(line: str) -> None:
         out.output.append(line)
@@ -797,6 +824,7 @@ def run_spark(seed: int, fault: str, spark: Any, target: Optional[int] = None) -
     _judge(out)
     pids = list(watch.pids.values())
     _check_left(out, lambda: sorted({p for p in pids if procs.alive(p)} | set(spark_ranks(spark.chaos_jvm))))
+    _check_listening(out, lambda: procs.listening(_spark_python_side(spark)) - listening_before)
     # run() returns once the job's action has ended; the status tracker hears of that end from
     # Spark's listener bus, later (no_active_jobs): 10 s, as for processes above
     if not no_active_jobs(spark, timeout=10.0):

@@ -210,14 +210,8 @@ def descendants(pid: int) -> List[int]:
     """Every live descendant of `pid` (from /proc)."""
     children: Dict[int, List[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
+        fields = procfs.stat_fields(int(entry)) if entry.isdigit() else None
+        if fields and fields[0] != b"Z":
             children.setdefault(int(fields[1]), []).append(int(entry))
     found, todo = [], [pid]
     while todo:
@@ -227,9 +221,7 @@ def descendants(pid: int) -> List[int]:
     return found
 
 
-def alive(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie."""
-    return procfs.state(pid) not in (None, "Z", "X")
+alive = procfs.alive
 
 
 def kill_tree(pids: List[int], timeout: float = 15.0) -> None:
