@@ -46,7 +46,6 @@ HEARTBEAT_INTERVAL = 1.0
 _PR_SET_PDEATHSIG = 1
 
 
-
 def die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when its parent dies; exit now if it already has."""
     try:

@@ -30,7 +30,6 @@ from ..supervisor import Supervisor
 from .spark_plan import GPU_RESOURCE, NOT_STARTED, TASK_ERROR_MARKER, TaskSlot, plan_ranks
 
 
-
 class _HubForwarder:
     """A `RankEventSink` that sends the supervisor's events to the driver hub."""
 

@@ -651,10 +651,6 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] 
                              process_set, "grouped_allreduce").wait()
 
 
-
-
-
-
 # ----------------------------------------------------------------------------- Adasum
 
 def _adasum_launch(plan: _AllreducePlan, agr: Agreement) -> List[Any]:
@@ -826,16 +822,10 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     return new_handle(submit_allgather([tensor], name, process_set, "allgather"))
 
 
-
-
-
-
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set) -> int:
     """Start allgathering a list of tensors as one op; returns a handle."""
     return new_handle(submit_allgather(list(tensors), name, process_set, "grouped_allgather"))
-
-
 
 
 # ----------------------------------------------------------------------------- broadcast
@@ -895,10 +885,6 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Overwrite ``tensor`` with global rank ``root_rank``'s value and return it."""
     return submit_broadcast(tensor, root_rank, name, process_set, True).wait()
-
-
-
-
 
 
 # ----------------------------------------------------------------------------- alltoall
@@ -985,10 +971,6 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     return new_handle(submit_alltoall(tensor, splits, name, process_set, with_recv=True))
 
 
-
-
-
-
 # ----------------------------------------------------------------------------- reducescatter
 
 class _ReducescatterPlan(Plan):
@@ -1056,22 +1038,12 @@ def submit_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str], o
     return _neg.submit(st, plan)
 
 
-
-
-
-
-
-
-
-
 def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: int = Average,
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
     """Start a reducescatter; returns a handle."""
     return new_handle(submit_reducescatter([tensor], name, op, prescale_factor, postscale_factor,
                                              process_set, "reducescatter"))
-
-
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
@@ -1081,14 +1053,6 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
     return new_handle(submit_reducescatter(list(tensors), name, op, prescale_factor,
                                              postscale_factor, process_set,
                                              "grouped_reducescatter"))
-
-
-
-
-
-
-
-
 
 
 # ----------------------------------------------------------------------------- barrier / join

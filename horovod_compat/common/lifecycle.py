@@ -60,7 +60,6 @@ __all__ = [
 ]
 
 
-
 # Process-wide, outliving every init generation: the rendezvous store (re-init reuses it with a
 # fresh key prefix) and the generation counter.  Everything an init creates lives in its
 # ``runtime.Runtime``.

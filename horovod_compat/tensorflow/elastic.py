@@ -58,7 +58,6 @@ def internal_error(exc: tf.errors.UnknownError) -> Optional[HorovodInternalError
     return peer_failure(message, cause.peer, cause.frozen)
 
 
-
 class TensorFlowState(ObjectState):
     """``variables`` (default: ``tf.compat.v1.global_variables()`` in a TF1 graph) plus keyword
     attributes, saved on ``commit()`` and synced from rank 0."""

@@ -60,4 +60,3 @@ def explicit_groups(groups: Any, params: List[torch.Tensor], index: Dict[int, in
     return out
 
 
-

@@ -200,7 +200,6 @@ def test_pytorch_synthetic_benchmark_elastic_rewritten_reports_like_the_unchange
     assert got == want
 
 
-
 def test_pytorch_mnist_elastic_rewritten_resumes_from_its_last_commit(tmp_path, elastic_mnist_native):
     """torchrun recovers by restarting every worker, so the rewritten state must resume from rank
     0's last commit when the script starts again.  A second start of the same job (--epochs 2,

@@ -213,7 +213,6 @@ def _check_tensorflow2_keras_mnist(out: str, tmp_path: Path, epochs: int = 24) -
         assert len(saved) == 24, saved
 
 
-
 @BOTH_KERAS
 @pytest.mark.timeout(600)
 def test_tensorflow2_keras_mnist_under_horovodrun(tmp_path, small_env, keras):

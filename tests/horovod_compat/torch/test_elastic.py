@@ -8,7 +8,6 @@ import pytest
 from warm import run_function_warm
 
 
-
 def _elastic_report():
     import torch
     import torch.nn.functional as F

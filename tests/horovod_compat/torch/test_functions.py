@@ -7,7 +7,6 @@ import pytest
 from warm import run_function_warm
 
 
-
 def _init():
     """hvd.init() when the core exposes it; torch.distributed's default group otherwise."""
     import horovod_compat.torch as hvd

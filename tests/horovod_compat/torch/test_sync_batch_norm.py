@@ -7,7 +7,6 @@ import pytest
 from warm import run_function_warm
 
 
-
 def _init():
     import horovod_compat.torch as hvd
     if hasattr(hvd, "init"):
