@@ -241,6 +241,7 @@ class Job:
         self._watched_at: Optional[float] = None  # the last turn of `_watch`'s loop
         self._launcher_tail: Deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self._spawns = SpawnRouter()
+        self._task_ranks: Dict[int, List[int]] = {}  # placement task -> its ranks (Kind.AGENT)
         self._slots = TaskRendezvous()
 
     @staticmethod
@@ -298,6 +299,7 @@ class Job:
             self.on_message(*body)
             return
         if kind == Kind.AGENT:
+            self._task_ranks[body[0]] = list(body[1])
             self._spawns.task_announced(body[0], channel)
             return
         if kind == Kind.SPAWN:
@@ -425,6 +427,12 @@ class Job:
                 log.warning("ranks %s finished but did not exit within %ss; stopping them",
                             overdue, EXIT_GRACE_SECONDS)
                 self.placement.stop()
+        if self._stopping and self.placement.capabilities.loses_tasks:
+            # which tasks Spark lost with their executor is in the Spark job's error: let it end
+            # (the stop cancelled it) before naming the root cause
+            deadline = time.monotonic() + PLACEMENT_END_GRACE_SECONDS
+            while not self.placement.finished() and time.monotonic() < deadline:
+                time.sleep(0.05)
         failure = self._failure_error() or self._lost_with_placement() or self.placement.failure()
         return failure if failure is not None else timeout_error
 
@@ -443,6 +451,9 @@ class Job:
         placement_failure = self.placement.failure()
         if placement_failure is None:
             return None
+        lost_task = self._lost_with_task()
+        if lost_task is not None:
+            return self._rank_failed(*lost_task, outcome="exit status unknown")
         lost = self._lost(list(self._states.values()))
         if not lost:
             return None
@@ -452,6 +463,15 @@ class Job:
         return self._rank_failed(root, f"was lost: its connection to the driver ended with no "
                                        f"result and no exit status (the placement failed: "
                                        f"{first_line})", outcome="exit status unknown")
+
+    def _lost_with_task(self) -> Optional[Tuple[WorkerRecord, str]]:
+        """The lowest rank of the first task the placement lost with what hosted it (a Spark
+        executor), and why: it was lost with it, whatever it or the others reported."""
+        for task, why in sorted(self.placement.lost_tasks().items()):
+            ranks = sorted(r for r in self._task_ranks.get(task, ()) if r in self._states)
+            if ranks:
+                return self._states[ranks[0]], f"was lost with the process that ran its task ({why})"
+        return None
 
     def _release_finished(self, states: List[WorkerRecord], now: float) -> Optional[float]:
         """Once every rank has finished, tell those held (`PayloadFlag.HOLD`) to exit; return
@@ -616,6 +636,7 @@ class Job:
             # SIGTERM when it ends the job) then fails waiting for the ranks that gave up on it.
             silent = [peer for when, peer, rank in sorted(blamed) if peer not in failed_at
                       or (verdicts[rank].frozen and failed_at[peer] > when)]
+            lost_task = self._lost_with_task()
             if silent:
                 root = self._states[silent[0]]
                 waiting = sorted(rank for _, peer, rank in blamed if peer == root.rank)
@@ -623,6 +644,11 @@ class Job:
                 reason = self._unresponsive(root, waiting,
                                             any(verdicts[r].frozen for r in waiting), lost)
                 outcome = "exit status unknown" if lost else None
+            elif lost_task is not None:
+                # knock-ons naming no peer (a torch.distributed transport error) and a task the
+                # placement lost with its host process: its rank went first
+                root, reason = lost_task
+                outcome = "exit status unknown"
             else:
                 named = {peer for _, peer, _ in blamed}
                 root = min(failed, key=lambda s: (s.rank not in named, self._when(s)))

@@ -21,7 +21,9 @@ it exits (`write` does it for a Python exception)::
 ``time`` is ``time.time()`` when the failure happened. The first report written is kept (``write``
 creates the file atomically and never replaces one). `rank_entry` sends it to the driver as soon as
 it appears, and again, with the command's exit status or signal, when the command exits. Programs
-that write nothing (a plain torch script) are classified from the traceback they print.
+that write nothing (a plain torch script) are classified from the traceback they print, and a
+report without ``knock_on`` (an exception that says neither, such as gloo's "Connection closed by
+peer") from its message.
 
 A Python program installs `install_excepthook` instead: it writes the report of an uncaught
 exception, prints it as before, and shortens the teardown that follows (`_teardown_after_failure`).
@@ -51,17 +53,22 @@ _MAX_BYTES = 1 << 16
 def fields(exc: BaseException) -> Dict[str, Any]:
     """``knock_on``/``peer``/``frozen`` of a failure with exception `exc`: knock-on when `exc`, or
     an exception it was raised from or while handling, says it is (an attribute ``knock_on``
-    that is true); the first such exception names the peer."""
+    that is true; the first such exception names the peer), a cause when one says it is not
+    (``knock_on`` false) and none says it is; none of them when no exception of the chain says
+    either (a torch or gloo error): the driver then reads the message (`engine.is_knock_on`)."""
     seen = set()
+    said_cause = False
     current: Optional[BaseException] = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if getattr(current, "knock_on", False) is True:
+        flag = getattr(current, "knock_on", None)
+        if flag is True:
             peer = getattr(current, "peer", None)
             return {"knock_on": True, "peer": peer if isinstance(peer, int) else None,
                     "frozen": bool(getattr(current, "frozen", False))}
+        said_cause = said_cause or flag is False
         current = current.__cause__ or current.__context__
-    return {"knock_on": False, "peer": None, "frozen": False}
+    return {"knock_on": False, "peer": None, "frozen": False} if said_cause else {}
 
 
 def report(exc: BaseException) -> Dict[str, Any]:
@@ -114,8 +121,6 @@ def read(path: str) -> Optional[Dict[str, Any]]:
             continue
         if isinstance(value, kind):
             out[key] = value
-    if "knock_on" not in out:
-        out["knock_on"] = False
     return out
 
 

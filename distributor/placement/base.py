@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import threading
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..hub import routable_address
 from ..launchers import Launcher
@@ -53,9 +53,12 @@ class PlacementCapabilities:
 
     - `adds_workers`: `add_worker` and `stop_worker` work while the job runs (after `start`), so
       an elastic job can replace a failed worker or use a host that discovery added.
+    - `loses_tasks`: its tasks can be lost with the process that hosts them (a Spark executor),
+      and once `finished()` it says which (`lost_tasks`).
     """
 
     adds_workers: bool = False
+    loses_tasks: bool = False
 
 
 class Placement(abc.ABC):
@@ -87,6 +90,12 @@ class Placement(abc.ABC):
         The engine stops every rank and raises it when no rank failed first. Local: never.
         """
         return None
+
+    def lost_tasks(self) -> Dict[int, str]:
+        """{task: why} for each of the placement's tasks (the index its agent announced with
+        ``Kind.AGENT``) that was lost with the process that hosted it (a Spark executor): its
+        ranks were lost with it, whatever the others reported. Local: none."""
+        return {}
 
     def finished(self) -> bool:
         """True once no rank of this placement can still be running (a Spark job that ended).

@@ -21,13 +21,13 @@ import re
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import cloudpickle
 
 from ..errors import DistributedRunError, LaunchValidationError
 from ..spec import LaunchRequest
-from .base import JobContext, Placement
+from .base import JobContext, Placement, PlacementCapabilities
 from .spark_plan import NODE_PER_HOST, NODE_PER_TASK, TASK_ERROR_MARKER, ranks_per_task, task_count
 
 log = logging.getLogger(__name__)
@@ -150,6 +150,27 @@ def explain_spark_failure(exc: BaseException, group: str = "", job: str = "barri
     )
 
 
+# Spark's words for a task whose executor process went away (killed, crashed, out of memory, its
+# host lost): the barrier stage's abort ("barrier task ResultTask(<stage>, <partition>) finished
+# unsuccessfully." then the failure) and the task set's ("Lost task <partition>.<attempt> in stage
+# ... (TID ...) (<host> executor <id>): <failure>").
+_EXECUTOR_LOST = (
+    re.compile(r"barrier task ResultTask\(\d+, (\d+)\) finished unsuccessfully\.\s*"
+               r"(ExecutorLostFailure[^\n]*)"),
+    re.compile(r"Lost task (\d+)\.\d+ in stage \S+ \(TID \d+\) \([^)]*\): (ExecutorLostFailure[^\n]*)"),
+)
+
+
+def executor_losses(spark_text: str) -> Dict[int, str]:
+    """{partition: Spark's ``ExecutorLostFailure ...`` line} for each task that Spark's error text
+    says was lost with its executor."""
+    lost: Dict[int, str] = {}
+    for pattern in _EXECUTOR_LOST:
+        for match in pattern.finditer(spark_text):
+            lost.setdefault(int(match.group(1)), match.group(2).strip())
+    return lost
+
+
 class SparkPlacement(Placement):
     """Ranks as the tasks of one Spark barrier stage; several ranks per task with multi-GPU tasks.
 
@@ -158,6 +179,8 @@ class SparkPlacement(Placement):
     `node_per` says what a torchrun "node" is: each barrier task (default, as PySpark does), or
     each host (see `spark_plan.plan_ranks`).
     """
+
+    capabilities = PlacementCapabilities(loses_tasks=True)
 
     def __init__(
         self,
@@ -180,6 +203,7 @@ class SparkPlacement(Placement):
         self._done = threading.Event()
         self._stop_requested = threading.Event()
         self._failure: Optional[BaseException] = None
+        self._lost_tasks: Dict[int, str] = {}
         self.task_reports: List[dict] = []
 
     #: How error messages name the Spark job that runs the ranks.
@@ -298,6 +322,7 @@ class SparkPlacement(Placement):
         self._done = threading.Event()
         self._stop_requested = threading.Event()
         self._failure = None
+        self._lost_tasks = {}
         self.task_reports = []
         self._group = job.run_id
         self._thread = _spark_thread(self._run_spark_job, task, description)
@@ -321,6 +346,8 @@ class SparkPlacement(Placement):
                 return
             self.task_reports = [json.loads(row) for row in self._stage(task).collect()]
         except BaseException as exc:  # noqa: BLE001 - handed to the engine through failure()
+            # what Spark says of lost executors counts even when the engine stopped the job first
+            self._lost_tasks = executor_losses(str(exc))
             if not self._stop_requested.is_set():
                 self._failure = explain_spark_failure(exc, self._group, self.job_kind)
                 log.debug("Spark barrier job failed", exc_info=True)
@@ -330,6 +357,10 @@ class SparkPlacement(Placement):
     def failure(self) -> Optional[BaseException]:
         """The Spark job's own failure (not a rank's), once it has happened."""
         return self._failure
+
+    def lost_tasks(self) -> Dict[int, str]:
+        """The tasks Spark lost with their executor, from the Spark job's error (once it ended)."""
+        return dict(self._lost_tasks)
 
     def finished(self) -> bool:
         """True once the Spark job has ended: no task, hence no rank, can still be running."""

@@ -1,5 +1,6 @@
-"""`distributor.failure_report.install_excepthook`: the report of an uncaught exception, and the
-short teardown after it that keeps every guarantee of the interpreter's own."""
+"""`distributor.failure_report`: the typed fields of a failure; `install_excepthook`: the report
+of an uncaught exception, and the short teardown after it that keeps every guarantee of the
+interpreter's own."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from distributor import failure_report
 from distributor.failure_report import FAILURE_FILE_VAR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +65,7 @@ def test_an_uncaught_exception_is_reported_printed_and_the_teardown_loses_nothin
     assert proc.returncode == 1, proc.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["exc_type"] == "ValueError" and report["exc_message"] == "the cause"
-    assert report["knock_on"] is False
+    assert "knock_on" not in report  # a ValueError says neither: the driver reads its message
     # the traceback, and nothing after it: the teardown touches no object's Python code
     assert proc.stderr.startswith("Traceback") and proc.stderr.endswith("ValueError: the cause\n")
     out = proc.stdout.splitlines()
@@ -90,3 +92,27 @@ def test_without_a_launcher_asking_for_reports_nothing_is_installed(tmp_path):
     assert proc.returncode == 1 and "ValueError: the cause" in proc.stderr
     assert "frozen False" in proc.stdout.splitlines()
     assert not (tmp_path / "report.json").exists()
+
+
+def test_the_fields_say_what_the_exceptions_say_and_nothing_more():
+    """A knock-on (an exception of the chain with ``knock_on`` true) names its peer; an exception
+    that says it is a cause (``knock_on`` false, as Horovod's own errors) is one; one that says
+    neither (gloo's "Connection closed by peer", a user's ValueError) gets no fields, so that the
+    driver reads its message instead of taking it for a cause."""
+    class Typed(RuntimeError):
+        knock_on = False
+
+    knock_on = Typed("peer gone")
+    knock_on.knock_on, knock_on.peer = True, 3
+    try:
+        try:
+            raise knock_on
+        except Typed:
+            raise ValueError("while handling it")
+    except ValueError as exc:
+        chained = exc
+    assert failure_report.fields(chained) == {"knock_on": True, "peer": 3, "frozen": False}
+    assert failure_report.fields(Typed("own")) == {"knock_on": False, "peer": None, "frozen": False}
+    gloo = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:5555")
+    assert failure_report.fields(gloo) == {}
+    assert "knock_on" not in failure_report.report(gloo)

@@ -34,12 +34,14 @@ from spark_clusters import (
     EnvPatch,
     alive,
     descendants,
+    executor_jvm_of,
     kill_tree,
     mirror_spark_home,
     no_active_jobs,
     start_session,
     stop_session,
 )
+from tiers import CI
 
 SCRIPTS = Path(__file__).parent / "scripts"
 MASTER = "local-cluster[2,1,1024]"
@@ -459,3 +461,42 @@ def test_elastic_placement_replaces_a_killed_worker_inside_its_task(spark):
     assert sorted(report["ranks"] for report in placement.task_reports) == [[0, 4], [1, 2]]
     assert no_active_jobs(spark)
     assert _wait_dead([int(words[3]) for words in started.values()]) == []
+
+
+def _lose_the_executor_of_rank_1(lost, executor_of):
+    """A plain torch.distributed program whose rank 1 SIGKILLs its executor's JVM at step 5
+    (noting the time in `lost`; `executor_of`: spark_clusters.executor_jvm_of, an argument so
+    that it travels by value)."""
+    import time as t
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    for step in range(400):
+        dist.all_reduce(torch.ones(1))
+        if step == 5 and dist.get_rank() == 1:
+            with open(lost, "w") as f:
+                f.write(str(t.time()))
+            os.kill(executor_of(os.getpid()), signal.SIGKILL)
+            t.sleep(60)  # dies with its executor
+        t.sleep(0.02)
+    return dist.get_rank()
+
+
+@pytest.mark.skipif(CI, reason=(
+    "kills one of the module's two executor JVMs: the next Spark job waits ~60 s for the "
+    "standalone worker's new one; CI covers a lost Python worker (tests/chaos)"))
+def test_a_lost_executor_ends_a_torch_distributor_job_naming_its_rank(spark, tmp_path):
+    """Runs last in this module. Rank 1's executor JVM is SIGKILLed: its rank goes with it, rank 0
+    gets gloo's transport error (a knock-on naming no peer); the job names rank 1 as lost."""
+    lost = str(tmp_path / "lost")
+    with pytest.raises(RankFailedError) as info:
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+            _lose_the_executor_of_rank_1, lost, executor_jvm_of)
+    seconds = time.time() - float(Path(lost).read_text())
+    first = str(info.value).splitlines()[0]
+    assert info.value.rank == 1 and "was lost" in first, str(info.value)[-3000:]
+    assert seconds < 10, (seconds, first)
+    assert "ExecutorLostFailure" in first, first  # Spark's word for it, not a guess from timing
+    print(f"lost executor: the job ended {seconds:.2f} s after the kill: {first}")

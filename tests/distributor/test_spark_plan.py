@@ -12,6 +12,7 @@ from distributor.placement.spark import (
     SparkPlacementError,
     _barrier_task,
     active_spark_context,
+    executor_losses,
     explain_spark_failure,
 )
 from distributor.placement.spark_plan import TaskSlot, plan_ranks, ranks_per_task, task_count
@@ -140,6 +141,24 @@ def test_other_task_errors_name_the_python_exception():
     assert str(error).startswith("The Spark barrier job running the ranks failed (Spark job group distributor-abc)")
     assert "a barrier task raised OSError: [Errno 28] no space" in str(error)
     assert "\tat org.apache" not in str(error)
+
+
+def test_the_tasks_spark_lost_with_their_executor_are_read_from_its_error():
+    """Spark 4's words (a barrier stage's abort, as a SIGKILLed executor JVM gave them, and a task
+    set's "Lost task" line); any other failure of a task loses none."""
+    barrier = (": org.apache.spark.SparkException: Job aborted due to stage failure: Could not "
+               "recover from a failed barrier ResultStage. Most recent failure reason: Stage failed "
+               "because barrier task ResultTask(0, 1) finished unsuccessfully.\nExecutorLostFailure "
+               "(executor 1 exited caused by one of the running tasks) Reason: Command exited with "
+               "code 137\n\tat org.apache.spark.scheduler.DAGScheduler.abortStage(DAGScheduler.scala:1)")
+    assert executor_losses(barrier) == {1: "ExecutorLostFailure (executor 1 exited caused by one of "
+                                           "the running tasks) Reason: Command exited with code 137"}
+    task_set = ("Job aborted due to stage failure: Task 2 in stage 3.0 failed 1 times, most recent "
+                "failure: Lost task 2.0 in stage 3.0 (TID 9) (10.0.0.7 executor 4): ExecutorLostFailure "
+                "(executor 4 exited unrelated to the running tasks) Reason: worker lost\n")
+    assert list(executor_losses(task_set)) == [2]
+    assert executor_losses(_PY4J_TEXT.format(marker=TASK_ERROR_MARKER)) == {}
+    assert executor_losses(barrier.replace("ExecutorLostFailure", "TaskKilled")) == {}
 
 
 def _call_task(config, monkeypatch, blocked_module):
