@@ -140,6 +140,10 @@ RUN_TIMEOUT = float(os.environ.get("CHAOS_RUN_TIMEOUT", "120"))
 #: Samples of the elastic program's data set (3 per step with 3 workers).
 ELASTIC_SAMPLES = int(os.environ.get("CHAOS_SAMPLES", "360"))
 MARKER_VAR = "CHAOS_MARKER"
+#: How long after a run's end what it left (processes, /dev/shm segments, listening ports) may
+#: still be going: 10 s, as tests/conftest.py gives a test's children, is what a loaded machine's
+#: teardown of killed processes meets with a wide margin.
+LEFT_SECONDS = 10.0
 #: How much a survivor's resident memory may grow from its second reset to its last in a run of
 #: repeated resets (elastic fault ``resets``): a leak of a process group, a transport or a state
 #: copy per reset shows as several MB each time.
@@ -455,15 +459,10 @@ def shm_segments() -> Dict[str, float]:
 
 def _check_shm(out: Outcome, before: Dict[str, float], started: float) -> None:
     """No segment the run made may stay in /dev/shm: one made since `started` that was not there
-    before must be gone 10 s after the job ended (its owner unlinks it once mapped, the launcher
+    before must be gone `LEFT_SECONDS` after the job ended (its owner unlinks it once mapped, the launcher
     removes it when its owner was killed first; another test's, made meanwhile, goes as soon)."""
-    deadline = time.monotonic() + 10.0
-    while True:
-        left = sorted(name for name, made in shm_segments().items()
-                      if name not in before and made >= started - 1.0)
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    left = _still_there(lambda: sorted(name for name, made in shm_segments().items()
+                                       if name not in before and made >= started - 1.0))
     if left:
         out.problems.append(f"shared-memory segments left in {shm_names.DIRECTORY}: {left}")
         for name in left:
@@ -471,15 +470,20 @@ def _check_shm(out: Outcome, before: Dict[str, float], started: float) -> None:
                 os.unlink(os.path.join(shm_names.DIRECTORY, name))
 
 
-def _check_left(out: Outcome, find: Callable[[], List[int]]) -> None:
-    """Nothing `find` finds may be running 10 s after the job ended (what is, is SIGKILLed): the
-    wait ends as soon as they are gone; 10 s, as tests/conftest.py gives a test's children, is
-    what a loaded machine's teardown of killed processes meets with a wide margin."""
-    deadline = time.monotonic() + 10.0
+def _still_there(find: Callable[[], Any]) -> Any:
+    """What `find` finds `LEFT_SECONDS` from now, or nothing as soon as it finds nothing."""
+    deadline = time.monotonic() + LEFT_SECONDS
     left = find()
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
         left = find()
+    return left
+
+
+def _check_left(out: Outcome, find: Callable[[], List[int]]) -> None:
+    """Nothing `find` finds may be running `LEFT_SECONDS` after the job ended (what is, is
+    SIGKILLed)."""
+    left = _still_there(find)
     if left:
         out.left = left
         out.problems.append(f"processes left running: {procs.commands(left) or left}")
@@ -737,13 +741,9 @@ def _spark_python_side(spark: Any) -> List[int]:
 
 def _check_listening(out: Outcome, find: Callable[[], Set[Tuple[int, int]]]) -> None:
     """No process that stays after the job (the driver, Spark's Python workers) may still listen
-    on a port it opened for the job 10 s after the job ended: a socket of the job's control plane
+    on a port it opened for the job `LEFT_SECONDS` after the job ended: a socket of the job's control plane
     left open there would outlive every job after it (the workers are reused)."""
-    deadline = time.monotonic() + 10.0
-    left = find()
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left = find()
+    left = _still_there(find)
     if left:
         out.problems.append("ports still listening after the job: " + ", ".join(
             f"{port} (pid {pid}: {procs.cmdline(pid)[:80]})" for pid, port in sorted(left)))
