@@ -42,7 +42,11 @@
 #   HOROVODRUN=PATH             the horovodrun to use with LAUNCHER=horovodrun (default ours); with
 #                               PYTHON=/tmp/real-horovod/bin/python and that venv's horovodrun the
 #                               same file runs against a real Horovod (scripts/build_real_horovod.sh)
-#   TEST_TIMEOUT=120            pytest-timeout seconds per test
+#   TEST_TIMEOUT=120            pytest-timeout seconds per test; a test still running 60 s after it
+#                               (its main thread blocked in native code, where pytest-timeout's
+#                               signal cannot reach it) gets every thread's stack dumped into the
+#                               rank's log and ends the rank (pytest's faulthandler_timeout), so the
+#                               launch counts as crashed then instead of hung at LAUNCH_TIMEOUT
 #   HOROVOD_COMPAT_OP_TIMEOUT   collective timeout (default here TEST_TIMEOUT: a desync fails with its
 #                               test; a rank that a loaded machine holds back is waited for as long)
 #   PYTEST_ARGS                 extra pytest arguments (e.g. "-k allreduce")
@@ -52,7 +56,8 @@
 # Horovod's TF tests as subTest("graph_mode") and subTest("eager_mode")); as skipped when every
 # subTest of a PASSED test skipped.
 #
-# A launch counts as "crashed" when a rank's pytest ended by a signal (exit status >= 128) or was
+# A launch counts as "crashed" when a rank's pytest ended by a signal (exit status >= 128), by a test
+# that hung past TEST_TIMEOUT + 60 s (its stacks are then in the rank's log), or was
 # killed by its launcher before finishing the file (a launcher stops the other ranks when one
 # dies), and as "hung" when it ran past LAUNCH_TIMEOUT. After every launch, processes it left behind
 # are killed by process group: the launcher's (`timeout` leads it) and each rank's (every rank
@@ -319,7 +324,8 @@ echo "$$ $3" > "$CONFORMANCE_OUT/$tag.rank$rank.pid"
 cd "$CONFORMANCE_TEST_DIR" || exit 2
 # shellcheck disable=SC2086  # PYTEST_ARGS is split on purpose
 "$CONFORMANCE_PYTHON" -m pytest -v -rA -p no:cacheprovider -p hvd_conformance_plugin \
-    --timeout="$CONFORMANCE_TEST_TIMEOUT" $CONFORMANCE_PYTEST_ARGS "$target" \
+    --timeout="$CONFORMANCE_TEST_TIMEOUT" -o faulthandler_exit_on_timeout=true \
+    -o faulthandler_timeout="$((CONFORMANCE_TEST_TIMEOUT + 60))" $CONFORMANCE_PYTEST_ARGS "$target" \
     --junitxml="$CONFORMANCE_OUT/$tag.rank$rank.xml" > "$CONFORMANCE_OUT/$tag.rank$rank.log" 2>&1
 status=$?
 echo "$status" > "$CONFORMANCE_OUT/$tag.rank$rank.exit"
@@ -489,6 +495,10 @@ crash_state() {
             code=$(cat "$out/$tag.rank$r.exit")
             if [ "$code" -ge 128 ]; then
                 what="$what rank$r:SIG$(kill -l $((code - 128)) 2>/dev/null || echo $((code - 128)))"
+            elif grep -qE '^[^ ]+ Timeout \([0-9:]+\)!$' "$out/$tag.rank$r.log" 2>/dev/null; then
+                # pytest's faulthandler_timeout ended it (see TEST_TIMEOUT): a test hung where
+                # pytest-timeout could not stop it; every thread's stack is in the log
+                what="$what rank$r:hung-test(stacks-in-log)"
             fi
         fi
     done
