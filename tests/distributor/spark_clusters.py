@@ -184,26 +184,34 @@ def executor_jvm_of(pid: int) -> int:
     raise RuntimeError("not under a Spark executor")
 
 
-def lose_the_executor_at_step_5(lost: str) -> int:
-    """A Horovod rank program for the lost-executor tests: an allreduce every 20 ms; at step 5
+def lose_the_executor_at_step_5(lost: str, api: str = "horovod") -> int:
+    """A rank program for the lost-executor tests, on Horovod's API or (``api="torch"``) on
+    torch.distributed's, whose transport errors name no peer: an allreduce every 20 ms; at step 5
     rank 1 SIGKILLs its executor's JVM (noting the time in the file `lost`) and dies with it."""
     import signal
     import time
 
     import torch
 
-    import horovod.torch as hvd
+    if api == "torch":
+        import torch.distributed as dist
 
-    hvd.init()
+        dist.init_process_group("gloo")
+        rank, allreduce = dist.get_rank(), dist.all_reduce
+    else:
+        import horovod.torch as hvd
+
+        hvd.init()
+        rank, allreduce = hvd.rank(), lambda tensor: hvd.allreduce(tensor, name="step")
     for step in range(400):
-        hvd.allreduce(torch.ones(1), name="step")
-        if step == 5 and hvd.rank() == 1:
+        allreduce(torch.ones(1))
+        if step == 5 and rank == 1:
             with open(lost, "w") as f:
                 f.write(str(time.time()))
             os.kill(executor_jvm_of(os.getpid()), signal.SIGKILL)
             time.sleep(60)  # dies with its executor
         time.sleep(0.02)
-    return hvd.rank()
+    return rank
 
 
 def descendants(pid: int) -> List[int]:

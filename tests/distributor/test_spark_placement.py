@@ -34,8 +34,8 @@ from spark_clusters import (
     EnvPatch,
     alive,
     descendants,
-    executor_jvm_of,
     kill_tree,
+    lose_the_executor_at_step_5,
     mirror_spark_home,
     no_active_jobs,
     start_session,
@@ -463,27 +463,6 @@ def test_elastic_placement_replaces_a_killed_worker_inside_its_task(spark):
     assert _wait_dead([int(words[3]) for words in started.values()]) == []
 
 
-def _lose_the_executor_of_rank_1(lost, executor_of):
-    """A plain torch.distributed program whose rank 1 SIGKILLs its executor's JVM at step 5
-    (noting the time in `lost`; `executor_of`: spark_clusters.executor_jvm_of, an argument so
-    that it travels by value)."""
-    import time as t
-
-    import torch
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    for step in range(400):
-        dist.all_reduce(torch.ones(1))
-        if step == 5 and dist.get_rank() == 1:
-            with open(lost, "w") as f:
-                f.write(str(t.time()))
-            os.kill(executor_of(os.getpid()), signal.SIGKILL)
-            t.sleep(60)  # dies with its executor
-        t.sleep(0.02)
-    return dist.get_rank()
-
-
 @pytest.mark.skipif(CI, reason=(
     "kills one of the module's two executor JVMs: the next Spark job waits ~60 s for the "
     "standalone worker's new one; CI covers a lost Python worker (tests/chaos)"))
@@ -493,7 +472,7 @@ def test_a_lost_executor_ends_a_torch_distributor_job_naming_its_rank(spark, tmp
     lost = str(tmp_path / "lost")
     with pytest.raises(RankFailedError) as info:
         TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
-            _lose_the_executor_of_rank_1, lost, executor_jvm_of)
+            lose_the_executor_at_step_5, lost, "torch")
     seconds = time.time() - float(Path(lost).read_text())
     first = str(info.value).splitlines()[0]
     assert info.value.rank == 1 and "was lost" in first, str(info.value)[-3000:]
