@@ -26,21 +26,29 @@ def _modules(package: str) -> Dict[str, str]:
     return mods
 
 
+def _package_of(name: str, path: str) -> List[str]:
+    """The parts of the package that module ``name`` (at ``path``) imports relative to."""
+    return name.split(".") if path.endswith("__init__.py") else name.split(".")[:-1]
+
+
+def _from_base(node: ast.ImportFrom, here: List[str]) -> str:
+    """The absolute name of the module a ``from ... import`` in package ``here`` imports from."""
+    if node.level:
+        return ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+    return node.module or ""
+
+
 def _imports(name: str, path: str, mods: Dict[str, str]) -> Set[str]:
     """The package-internal modules ``name`` imports (submodules named in ``from X import y``
     included; the module's own ancestors excluded: importing a submodule runs them anyway)."""
-    is_pkg = path.endswith("__init__.py")
-    here = name.split(".") if is_pkg else name.split(".")[:-1]
+    here = _package_of(name, path)
     out: Set[str] = set()
     for node in ast.walk(ast.parse(open(path).read(), path)):
         targets: List[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
+            base = _from_base(node, here)
             if node.module:
                 targets.append(base)
             targets += [f"{base}.{a.name}" for a in node.names]
@@ -140,12 +148,11 @@ def test_the_runtime_and_the_bindings_import_only_downward(package: str) -> None
     assert bad == [], "\n".join(bad)
 
 
-def _defined(path: str, mods: Dict[str, str], name: str) -> Set[str] | None:
-    """The names module ``name`` (at ``path``) binds at its top level -- functions, classes,
+def _defined(tree: ast.Module, mods: Dict[str, str], name: str) -> Set[str] | None:
+    """The names module ``name`` (parsed: ``tree``) binds at its top level -- functions, classes,
     assignments and imports, inside top-level ``if``/``try``/``with`` blocks too -- plus its
     submodules if it is a package; None when it can bind names this reading cannot see (a module
     ``__getattr__``, a star import, writes to ``globals()``)."""
-    tree = ast.parse(open(path).read(), path)
     out: Set[str] = {m.rsplit(".", 1)[1] for m in mods if m.rsplit(".", 1)[0] == name and "." in m}
     out |= {"__file__", "__name__", "__doc__", "__spec__", "__path__", "__dict__", "__loader__"}
     pending: List[ast.stmt] = list(tree.body)
@@ -177,15 +184,11 @@ def _defined(path: str, mods: Dict[str, str], name: str) -> Set[str] | None:
 def _module_aliases(name: str, path: str, tree: ast.AST, mods: Dict[str, str]) -> Dict[str, str]:
     """Local name -> package-internal module, for each ``from P import m`` and ``import P.m as x``
     in the module at ``path`` (module level or inside functions)."""
-    is_pkg = path.endswith("__init__.py")
-    here = name.split(".") if is_pkg else name.split(".")[:-1]
+    here = _package_of(name, path)
     out: Dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
+            base = _from_base(node, here)
             for a in node.names:
                 if f"{base}.{a.name}" in mods:
                     out[a.asname or a.name] = f"{base}.{a.name}"
@@ -204,7 +207,7 @@ def _missing_attributes(packages: List[str]) -> List[str]:
         mods.update(_modules(package))
     trees = {m: ast.parse(open(p).read(), p) for m, p in mods.items()}
     aliases = {m: _module_aliases(m, mods[m], trees[m], mods) for m in mods}
-    defined = {m: _defined(p, mods, m) for m, p in mods.items()}
+    defined = {m: _defined(tree, mods, m) for m, tree in trees.items()}
     for m, tree in trees.items():  # attributes set from outside: `_shm.x = ...`
         for node in ast.walk(tree):
             if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
