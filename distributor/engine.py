@@ -636,7 +636,6 @@ class Job:
             # SIGTERM when it ends the job) then fails waiting for the ranks that gave up on it.
             silent = [peer for when, peer, rank in sorted(blamed) if peer not in failed_at
                       or (verdicts[rank].frozen and failed_at[peer] > when)]
-            lost_task = self._lost_with_task()
             if silent:
                 root = self._states[silent[0]]
                 waiting = sorted(rank for _, peer, rank in blamed if peer == root.rank)
@@ -644,7 +643,7 @@ class Job:
                 reason = self._unresponsive(root, waiting,
                                             any(verdicts[r].frozen for r in waiting), lost)
                 outcome = "exit status unknown" if lost else None
-            elif lost_task is not None:
+            elif (lost_task := self._lost_with_task()) is not None:
                 # knock-ons naming no peer (a torch.distributed transport error) and a task the
                 # placement lost with its host process: its rank went first
                 root, reason = lost_task
