@@ -459,8 +459,9 @@ def shm_segments() -> Dict[str, float]:
 
 def _check_shm(out: Outcome, before: Dict[str, float], started: float) -> None:
     """No segment the run made may stay in /dev/shm: one made since `started` that was not there
-    before must be gone `LEFT_SECONDS` after the job ended (its owner unlinks it once mapped, the launcher
-    removes it when its owner was killed first; another test's, made meanwhile, goes as soon)."""
+    before must be gone `LEFT_SECONDS` after the job ended (its owner unlinks it once mapped, the
+    launcher removes it when its owner was killed first; another test's, made meanwhile, goes as
+    soon)."""
     left = _still_there(lambda: sorted(name for name, made in shm_segments().items()
                                        if name not in before and made >= started - 1.0))
     if left:
@@ -741,8 +742,8 @@ def _spark_python_side(spark: Any) -> List[int]:
 
 def _check_listening(out: Outcome, find: Callable[[], Set[Tuple[int, int]]]) -> None:
     """No process that stays after the job (the driver, Spark's Python workers) may still listen
-    on a port it opened for the job `LEFT_SECONDS` after the job ended: a socket of the job's control plane
-    left open there would outlive every job after it (the workers are reused)."""
+    on a port it opened for the job `LEFT_SECONDS` after the job ended: a socket of the job's
+    control plane left open there would outlive every job after it (the workers are reused)."""
     left = _still_there(find)
     if left:
         out.problems.append("ports still listening after the job: " + ", ".join(
