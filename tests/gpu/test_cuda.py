@@ -35,7 +35,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = Path(__file__).with_name("cuda_program.py")
-sys.path.insert(0, str(ROOT / "tests" / "horovod_compat" / "torch"))
+# gpu_check.sh runs this file with --noconftest: put tests/ (tiers.py) on the path as conftest.py does
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "horovod_compat" / "torch")]
 from hvd_launch import horovodrun  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
