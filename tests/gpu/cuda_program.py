@@ -89,7 +89,7 @@ def device():
 def sync():
     """Wait for the GPU's queued work (timings, results read on the host)."""
     if not ON_CPU:
-        sync()
+        torch.cuda.synchronize()
 
 
 def set_device(index):
