@@ -501,12 +501,17 @@ def _prep_reduce(t: torch.Tensor, inplace: bool, prescale: float) -> torch.Tenso
 
 
 def _scale_(b: torch.Tensor, factor: float) -> None:
-    """Multiply in place the way Horovod does on CPU: integers in float64 (then truncated), half
-    precision in float32, other floats in their own precision."""
+    """Multiply in place the way Horovod does: integers in float64 (then truncated), other floats
+    in their own precision, except half precision on CPU, which is scaled in float32. On a GPU,
+    Horovod's kernel first rounds the factor to the half type; the product of two half values is
+    exact in float32, so torch's float32 arithmetic rounds it as the kernel's half multiply does."""
     if b.dtype in (torch.float32, torch.float64) or b.is_complex():
         b.mul_(factor)
     elif b.is_floating_point():
-        b.copy_(b.float() * factor)
+        if b.is_cuda:
+            b.mul_(float(torch.tensor(factor, dtype=b.dtype)))
+        else:
+            b.copy_(b.float() * factor)
     else:
         b.copy_(b.double() * factor)
 
@@ -890,7 +895,7 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
 # ----------------------------------------------------------------------------- alltoall
 
 class _AlltoallPlan(Plan):
-    __slots__ = ("tensor", "st", "with_splits", "out", "recv")
+    __slots__ = ("tensor", "st", "with_splits", "splits_device", "out", "recv")
 
     def launch(self, agr: Agreement) -> List[Any]:
         works, self.out, self.recv = _alltoall_launch(agr, self.st, self.tensor)
@@ -900,7 +905,8 @@ class _AlltoallPlan(Plan):
         out = self.out.view(torch.int16) if self.tensor.dtype == torch.int16 else self.out
         out = out.view((sum(self.recv),) + tuple(self.tensor.shape[1:]))
         if self.with_splits:
-            return out, torch.tensor(self.recv, dtype=torch.int32)
+            # on the device of the splits tensor given (Horovod: ``splits.new()``), else the CPU
+            return out, torch.tensor(self.recv, dtype=torch.int32, device=self.splits_device)
         return out
 
 
@@ -939,6 +945,7 @@ def submit_alltoall(tensor: torch.Tensor, splits: Any, name: Optional[str],
     if tensor.dim() == 0:
         raise ValueError("alltoall: the tensor must have at least one dimension")
     d0 = tensor.shape[0]
+    splits_device = torch.device("cpu")
     if splits is None:
         if d0 % st.n:
             raise ValueError(f"alltoall: without splits, the first dimension ({d0}) must be a "
@@ -946,6 +953,7 @@ def submit_alltoall(tensor: torch.Tensor, splits: Any, name: Optional[str],
         sp = (d0 // st.n,) * st.n
     else:
         if isinstance(splits, torch.Tensor):
+            splits_device = splits.device
             if splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dtype == torch.bool:
                 raise ValueError(f"alltoall: splits must contain integers (torch.int32), not "
                                  f"{splits.dtype}")
@@ -958,6 +966,7 @@ def submit_alltoall(tensor: torch.Tensor, splits: Any, name: Optional[str],
                              f"first dimension ({d0})")
     plan = _AlltoallPlan()
     plan.st, plan.tensor, plan.with_splits = st, tensor, splits is not None or with_recv
+    plan.splits_device = splits_device
     plan.desc = Desc("alltoall", name or "", -1, _dtype_name(tensor.dtype), (_desc_shape(tensor),),
                      (sp,), tensor.device.type)
     plan.name = name or _auto_name("alltoall")

@@ -141,6 +141,23 @@ def scenario_api() -> None:
         same(hvd.allreduce(t, op=hvd.Sum, prescale_factor=0.5, postscale_factor=4.0), t * (2.0 * n),
              "scaled", atol=1e-2)
 
+    @check("allreduce_scale_factor_rounding[float16]")
+    def _():
+        # Horovod scales a half tensor on a GPU in half precision, the factor rounded to half
+        # first, and on CPU in float32; upstream's prescale / postscale tests compare exactly
+        t = (sample(torch.float32) * 1.37).half()
+        f = 0.3
+
+        def scaled(x):
+            if ON_CPU:
+                return (x.float() * f).half()
+            return x * torch.tensor(f, dtype=torch.float16, device=x.device)
+
+        same(hvd.allreduce(t, op=hvd.Sum, prescale_factor=f), scaled(t) * n, "prescale 0.3")
+        same(hvd.allreduce(t, op=hvd.Sum, postscale_factor=f), scaled(t * n), "postscale 0.3")
+        same(hvd.reducescatter(t, op=hvd.Sum, prescale_factor=f),
+             (scaled(t) * n).chunk(n)[hvd.rank()] if n > 1 else scaled(t), "reducescatter prescale 0.3")
+
     @check("allreduce_noncontiguous")
     def _():
         t = sample(torch.float32, (6, 8)).t()
@@ -250,7 +267,12 @@ def scenario_api() -> None:
         out, received = hvd.alltoall(t, splits=torch.tensor([4 * n] + [0] * (n - 1)))
         want = [4 * n] * n if hvd.rank() == 0 else [0] * n
         assert received.tolist() == want, (received, want)
+        assert received.device.type == "cpu", f"received splits on {received.device}, splits on the CPU"
         same(out, torch.cat([t] * n) if hvd.rank() == 0 else t[:0], "alltoall with splits")
+        # received splits come on the splits' device (Horovod: ``splits.new()``)
+        _, received = hvd.alltoall(t, splits=torch.tensor([4] * n, dtype=torch.int32, device=device()))
+        assert received.device.type == DEV_TYPE, f"received splits on {received.device}, splits on {DEV_TYPE}"
+        assert received.tolist() == [4] * n, received
 
     @check("alltoall_async")
     def _():
