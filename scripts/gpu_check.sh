@@ -146,11 +146,21 @@ for i in "${!upstream_pids[@]}"; do
     # crash, a hang or a file that did not run
     case "$code" in 0|1|5) ;; *) bad=1 ;; esac
 done
+# GPU-only upstream tests that fail in a 1-rank job under any implementation, with the reason
+size_one_failures=(
+    "test_horovod_sync_batch_norm: its reference torch.nn.BatchNorm1d gets a batch of one value per
+    channel (the second input is [size, 4, 1]) and raises 'Expected more than 1 value per channel
+    when training' on 1 rank"
+)
 if [ -f "$out/upstream_np1_cpu.log" ] && [ "$has_gpu" = 1 ]; then
+    say ""
+    say "upstream GPU tests that fail in any 1-rank job (not counted):"
+    for reason in "${size_one_failures[@]}"; do say "  $(echo $reason)"; done
     say ""
     say "upstream tests that fail with the GPU and pass without it (the CUDA failures):"
     for name in upstream_np1 upstream_horovodrun_np1; do
-        gpu_only=$(comm -23 <(failed "$name") <(failed upstream_np1_cpu))
+        gpu_only=$(comm -23 <(failed "$name") <(failed upstream_np1_cpu) \
+                   | grep -vxF -f <(printf '%s\n' "${size_one_failures[@]}" | grep -o '^test_[a-z_0-9]*'))
         [ -z "$gpu_only" ] || bad=1
         echo "${gpu_only:-(none)}" | sed "s/^/  $name: /" | tee -a "$log"
     done
