@@ -36,8 +36,9 @@ but the last of each run of the inner loop accumulates locally::
             with contextlib.nullcontext() if i + <step> >= <stop> else ddp_model.no_sync():
                 <statements ending with X.backward()>
 
-(``<stop>`` and ``<step>`` are evaluated again, so they must be names, attributes, literals or
-``len(name)`` of names the loop does not re-bind; a negative step is refused.)
+(``<stop>`` and ``<step>`` are evaluated again, so they must be names, attributes, subscripts by
+literals, literals or ``len()`` of one, of names the loop does not re-bind; a negative step is
+refused.)
 
 Every forward call of the model outside ``torch.no_grad()``/``torch.inference_mode()`` must be in
 the wrapped statements.  Anything else stays a TODO.
@@ -186,11 +187,17 @@ def _names_in(node: cst.CSTNode) -> List[cst.Name]:
     return found
 
 
-def _reevaluable(node: cst.BaseExpression) -> bool:
-    """A literal, name, attribute chain, or ``len()`` of one: cheap and side-effect free."""
+def reevaluable(node: cst.BaseExpression) -> bool:
+    """A literal, a name, a chain of attributes and subscripts by literals (``self.cfg.accum``,
+    ``cfg["train"]["accum_steps"]``), or ``len()`` of one: cheap and side-effect free, so it may be
+    evaluated again where the rewrite needs it."""
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "len":
-        return len(node.args) == 1 and node.args[0].star == "" and _reevaluable(node.args[0].value)
-    while isinstance(node, cst.Attribute):
+        return len(node.args) == 1 and node.args[0].star == "" and reevaluable(node.args[0].value)
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        if isinstance(node, cst.Subscript) and not (
+                len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index)
+                and isinstance(node.slice[0].slice.value, (cst.SimpleString, cst.Integer))):
+            return False
         node = node.value
     return isinstance(node, (cst.Name, cst.Integer))
 
@@ -207,7 +214,7 @@ def _plan_sub_batches(
         return None
     stop = it.args[0].value if len(it.args) == 1 else it.args[1].value
     step = it.args[2].value if len(it.args) == 3 else cst.Integer("1")
-    if not (_reevaluable(stop) and _reevaluable(step)) or code_of(step).strip().startswith("-"):
+    if not (reevaluable(stop) and reevaluable(step)) or code_of(step).strip().startswith("-"):
         return None
     bound = _Bound()
     loop.body.visit(bound)

@@ -53,7 +53,7 @@ from horovod_compat.migrate.context import (
     positional_args,
 )
 from horovod_compat.migrate.rules import constants, dataflow, inplace, parameter_use
-from horovod_compat.migrate.rules.accumulation import Accumulation, plan_accumulation
+from horovod_compat.migrate.rules.accumulation import Accumulation, plan_accumulation, reevaluable
 
 
 #: How the TODO for gradients read before they are averaged starts: a bug in the input under
@@ -212,8 +212,9 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
         options.passes = _literal(kw["backward_passes_per_step"].value)
         if options.passes.isdigit() and int(options.passes) < 1:
             return _Options(f"backward_passes_per_step={options.passes} must be at least 1")
-        if not _pure(kw["backward_passes_per_step"].value):
-            return _Options(f"backward_passes_per_step={options.passes} is not a literal, name or attribute; "
+        if not reevaluable(kw["backward_passes_per_step"].value):
+            return _Options(f"backward_passes_per_step={options.passes} is not a literal, name, attribute or "
+                            "subscript by a literal; "
                             "DDP needs `with ddp_model.no_sync():` around all but the last backward() of every group")
     if "op" in kw:
         choice = _choice(call, "op", facts, ctx)
@@ -253,13 +254,6 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
     if "groups" in kw or "num_groups" in kw:
         options.notes.append("groups/num_groups dropped (only fusion grouping; DDP buckets gradients itself)")
     return options
-
-
-def _pure(node: cst.BaseExpression) -> bool:
-    """A literal, name or attribute chain: safe to evaluate again where the loop needs it."""
-    while isinstance(node, cst.Attribute):
-        node = node.value
-    return isinstance(node, (cst.Name, cst.Integer))
 
 
 def _model_name(call: cst.Call) -> Optional[str]:

@@ -66,7 +66,6 @@ EMULATED = {
     "c03_pinn_oscillator.py": "the model passed around, and gradients read without synchronize()",
     "c04_optim_factory.py": "the options come as **kwargs",
     "c06_distill.py": "the optimizer's model cannot be told, and gradients read without synchronize()",
-    "d05_finetune_frozen.py": "backward_passes_per_step from a config dict",
 }
 
 
