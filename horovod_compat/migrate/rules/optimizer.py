@@ -509,8 +509,16 @@ def _before_the_wrap(call: cst.Call, stmt: cst.CSTNode, options: _Options, facts
 
 def _state_made_before(name: str, stmt: cst.CSTNode, facts: _Facts) -> bool:
     """True when optimizer `name` may have state before the wrap at `stmt` (a state broadcast, a
-    load or a step of it on an earlier line)."""
-    before = "\n".join(facts.module_code.splitlines()[:facts.positions[stmt].start.line - 1])
+    load or a step of it on an earlier line: of the function that wraps it where `name` is a local
+    name of that function, else of the module)."""
+    function = stmt
+    while function in facts.parents and not isinstance(function, cst.FunctionDef):
+        function = facts.parents[function]
+    scope = facts.scopes.get(stmt)
+    local = scope is not None and isinstance(function, cst.FunctionDef) and bool(scope[name]) and all(
+        a.scope is scope for a in scope[name])
+    first = facts.positions[function].start.line if local else 1
+    before = "\n".join(facts.module_code.splitlines()[first - 1:facts.positions[stmt].start.line - 1])
     return re.search(rf"broadcast_optimizer_state\(\s*{re.escape(name)}\b|\b{re.escape(name)}\."
                      r"(?:load_state_dict|step)\(", before) is not None
 

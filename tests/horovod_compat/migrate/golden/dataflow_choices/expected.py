@@ -213,7 +213,6 @@ def named_choices(args, x):
 def inline_choices(args, x):
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    opt.state.clear()  # as under Horovod: the wrap started without state
     if args.use_adasum:
         raise NotImplementedError(
             "input.py:24: op=hvd.Adasum has no torch.distributed/DDP equivalent; train with averaging "
