@@ -8,18 +8,24 @@ Real scripts rarely write ``compression=hvd.Compression.fp16``; they write::
 
 A *choice* is an expression whose every outcome is a Horovod constant: the constant itself, or a
 conditional expression (``a if c else b``, nested) over choices.  An argument is understood when it
-is a choice written in place, or a plain name whose every binding in the same scope is an
+is a choice written in place, a plain name whose every binding in the same scope is an
 assignment of a choice (one binding, or one per branch of an ``if``) and whose only use is that
-argument.  The rewrite keeps the run-time decision:
+argument, or a lookup in a *table*: a name bound once to a dict literal of constants and only ever
+read by subscript (``COMPRESSIONS = {"none": hvd.Compression.none, "fp16": ...}`` and
+``compression=COMPRESSIONS[cfg["compression"]]``).  The rewrite keeps the run-time decision:
 
 * a choice written in place becomes the *condition* under which a given constant is picked
   (``args.use_adasum`` above), evaluated where the call was;
 * a named choice keeps its name and its bindings, with each constant replaced in place by its
   native value (``default_hooks.fp16_compress_hook`` / ``None``), so the decision is still made
-  where the script made it.
+  where the script made it;
+* a lookup by a literal key is the constant it finds; a lookup by a run-time key keeps the lookup,
+  which holds the native values once the whole file is native (rules/constants.py rewrites the
+  table then, since other code may read it too).
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 from typing import Dict, List, Mapping, Optional, Set, Union
 
@@ -40,6 +46,10 @@ class Choice:
     leaves: Dict[cst.Attribute, str]
     tree: Optional[cst.BaseExpression] = None
     name: Optional[str] = None
+    #: The leaves are a table's values: not rewritten by the caller (constants.py does that).
+    table: bool = False
+    #: The source of a table lookup by a run-time key (then `tree` and `name` are None).
+    lookup: Optional[str] = None
 
     @property
     def constants(self) -> Set[str]:
@@ -70,6 +80,8 @@ def resolve(
     leaves = _tree_leaves(value, aliases)
     if leaves is not None:
         return Choice(leaves, tree=value)
+    if isinstance(value, cst.Subscript) and scope is not None:
+        return _lookup(value, aliases, scope, parents)
     if not isinstance(value, cst.Name) or scope is None:
         return None
     name = value.value
@@ -92,6 +104,48 @@ def resolve(
             if access.node is not value:
                 return f"`{name}` is used elsewhere too; the rewriter only follows a name used once"
     return Choice(found, name=name)
+
+
+def _lookup(
+    value: cst.Subscript,
+    aliases: Set[str],
+    scope: Scope,
+    parents: Mapping[cst.CSTNode, cst.CSTNode],
+) -> Union[Choice, str, None]:
+    """The Choice of ``TABLE[key]`` (see the module docstring), a reason, or None when `value` is
+    not a one-key lookup in a name."""
+    if not (isinstance(value.value, cst.Name) and len(value.slice) == 1
+            and isinstance(value.slice[0].slice, cst.Index)):
+        return None
+    name, key = value.value.value, value.slice[0].slice.value
+    assignments = [a for a in scope[name] if hasattr(a, "node")]
+    if len(assignments) != 1:
+        return f"`{name}` is not bound once"
+    target = assignments[0].node
+    assign = parents.get(target) and parents.get(parents.get(target))
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.targets[0].target is target
+            and isinstance(assign.value, cst.Dict)):
+        return f"`{name}` is not a dict literal of Horovod constants"
+    table: Dict[str, cst.Attribute] = {}
+    for element in assign.value.elements:
+        leaf = element.value if isinstance(element, cst.DictElement) else None
+        found = _tree_leaves(leaf, aliases) if isinstance(leaf, cst.Attribute) else None
+        if found is None or not isinstance(element.key, (cst.SimpleString, cst.Integer)):
+            return f"`{name}` is not a dict literal of Horovod constants with literal keys"
+        table[repr(ast.literal_eval(element.key.value))] = leaf
+    for access in assignments[0].references:
+        read = parents.get(access.node)
+        if not (isinstance(read, cst.Subscript) and read.value is access.node) or isinstance(
+                parents.get(read), (cst.AssignTarget, cst.Del)) or (
+                isinstance(parents.get(read), cst.AugAssign) and parents[read].target is read):
+            return f"`{name}` is used otherwise than read by a key, so it may change"
+    leaves = {leaf: hvd_attr_name(leaf, aliases) or "" for leaf in table.values()}
+    if isinstance(key, (cst.SimpleString, cst.Integer)):
+        leaf = table.get(repr(ast.literal_eval(key.value)))
+        if leaf is None:
+            return f"`{name}` has no key {key.value}"
+        return Choice({leaf: leaves[leaf]}, tree=leaf, table=True)
+    return Choice(leaves, table=True, lookup=code_of(value).strip())
 
 
 def condition(tree: cst.BaseExpression, chosen: Set[str], leaves: Mapping[cst.Attribute, str]) -> str:

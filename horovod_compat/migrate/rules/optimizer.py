@@ -199,10 +199,18 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
         unknown = choice.constants - set(_COMPRESSION)
         if unknown:
             return _Options(f"compression=hvd.{sorted(unknown)[0]} is not Compression.none/fp16")
-        if choice.name is not None and len(choice.constants) > 1:
+        if choice.lookup is not None and len(choice.constants) > 1:
+            if not ctx.shared.all_native:
+                return _Options(f"compression={choice.lookup}: the table keeps Horovod's compressors "
+                                "while Horovod calls remain in this file")
+            options.fp16, options.hook_name = None, choice.lookup
+            options.notes.append(f"`{choice.lookup}` now gives DDP's fp16 comm hook or None")
+        elif choice.name is not None and len(choice.constants) > 1:
             options.fp16, options.hook_name = None, choice.name
             options.constants.update({leaf: _COMPRESSION[c] for leaf, c in choice.leaves.items()})
             options.notes.append(f"`{choice.name}` now holds DDP's fp16 comm hook or None")
+        elif choice.lookup is not None:  # (one compressor in the table: the lookup gives it)
+            options.fp16 = "True" if choice.constants == {"Compression.fp16"} else "False"
         elif choice.tree is not None:
             options.fp16 = dataflow.condition(choice.tree, {"Compression.fp16"}, choice.leaves)
         else:
@@ -224,6 +232,9 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
                             f"can follow{why}")
         if choice.constants == {"Adasum"}:
             return _Options("op=Adasum has no torch.distributed/DDP equivalent")
+        if choice.lookup is not None and len(choice.constants) > 1:
+            return _Options(f"op={choice.lookup}: a reduce op chosen at run time from a table; "
+                            "DDP always averages gradients")
         unknown = choice.constants - set(_OPS)
         if choice.constants == {"Sum"}:  # (only Sum can be chosen: the hook always sums)
             if options.hook_name is not None:
@@ -231,7 +242,8 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
                                 "fp16 comm hook averages; register "
                                 "default_hooks.fp16_compress_wrapper(a hook that sums) by hand")
             options.sum = True
-            options.constants.update({leaf: constants.NATIVE_VALUES[c] for leaf, c in choice.leaves.items()})
+            if not choice.table:
+                options.constants.update({leaf: constants.NATIVE_VALUES[c] for leaf, c in choice.leaves.items()})
             options.notes.append("op=hvd.Sum: a comm hook sums the gradients (DDP's own averages)")
         elif unknown:
             return _Options(f"op=hvd.{sorted(unknown)[0]}: DDP always averages gradients")
@@ -242,7 +254,7 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
             else:
                 options.adasum = dataflow.condition(choice.tree, {"Adasum"}, choice.leaves)
             options.notes.append("the Adasum branch raises at run time (no native equivalent)")
-        else:
+        elif not choice.table:
             options.constants.update({leaf: _OPS[c] for leaf, c in choice.leaves.items()})
     if "gradient_predivide_factor" in kw and _literal(kw["gradient_predivide_factor"].value) not in ("1", "1.0"):
         # Horovod only allows it with op=Average, where it splits the division by the world size

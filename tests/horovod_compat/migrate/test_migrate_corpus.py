@@ -58,10 +58,8 @@ REPRESENTATIVE = [
 #: replicate() in place), and why: native only with --emulate (_native_distributed_optimizer).
 EMULATED = {
     "a03_example_flags.py": "backward_passes_per_step from a flag, in a loop whose groups cannot be proven",
-    "a04_config_dict.py": "compression looked up in a config dict",
     "b08_async_metrics.py": "gradients read between backward() and step() without synchronize()",
     "b09_uneven_join.py": "hvd.join() (DDP would need its Join context manager)",
-    "b11_reduce_op_table.py": "op= looked up in a table",
     "b12_process_sets.py": "process_set= (DDP takes a process_group)",
     "c03_pinn_oscillator.py": "the model passed around, and gradients read without synchronize()",
     "c04_optim_factory.py": "the options come as **kwargs",
