@@ -40,8 +40,10 @@ but the last of each run of the inner loop accumulates locally::
 literals, literals or ``len()`` of one, of names the loop does not re-bind; a negative step is
 refused.)
 
-Every forward call of the model outside ``torch.no_grad()``/``torch.inference_mode()`` must be in
-the wrapped statements.  Anything else stays a TODO.
+Every forward call of the model outside ``torch.no_grad()``/``torch.inference_mode()`` (a
+``with`` or a decorator) and outside a function that only evaluates (no backward, nothing
+returned or stored: ``_only_evaluates``) must be in the wrapped statements.  Anything else stays a
+TODO.
 """
 from __future__ import annotations
 
@@ -67,14 +69,61 @@ def _squash(text: str) -> str:
     return re.sub(r"\s+", "", text)
 
 
+_NO_GRAD = ("torch.no_grad()", "torch.inference_mode()", "torch.no_grad", "torch.inference_mode")
+
+
 def _inside_no_grad(node: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> bool:
+    """Under ``with torch.no_grad():`` (or inference_mode), in a function decorated with it, or in
+    a function that only evaluates (`_only_evaluates`): a forward call no backward() can follow."""
+    function = None
     while node in parents:
         node = parents[node]
-        if isinstance(node, cst.With) and any(
-            _squash(code_of(item.item)) in ("torch.no_grad()", "torch.inference_mode()") for item in node.items
-        ):
+        if isinstance(node, cst.With) and any(_squash(code_of(item.item)) in _NO_GRAD for item in node.items):
             return True
-    return False
+        if isinstance(node, cst.FunctionDef):
+            if any(_squash(code_of(d.decorator)) in _NO_GRAD for d in node.decorators):
+                return True
+            function = function or node
+    return function is not None and _only_evaluates(function)
+
+
+class _Escapes(cst.CSTVisitor):
+    """Whether a function's values can leave it, or a backward pass run in it."""
+
+    def __init__(self) -> None:
+        self.found = False
+
+    def visit_Return(self, node: cst.Return) -> None:
+        self.found |= node.value is not None
+
+    def visit_Yield(self, node: cst.Yield) -> None:
+        self.found = True
+
+    def visit_Global(self, node: cst.Global) -> None:
+        self.found = True
+
+    def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+        self.found = True
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self.found |= isinstance(node.target, (cst.Attribute, cst.Subscript))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.found |= isinstance(node.target, (cst.Attribute, cst.Subscript))
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.found |= node.attr.value in ("backward", "append", "extend", "insert", "add", "update",
+                                          "put", "setdefault")
+
+
+def _only_evaluates(function: cst.FunctionDef) -> bool:
+    """True for a function (an evaluation loop, say) whose forward results cannot reach a
+    backward pass: it calls no ``.backward()``, returns and yields no value, and stores nothing
+    outside its own local names (no global, attribute or subscript assignment, no append/update).
+    Horovod's own MNIST example evaluates so, without ``torch.no_grad()``."""
+    escapes = _Escapes()
+    function.body.visit(escapes)
+    return not escapes.found
 
 
 def _enclosing_for(node: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> Optional[cst.For]:

@@ -57,7 +57,6 @@ REPRESENTATIVE = [
 #: The programs whose DistributedOptimizer torch's data parallelism cannot take (neither DDP nor
 #: replicate() in place), and why: native only with --emulate (_native_distributed_optimizer).
 EMULATED = {
-    "a03_example_flags.py": "backward_passes_per_step from a flag, in a loop whose groups cannot be proven",
     "b08_async_metrics.py": "gradients read between backward() and step() without synchronize()",
     "b09_uneven_join.py": "hvd.join() (DDP would need its Join context manager)",
     "b12_process_sets.py": "process_set= (DDP takes a process_group)",

@@ -1,0 +1,41 @@
+import torch
+import horovod.torch as hvd
+import atexit
+import gc
+import os
+import torch.distributed as dist
+
+if not dist.is_initialized():
+    import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
+    # no launcher (torchrun sets RANK, mpirun its own): rank 0 of 1, as Horovod ran without one
+    if not any(name in os.environ for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")):
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+        os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK="0")
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
+if torch.cuda.is_available():
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+hvd.init()
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+# TODO(horovod-compat): hvd.DistributedOptimizer: backward_passes_per_step=2: DDP needs `with ddp_model.no_sync():` around all but the last backward() of every group; the rewriter only does that for `for i, ... in enumerate(...)` with `if (i + 1) % 2 == 0: optimizer.step()` (the model's training forward calls are not all in one such loop); not in place either: backward_passes_per_step=2 on a model made data-parallel in place is not rewritten yet (--emulate writes _native_distributed_optimizer here instead: Horovod's averaging in the optimizer, the same numbers)
+optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                     backward_passes_per_step=2)
+
+
+def train(loader):
+    for i, (x, y) in enumerate(loader):
+        loss = torch.nn.functional.mse_loss(model(x), y) / 2
+        loss.backward()
+        if (i + 1) % 2 == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def validation_loss(loader):
+    # its result may be backpropagated by the caller: not an evaluation the rewriter can prove
+    losses = []
+    for x, y in loader:
+        losses.append(torch.nn.functional.mse_loss(model(x), y))
+    return torch.stack(losses).mean()
