@@ -7,6 +7,8 @@ the report.  All of that lives here so each rule module stays a pure "node in, n
 from __future__ import annotations
 
 import dataclasses
+import io
+import tokenize
 from typing import Dict, List, Optional, Set, Union
 
 import libcst as cst
@@ -162,6 +164,22 @@ def hvd_attr_name(node: cst.CSTNode, aliases: Set[str]) -> Optional[str]:
 def code_of(node: cst.CSTNode) -> str:
     """Source text of a node exactly as written (formatting and comments kept)."""
     return cst.Module(body=[]).code_for_node(node)
+
+
+def without_comments(code: str) -> str:
+    """`code` with each comment blanked out (lines and columns kept), for the text scans of a
+    module: a commented-out ``clip_grad_norm_(...)`` is not a gradient read."""
+    lines = code.splitlines(keepends=True)
+    try:
+        comments = [tok.start for tok in tokenize.generate_tokens(io.StringIO(code).readline)
+                    if tok.type == tokenize.COMMENT]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return code
+    for row, col in comments:
+        line = lines[row - 1]
+        end = len(line.rstrip("\r\n"))
+        lines[row - 1] = line[:col] + " " * (end - col) + line[end:]
+    return "".join(lines)
 
 
 def keyword_args(call: cst.Call) -> Dict[str, cst.Arg]:

@@ -51,6 +51,7 @@ from horovod_compat.migrate.context import (
     hvd_attr_name,
     keyword_args,
     positional_args,
+    without_comments,
 )
 from horovod_compat.migrate.rules import constants, dataflow, inplace, parameter_use
 from horovod_compat.migrate.rules.accumulation import Accumulation, plan_accumulation, reevaluable
@@ -86,6 +87,7 @@ class _Facts:
     parents: Mapping[cst.CSTNode, cst.CSTNode]
     names_in_module: Set[str]
     names_elsewhere: Set[str]
+    #: the module's source with comments blanked out (context.without_comments)
     module_code: str
 
     @functools.cached_property
@@ -603,7 +605,7 @@ def plan_optimizers(
     finder = _FindOptimizers(ctx.hvd_aliases)
     module.visit(finder)
     plan = OptimizerPlan()
-    facts = _Facts(positions, scopes, parents, names, names_elsewhere, module.code)
+    facts = _Facts(positions, scopes, parents, names, names_elsewhere, without_comments(module.code))
     replicated: Dict[str, int] = {}
     for call in finder.calls:
         assign = parents.get(call)
