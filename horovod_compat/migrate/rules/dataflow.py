@@ -74,9 +74,15 @@ def resolve(
     aliases: Set[str],
     scope: Optional[Scope],
     parents: Mapping[cst.CSTNode, cst.CSTNode],
+    all_native: bool = False,
 ) -> Union[Choice, str, None]:
     """The Choice `value` makes; a reason (str) when it is a name the rewriter cannot follow;
-    None when `value` is neither a choice nor a name (the caller judges it as written)."""
+    None when `value` is neither a choice nor a name (the caller judges it as written).
+
+    A named choice may be read elsewhere too (``logger.info(f"{compression}")``) when `all_native`:
+    every Horovod constant of the file then becomes its native value, so those reads see the
+    same values as the call; not when a read uses the value's attributes or calls it
+    (``compression.compress(t)``: Horovod's compressor API)."""
     leaves = _tree_leaves(value, aliases)
     if leaves is not None:
         return Choice(leaves, tree=value)
@@ -101,9 +107,20 @@ def resolve(
             return f"`{name}` is assigned `{code_of(assign.value).strip()}`, not a Horovod constant"
         found.update(leaves)
         for access in assignment.references:
-            if access.node is not value:
+            if access.node is value:
+                continue
+            if not all_native:
                 return f"`{name}` is used elsewhere too; the rewriter only follows a name used once"
+            if _used_as_object(access.node, parents):
+                return f"`{name}` is used as Horovod's compressor or op object elsewhere (an attribute or a call)"
     return Choice(found, name=name)
+
+
+def _used_as_object(node: cst.CSTNode, parents: Mapping[cst.CSTNode, cst.CSTNode]) -> bool:
+    """`node` has an attribute read (``c.compress``) or is called (``c(...)``)."""
+    parent = parents.get(node)
+    return (isinstance(parent, cst.Attribute) and parent.value is node) or (
+        isinstance(parent, cst.Call) and parent.func is node)
 
 
 def _lookup(

@@ -174,7 +174,7 @@ _OPS = {c: constants.NATIVE_VALUES[c] for c in ("Average", "Adasum")}
 def _choice(call: cst.Call, keyword: str, facts: "_Facts", ctx: RewriteContext):
     """The Choice passed as `keyword` (dataflow.resolve), with the scope of the call."""
     return dataflow.resolve(keyword_args(call)[keyword].value, ctx.hvd_aliases,
-                            facts.scopes.get(call), facts.parents)
+                            facts.scopes.get(call), facts.parents, ctx.shared.all_native)
 
 
 def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Options:

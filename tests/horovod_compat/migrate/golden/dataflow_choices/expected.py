@@ -230,8 +230,10 @@ def name_used_twice(args, x):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     compression = default_hooks.fp16_compress_hook if args.fp16 else None
     print(compression)
-    opt = _native_distributed_optimizer(opt, named_parameters=model.named_parameters(), compression=compression)
-    model(x).sum().backward()
+    ddp_model_3 = DDP(model, forward_sync_buffers=False)
+    if compression is not None:
+        ddp_model_3.register_comm_hook(None, compression)
+    ddp_model_3(x).sum().backward()
 
 
 def sum_branch(args, x):
