@@ -184,7 +184,7 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
     loop allows the no_sync() rewrite is decided by accumulation.py once the model's calls are known.
     """
     kw = keyword_args(call)
-    known = {"named_parameters", "compression", "backward_passes_per_step", "op",
+    known = {"optimizer", "named_parameters", "compression", "backward_passes_per_step", "op",
              "gradient_predivide_factor", "num_groups", "groups", "sparse_as_dense"}
     for name in kw:
         if name == "process_set":
@@ -268,6 +268,13 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
     if "groups" in kw or "num_groups" in kw:
         options.notes.append("groups/num_groups dropped (only fusion grouping; DDP buckets gradients itself)")
     return options
+
+
+def _inner_optimizer(call: cst.Call) -> Optional[cst.BaseExpression]:
+    """The optimizer a DistributedOptimizer call wraps: its first positional argument or
+    ``optimizer=``."""
+    kw, pos = keyword_args(call), positional_args(call)
+    return kw["optimizer"].value if "optimizer" in kw else pos[0].value if pos else None
 
 
 def _model_name(call: cst.Call) -> Optional[str]:
@@ -361,7 +368,8 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     if not isinstance(target, cst.Name):
         return "the optimizer must be assigned to a plain name"
     pos = positional_args(call)
-    if has_star_args(call) or not 1 <= len(pos) <= 2:
+    given = len(pos) + ("optimizer" in keyword_args(call))
+    if has_star_args(call) or not 1 <= given <= 2:
         return "arguments not understood (expected the optimizer and named_parameters=)"
     model = _model_name(call)
     if model is None:
@@ -509,8 +517,7 @@ def _before_the_wrap(call: cst.Call, stmt: cst.CSTNode, options: _Options, facts
     """The lines either rewrite (DDP wrap or in place) puts first: the inner optimizer's state
     cleared where it had one, and the Adasum guard of a run-time choice."""
     lines = []
-    pos = positional_args(call)
-    inner = pos[0].value if pos else None
+    inner = _inner_optimizer(call)
     if isinstance(inner, cst.Name) and stmt is not None and _state_made_before(inner.value, stmt, facts):
         # Horovod's wrapper was a new optimizer over the same parameter groups, without the state
         lines.append(f"{inner.value}.state.clear()  # as under Horovod: the wrap started without state\n")

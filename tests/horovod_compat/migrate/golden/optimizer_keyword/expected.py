@@ -1,0 +1,27 @@
+import torch
+import atexit
+import gc
+import os
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main(x):
+    if not dist.is_initialized():
+        import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
+        # no launcher (torchrun sets RANK, mpirun its own): rank 0 of 1, as Horovod ran without one
+        if not any(name in os.environ for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")):
+            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+            os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK="0")
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+        atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    model = torch.nn.Linear(4, 2)
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    # the wrapped optimizer passed by keyword, as Horovod's signature allows
+    ddp_model = DDP(model, forward_sync_buffers=False)
+    opt = base
+    ddp_model(x).sum().backward()
+    opt.step()
