@@ -194,6 +194,12 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
     options = _Options()
     if "compression" in kw:
         choice = _choice(call, "compression", facts, ctx)
+        value = kw["compression"].value
+        if not isinstance(choice, dataflow.Choice) and ctx.shared.all_native and reevaluable(value) and not (
+                isinstance(value, cst.Integer)):
+            # a value from elsewhere (a parameter, an attribute, a config field): every Horovod
+            # compressor of a native file is DDP's fp16 hook or None, and so is this value
+            choice = dataflow.Choice({}, table=True, lookup=code_of(value).strip())
         if not isinstance(choice, dataflow.Choice):
             why = f" ({choice})" if isinstance(choice, str) else ""
             return _Options(f"compression={code_of(kw['compression'].value)} is not Compression.none/fp16 "
@@ -201,7 +207,7 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
         unknown = choice.constants - set(_COMPRESSION)
         if unknown:
             return _Options(f"compression=hvd.{sorted(unknown)[0]} is not Compression.none/fp16")
-        if choice.lookup is not None and len(choice.constants) > 1:
+        if choice.lookup is not None and len(choice.constants) != 1:
             if not ctx.shared.all_native:
                 return _Options(f"compression={choice.lookup}: the table keeps Horovod's compressors "
                                 "while Horovod calls remain in this file")

@@ -5,6 +5,7 @@ import os
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed._composable import replicate
 
 
 def _native_sum_gradients(process_group, bucket):
@@ -55,4 +56,25 @@ def sum_by_literal_key(x):
     ddp_model_3 = DDP(model, forward_sync_buffers=False)
     ddp_model_3.register_comm_hook(None, default_hooks.fp16_compress_wrapper(_native_sum_gradients))  # op=hvd.Sum: gradients summed, not averaged, sent as float16
     ddp_model_3(x).sum().backward()
+    opt.step()
+
+
+class Trainer:
+    def __init__(self, model, compression):
+        self.model = model
+        self.compression = compression
+
+    def make_optimizer(self):
+        # the compressor comes from the caller: in a native file it is DDP's fp16 hook or None
+        optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        replicate(self.model, find_unused_parameters=True)  # DDP in place; unused parameters keep grad None (Horovod: zeros)
+        if self.compression is not None:
+            self.model.register_comm_hook(None, self.compression)
+        return optimizer
+
+
+def with_a_trainer(x):
+    trainer = Trainer(torch.nn.Linear(4, 2), default_hooks.fp16_compress_hook)
+    opt = trainer.make_optimizer()
+    trainer.model(x).sum().backward()
     opt.step()

@@ -31,3 +31,22 @@ def sum_by_literal_key(x):
                                    compression=ONLY_FP16[0])
     model(x).sum().backward()
     opt.step()
+
+
+class Trainer:
+    def __init__(self, model, compression):
+        self.model = model
+        self.compression = compression
+
+    def make_optimizer(self):
+        # the compressor comes from the caller: in a native file it is DDP's fp16 hook or None
+        optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        return hvd.DistributedOptimizer(optimizer=optimizer, named_parameters=self.model.named_parameters(),
+                                        compression=self.compression)
+
+
+def with_a_trainer(x):
+    trainer = Trainer(torch.nn.Linear(4, 2), hvd.Compression.fp16)
+    opt = trainer.make_optimizer()
+    trainer.model(x).sum().backward()
+    opt.step()
