@@ -132,6 +132,8 @@ class _Options:
     #: named choice decides (then the hook is the variable's value, `hook_name`).
     fp16: Optional[str] = "False"
     hook_name: Optional[str] = None
+    #: A comment for the line that tests `hook_name`, when its value comes from elsewhere.
+    hook_comment: str = ""
     #: When Horovod would have used Adasum: "False" (never) or a condition.
     adasum: str = "False"
     #: op=hvd.Sum: the gradients are summed (a comm hook), not averaged.
@@ -158,7 +160,8 @@ class _Options:
         if self.fp16 != "False" or any("fp16" in v for v in self.constants.values()):
             ctx.need(HVD, "default_hooks")
         if self.hook_name is not None:
-            return [f"if {self.hook_name} is not None:\n    {module}.register_comm_hook(None, {self.hook_name})\n"]
+            return [f"if {self.hook_name} is not None:{self.hook_comment}\n"
+                    f"    {module}.register_comm_hook(None, {self.hook_name})\n"]
         if self.fp16 == "True":
             return [f"{module}.register_comm_hook(None, default_hooks.fp16_compress_hook)\n"]
         if self.fp16 != "False":
@@ -200,6 +203,7 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
             # a value from elsewhere (a parameter, an attribute, a config field): every Horovod
             # compressor of a native file is DDP's fp16 hook or None, and so is this value
             choice = dataflow.Choice({}, table=True, lookup=code_of(value).strip())
+            options.hook_comment = "  # fp16_compress_hook or None (hvd.Compression.fp16/none, once its caller is migrated)"
         if not isinstance(choice, dataflow.Choice):
             why = f" ({choice})" if isinstance(choice, str) else ""
             return _Options(f"compression={code_of(kw['compression'].value)} is not Compression.none/fp16 "

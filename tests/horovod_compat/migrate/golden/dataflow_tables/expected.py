@@ -68,7 +68,7 @@ class Trainer:
         # the compressor comes from the caller: in a native file it is DDP's fp16 hook or None
         optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
         replicate(self.model, find_unused_parameters=True)  # DDP in place; unused parameters keep grad None (Horovod: zeros)
-        if self.compression is not None:
+        if self.compression is not None:  # fp16_compress_hook or None (hvd.Compression.fp16/none, once its caller is migrated)
             self.model.register_comm_hook(None, self.compression)
         return optimizer
 
