@@ -232,7 +232,12 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
         options.passes = _literal(kw["backward_passes_per_step"].value)
         if options.passes.isdigit() and int(options.passes) < 1:
             return _Options(f"backward_passes_per_step={options.passes} must be at least 1")
-        if not reevaluable(kw["backward_passes_per_step"].value):
+        single = _one_backward_per_step(call, facts) if options.passes != "1" else None
+        if single is not None:
+            options.notes.append(f"backward_passes_per_step={options.passes} dropped: each step() follows one "
+                                 f"backward() (line {single}), and Horovod averaged at step() then anyway")
+            options.passes = "1"
+        elif not reevaluable(kw["backward_passes_per_step"].value):
             return _Options(f"backward_passes_per_step={options.passes} is not a literal, name, attribute or "
                             "subscript by a literal; "
                             "DDP needs `with ddp_model.no_sync():` around all but the last backward() of every group")
@@ -278,6 +283,45 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
     if "groups" in kw or "num_groups" in kw:
         options.notes.append("groups/num_groups dropped (only fusion grouping; DDP buckets gradients itself)")
     return options
+
+
+def _one_backward_per_step(call: cst.Call, facts: "_Facts") -> Optional[int]:
+    """The line of the one ``backward()`` before each ``T.step()`` of the optimizer assigned to T
+    (a name or attribute chain), when every step provably follows exactly one backward pass; else
+    None.
+
+    Then ``backward_passes_per_step`` changes nothing: Horovod's ``step()`` averages every
+    gradient not yet averaged, so a step after a single pass averages that pass, as DDP does. The
+    proof: the module's ``backward()`` calls are exactly one per ``T.step()`` site, each step a
+    statement directly in a loop's or a function's body, and its backward a statement before it
+    in that body, with no ``continue``, ``break`` or ``return`` between them: backward passes and
+    steps then alternate.
+    """
+    assign = facts.parents.get(call)
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1):
+        return None
+    target = code_of(assign.targets[0].target).strip()
+    steps = [node for node in facts.parents if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+             and node.func.attr.value == "step" and code_of(node.func.value).strip() == target]
+    if not steps or len(re.findall(r"\.backward\(", facts.module_code)) != len(steps):
+        return None
+    lines = set()
+    for node in steps:
+        stmt = _statement_of(node, facts)
+        block = facts.parents.get(stmt)
+        if not (isinstance(block, cst.IndentedBlock)
+                and isinstance(facts.parents.get(block), (cst.For, cst.While, cst.FunctionDef))):
+            return None
+        body = list(block.body)
+        before = body[:body.index(stmt)]
+        backward = [k for k, other in enumerate(before) if ".backward(" in code_of(other)]
+        if len(backward) != 1 or not isinstance(before[backward[0]], cst.SimpleStatementLine):
+            return None
+        between = "".join(code_of(other) for other in before[backward[0] + 1:])
+        if re.search(r"\b(?:continue|break|return)\b", between):
+            return None
+        lines.add(facts.positions[before[backward[0]]].start.line)
+    return min(lines)
 
 
 def _inner_optimizer(call: cst.Call) -> Optional[cst.BaseExpression]:

@@ -405,3 +405,25 @@ def test_op_sum_becomes_a_comm_hook_that_sums_and_the_numbers_stay(tmp_path, com
     want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original))
     assert len(want) == 12, want
     assert native_printed(native, 2, line) == want
+
+
+def test_passes_per_step_with_one_backward_before_each_step_change_nothing(tmp_path):
+    """backward_passes_per_step=3 where every step() follows one backward(): Horovod's step()
+    averaged the gradients of that one pass (those not yet averaged), so the option changed
+    nothing; the rewrite drops it, says so, and the native program gives Horovod's numbers."""
+    program = PROGRAM.replace("named_parameters=self.model.named_parameters(),",
+                              "named_parameters=self.model.named_parameters(), backward_passes_per_step=3,")
+    assert program != PROGRAM
+    original = tmp_path / "original.py"
+    original.write_text(program)
+    result = migrate_source(program, "original.py")
+    assert replicated(result.source) == ["self.model"] and not_native([result.source], result.findings) is None
+    assert "no_sync" not in result.source and "set_requires_gradient_sync" not in result.source
+    notes = [f.message for f in result.findings if f.name == "hvd.DistributedOptimizer"]
+    assert any("backward_passes_per_step=3 dropped: each step() follows one backward()" in n for n in notes), notes
+    native = tmp_path / "native.py"
+    native.write_text(result.source)
+    line = r"INPLACE rank=\d (?:step=\d loss=\S+ eval=\S+|final=\S+)"
+    want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original))
+    assert len(want) == 14, want
+    assert native_printed(native, 2, line) == want
