@@ -157,16 +157,22 @@ def rewrite_broadcast(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome
 
 
 def rewrite_broadcast_object(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
-    """``hvd.broadcast_object(obj, root_rank=0)`` -> ``dist.broadcast_object_list`` helper."""
+    """``hvd.broadcast_object(obj, root_rank=0, name=None)`` -> ``dist.broadcast_object_list``
+    helper (the name, by keyword or third positional argument, dropped)."""
     pos = positional_args(call)
     kw = keyword_args(call)
     options = _native_options(call, ctx, {"root_rank", "name"}, _SET_OPTION)
     if isinstance(options, Flagged):
         return options
-    if has_star_args(call) or not 1 <= len(pos) <= 2:
+    if has_star_args(call) or not 1 <= len(pos) <= 3:
         return Flagged("hvd.broadcast_object() arguments not understood")
-    if len(pos) == 2 and "root_rank" in kw:
-        return Flagged("root_rank given twice")
+    if len(pos) >= 2 and "root_rank" in kw or len(pos) == 3 and "name" in kw:
+        return Flagged("root_rank or name given twice")
+    # the third positional argument is the name, which only labelled Horovod's op: dropped when
+    # evaluating it can have no effect
+    if len(pos) == 3 and not isinstance(pos[2].value, (cst.SimpleString, cst.ConcatenatedString,
+                                                         cst.FormattedString, cst.Name, cst.Attribute)):
+        return Flagged("hvd.broadcast_object() name argument not understood")
     root = pos[1].value if len(pos) == 2 else kw["root_rank"].value if "root_rank" in kw else None
     ctx.need_helper("_native_broadcast_object")
     args = [code_of(pos[0].value), *([code_of(root)] if root is not None else []), *options]

@@ -82,5 +82,6 @@ for tensor in model.state_dict().values():  # hvd.broadcast_parameters
     dist.broadcast(tensor, src=0)
 _native_broadcast_optimizer_state(optimizer, root_rank=0)
 start_epoch = _native_broadcast_object(7, 0)
+best = _native_broadcast_object(0.5)  # the name as the third positional argument
 everyone = _native_allgather_object({"rank": dist.get_rank()})
 weights = _native_broadcast(torch.ones(3), 0)
