@@ -15,7 +15,7 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 from horovod_compat.migrate.context import HOROVOD, Flagged, Outcome, RewriteContext, Rewritten, hvd_attr_name
 from horovod_compat.migrate.report import todo_comment
 from horovod_compat.migrate.rules import (
-    collectives, constants, elastic, lightning, optimizer_hooks, runner, sampler, state_sync, topology,
+    collectives, constants, elastic, flags, lightning, optimizer_hooks, runner, sampler, state_sync, topology,
 )
 from horovod_compat.migrate.rules.flags import reason_for
 from horovod_compat.migrate.rules.optimizer import OptimizerPlan
@@ -325,6 +325,9 @@ class HorovodTransformer(cst.CSTTransformer):
             return sampler.rewrite_sampler(original_node, updated_node, self.ctx, line)
         name = hvd_attr_name(original_node.func, self.ctx.hvd_aliases)
         if name is None:
+            unfollowed = flags.unfollowed_horovod_call(original_node)
+            if unfollowed is not None:
+                self._flag(original_node, *unfollowed)
             return updated_node
         if original_node in self.statement_calls:
             outcome = self.statement_calls[original_node]
@@ -383,6 +386,9 @@ class HorovodTransformer(cst.CSTTransformer):
         return node
 
     def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString) -> cst.SimpleString:
+        module = flags.horovod_module_named(original_node)
+        if module is not None:
+            self._flag(original_node, module, flags.MODULE_BY_NAME)
         if "HOROVOD_TIMELINE" in original_node.value:
             self._flag(original_node, "HOROVOD_TIMELINE",
                        "has no effect without Horovod; record with torch.profiler instead (see the guide)")

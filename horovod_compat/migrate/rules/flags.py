@@ -6,6 +6,11 @@ differently from the input without saying so.
 """
 from __future__ import annotations
 
+import re
+from typing import Optional, Tuple
+
+import libcst as cst
+
 _ASYNC = (
     "async handles (poll/synchronize) have no one-line native form; use "
     "dist.all_reduce(..., async_op=True).wait() and mind that it sums in place"
@@ -56,3 +61,39 @@ def reason_for(name: str) -> str:
     if head in REASONS:
         return REASONS[head]
     return "the rewriter has no native mapping for this name"
+
+
+# Horovod reached in ways one file does not show. The rewriter follows `hvd` where this file
+# imports Horovod's binding; code that gets the module another way (a framework's wrapper
+# module, a module name in a string) would otherwise come out unchanged and be called native.
+
+#: Horovod-only optimizer calls, whatever the receiver is called.
+_HOROVOD_ONLY = ("DistributedOptimizer", "broadcast_optimizer_state")
+
+MODULE_BY_NAME = ("names Horovod's module in a string: code that imports it at run time (importlib."
+                  "import_module, __import__) is not followed by the rewriter; import it as "
+                  "`import horovod.torch as hvd` where it is used, or migrate that code by hand")
+
+
+def unfollowed_horovod_call(call: cst.Call) -> Optional[Tuple[str, str]]:
+    """(name, reason) for ``X.DistributedOptimizer(...)`` or ``X.broadcast_optimizer_state(...)``
+    where X is no import of Horovod in this file (the caller has checked that) and no torch
+    module (``torch.distributed.optim.DistributedOptimizer`` is torch's RPC optimizer)."""
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and func.attr.value in _HOROVOD_ONLY):
+        return None
+    receiver = cst.Module([]).code_for_node(func.value).strip()
+    if re.match(r"(?:torch|dist|rpc|optim)\b", receiver):
+        return None
+    return (f"{receiver}.{func.attr.value}",
+            f"looks like Horovod's {func.attr.value}, reached through `{receiver}`, which this file "
+            "does not import from horovod.torch: the rewriter cannot follow it (import horovod.torch "
+            "as hvd where it is used, or migrate it by hand)")
+
+
+def horovod_module_named(node: cst.SimpleString) -> Optional[str]:
+    """The module a string literal names when it is a module of Horovod's (``"horovod.torch"``)."""
+    value = node.evaluated_value
+    if isinstance(value, str) and re.fullmatch(r"horovod(?:\.[A-Za-z_]\w*)+", value):
+        return repr(value)
+    return None
