@@ -199,7 +199,7 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
         choice = _choice(call, "compression", facts, ctx)
         value = kw["compression"].value
         if not isinstance(choice, dataflow.Choice) and ctx.shared.all_native and reevaluable(value) and not (
-                isinstance(value, cst.Integer)):
+                isinstance(value, cst.Integer) or isinstance(value, cst.Name) and value.value in ("None", "True", "False")):
             # a value from elsewhere (a parameter, an attribute, a config field): every Horovod
             # compressor of a native file is DDP's fp16 hook or None, and so is this value
             choice = dataflow.Choice({}, table=True, lookup=code_of(value).strip())
