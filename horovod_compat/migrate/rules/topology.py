@@ -53,6 +53,9 @@ _EXPRESSIONS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
 #: torchrun and TorchDistributor set RANK, and nothing changes there. Under mpirun (Open MPI's
 #: OMPI_COMM_WORLD_RANK, MPICH's PMI_RANK) nothing is set either: each of its processes must not
 #: train alone as rank 0 of 1; init_process_group then says that RANK is missing (use torchrun).
+#: With CUDA the group has both backends, as Horovod moved CPU tensors on gloo (or MPI) and CUDA
+#: tensors on NCCL: "nccl" alone fails the first CPU tensor (a CPU model, a metric averaged on the
+#: CPU) with "No backend type associated with device type cpu" (seen on an H200, 2026-11-30).
 _INIT = """\
 if not dist.is_initialized():
     import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
@@ -60,7 +63,7 @@ if not dist.is_initialized():
     if not any(name in os.environ for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")):
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
         os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK="0")
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
     atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
 """
