@@ -844,7 +844,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """``python tests/chaos/harness.py LAUNCHER FAULT SEED... [--target R] [--second]``: rerun
     single runs (the seeds that a round printed; ``--target`` and ``--second`` repeat the short
     round's overrides: the rank hit, an elastic second kill during the recovery), showing the
-    job's last output lines of each failed one."""
+    job's last output lines of each failed one (``--output``: every run's whole output)."""
     import argparse
     import tempfile
 
@@ -857,6 +857,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--target", type=int, default=None, help="the rank to hit")
     parser.add_argument("--second", action="store_true", default=None,
                         help="elastic kill: a second kill during the recovery")
+    parser.add_argument("--output", action="store_true",
+                        help="print each run's whole output, passing runs too (to compare a passing "
+                             "run's sequence of events with a failing one's)")
     parser.add_argument("--phase", default="step", choices=("step",) + PHASES,
                         help=f"a fixed-size job's phase fault (launchers {', '.join(PHASE_LAUNCHERS)};"
                              f" faults {', '.join(PHASE_FAULTS)})")
@@ -875,8 +878,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             out = run(seed, args.launcher, args.fault, tmp / str(seed), target=args.target,
                       spark=spark, second=args.second, phase=args.phase)
             print(out.line(), flush=True)
-            if not out.ok:
-                failures += 1
+            failures += not out.ok
+            if args.output:
+                print("\n".join(out.output), flush=True)
+            elif not out.ok:
                 print("\n".join(out.output[-60:]), flush=True)
     return 1 if failures else 0
 
