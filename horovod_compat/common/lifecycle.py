@@ -68,6 +68,9 @@ _elastic_log = logging.getLogger("horovod_compat.elastic")
 #: Seconds a worker whose joining of a round failed waits for the driver to name a lost member
 #: before it takes the failure for something else (and raises it).
 LOST_WAIT_SECONDS = 5.0
+#: Seconds a worker may stay inside the set-up of a round that the driver said lost a member
+#: (such a round can never form) before it exits, to be replaced (`_leave_a_lost_round`).
+LOST_ROUND_EXIT_SECONDS = float(os.environ.get("HOROVOD_COMPAT_LOST_ROUND_EXIT_SECONDS", "15"))
 _generation = 0
 _base_store: Optional[dist.Store] = None
 _base_store_key: Optional[tuple] = None
@@ -170,6 +173,31 @@ def _join_round() -> tuple:
     # PrefixStore puts its own "/" between prefix and key; waits end if a member fails meanwhile
     store = dist.PrefixStore(world.store_prefix.rstrip("/"), _elastic_client)
     return info, RoundStore(store, world.round, lambda: _worker.lost_member(world.round))
+
+
+def _leave_a_lost_round(round_number: int, connected: threading.Event) -> None:
+    """Watch this worker's set-up of round `round_number` (``init_process_group``) from a thread.
+
+    A round that lost a member while it formed can never form, and `RoundStore` ends the store
+    waits of its set-up. But gloo's ``connectFullMesh`` also waits on peer sockets, in C++, for the
+    group's timeout (minutes), and nothing in Python can interrupt it. A member stuck there never
+    re-joins, and the next round waits for every live member of this one. So once the driver has
+    named a lost member and the set-up still has not ended `LOST_ROUND_EXIT_SECONDS` later, the
+    worker exits; the driver starts a replacement, and the next round forms without it."""
+    while not connected.is_set():
+        rank = _worker.lost_member(round_number, wait=1.0)
+        if rank is None:
+            continue
+        if connected.wait(LOST_ROUND_EXIT_SECONDS):
+            return
+        _elastic_log.error(
+            "hvd.init(): rank %s of round %s failed while this worker connected to the round, and "
+            "the connection did not end within %g s (gloo's connect cannot be interrupted): this "
+            "worker exits and the elastic job starts a replacement", rank, round_number,
+            LOST_ROUND_EXIT_SECONDS)
+        for handler in logging.getLogger().handlers + _elastic_log.handlers:
+            handler.flush()
+        os._exit(1)
 
 
 def _mpi_rendezvous(info: Dict[str, Any]) -> None:
@@ -341,6 +369,10 @@ def _init(comm: Any, process_sets: Union[None, str, Sequence[ProcessSet]]) -> No
                         "address: set MASTER_ADDR and MASTER_PORT")
                 store = dist.PrefixStore(prefix, _store_for(info))
             seconds = float(os.environ.get("HOROVOD_COMPAT_OP_TIMEOUT", "1800"))
+            connected = threading.Event()
+            if elastic:
+                threading.Thread(target=_leave_a_lost_round, args=(info["round"], connected),
+                                 name="hvd-round-watch", daemon=True).start()
             try:
                 dist.init_process_group(_backend_name(), store=store, rank=info["rank"],
                                         world_size=info["size"],
@@ -352,6 +384,8 @@ def _init(comm: Any, process_sets: Union[None, str, Sequence[ProcessSet]]) -> No
                 # a member of the round died before it joined: hvd.elastic.run re-joins
                 raise HorovodInternalError(f"hvd.init(): joining round {info['round']} of the elastic "
                                            f"job failed: {exc}") from exc
+            finally:
+                connected.set()  # (ends the round's watcher: the set-up is over, one way or the other)
             owns = True
         _generation += 1
         dynamic = process_sets == "dynamic" or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") == "1"
