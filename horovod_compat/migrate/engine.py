@@ -21,7 +21,7 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvide
 from horovod_compat.migrate import renaming, syntax
 from horovod_compat.migrate.context import FAMILIES, HVD, RewriteContext, SharedState
 from horovod_compat.migrate.report import Finding, Kind
-from horovod_compat.migrate.rules import import_forms, lightning
+from horovod_compat.migrate.rules import flags, import_forms, lightning
 from horovod_compat.migrate.rules.imports import (
     ImportFixer, ImportPlan, ImportScan, OtherFrameworkScan, remaining_uses,
 )
@@ -185,10 +185,6 @@ def migrate_units(units: Sequence[Unit], emulate: bool = False) -> List[UnitResu
     return results
 
 
-#: Horovod reached without an import of it that this file shows (rules/flags.py says so in a TODO).
-_HOROVOD_BY_OTHER_NAMES = re.compile(r"\.(?:DistributedOptimizer|broadcast_optimizer_state)\(|[\"']horovod\.\w")
-
-
 def _may_use_horovod(unit: Unit) -> bool:
     """False only when `unit` surely has nothing to rewrite: it parses, imports no module of a
     package whose name starts with ``horovod`` (this project's included) nor ``sparkdl``, nor
@@ -197,7 +193,7 @@ def _may_use_horovod(unit: Unit) -> bool:
     import, so the pipeline (a dozen walks over the tree) would return the input unchanged, with
     no finding: a file already migrated, or never on Horovod."""
     if "__import__" in unit.source or "import_module" in unit.source \
-            or lightning.uses_lightning(unit.source) or _HOROVOD_BY_OTHER_NAMES.search(unit.source):
+            or lightning.uses_lightning(unit.source) or flags.REACHED_BY_OTHER_NAMES.search(unit.source):
         return True
     try:
         tree = ast.parse(unit.source)

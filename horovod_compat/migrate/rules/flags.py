@@ -11,6 +11,8 @@ from typing import Optional, Tuple
 
 import libcst as cst
 
+from horovod_compat.migrate.context import code_of
+
 _ASYNC = (
     "async handles (poll/synchronize) have no one-line native form; use "
     "dist.all_reduce(..., async_op=True).wait() and mind that it sums in place"
@@ -69,6 +71,10 @@ def reason_for(name: str) -> str:
 
 #: Horovod-only optimizer calls, whatever the receiver is called.
 _HOROVOD_ONLY = ("DistributedOptimizer", "broadcast_optimizer_state")
+#: A module of Horovod's, named in a string.
+_MODULE_NAME = r"horovod(?:\.[A-Za-z_]\w*)+"
+#: Source text that may reach Horovod in one of those ways (engine.py's quick look at a file).
+REACHED_BY_OTHER_NAMES = re.compile(rf"\.(?:{'|'.join(_HOROVOD_ONLY)})\(|[\"']{_MODULE_NAME}[\"']")
 
 MODULE_BY_NAME = ("names Horovod's module in a string: code that imports it at run time (importlib."
                   "import_module, __import__) is not followed by the rewriter; import it as "
@@ -82,7 +88,7 @@ def unfollowed_horovod_call(call: cst.Call) -> Optional[Tuple[str, str]]:
     func = call.func
     if not (isinstance(func, cst.Attribute) and func.attr.value in _HOROVOD_ONLY):
         return None
-    receiver = cst.Module([]).code_for_node(func.value).strip()
+    receiver = code_of(func.value).strip()
     if re.match(r"(?:torch|dist|rpc|optim)\b", receiver):
         return None
     return (f"{receiver}.{func.attr.value}",
@@ -94,6 +100,6 @@ def unfollowed_horovod_call(call: cst.Call) -> Optional[Tuple[str, str]]:
 def horovod_module_named(node: cst.SimpleString) -> Optional[str]:
     """The module a string literal names when it is a module of Horovod's (``"horovod.torch"``)."""
     value = node.evaluated_value
-    if isinstance(value, str) and re.fullmatch(r"horovod(?:\.[A-Za-z_]\w*)+", value):
+    if isinstance(value, str) and re.fullmatch(_MODULE_NAME, value):
         return repr(value)
     return None
