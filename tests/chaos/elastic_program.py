@@ -34,7 +34,11 @@ on rank ``CHAOS_RANK`` of the first round (``CHAOS_FAULT``):
 
 ``CHAOS_INIT_RANK=I`` adds a second fault: once the first has struck, the worker that had rank I
 in the first round SIGKILLs itself inside its next ``hvd.init()``, right after its process group
-formed, while its peers still set theirs up (the lost commit of issue 41).
+formed, while its peers still set theirs up (the lost commit of issue 41). ``CHAOS_STUCK_RANK=S``
+adds, in that same next ``hvd.init()``, a worker (rank S of the first round) whose set-up never
+ends once its process group formed: it prints ``chaos-stuck rank=R pid=P`` and blocks, as a worker
+left in gloo's ``connectFullMesh`` by a peer that quit the round does (the elastic init hang of
+issue 41), and the runtime must make it exit (``HOROVOD_COMPAT_LOST_ROUND_EXIT_SECONDS``).
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 
@@ -107,6 +112,17 @@ def _phase_faults(folder: str, fault: str, rank: int) -> None:
             return done
 
         dist.init_process_group = init
+    elif os.environ.get("CHAOS_STUCK_RANK") == str(rank):
+        init_process_group = dist.init_process_group
+
+        def stuck_init(*args, **kwargs):
+            done = init_process_group(*args, **kwargs)
+            if os.path.exists(os.path.join(folder, "raised")) and _first_time(folder, "stuck"):
+                print(f"chaos-stuck rank={kwargs['rank']} pid={os.getpid()}", flush=True)
+                threading.Event().wait()  # no Python-level way out, as in a C++ connect
+            return done
+
+        dist.init_process_group = stuck_init
 
 
 def main() -> int:

@@ -37,7 +37,9 @@ callback's line), ``raise`` (``ChaosError`` once, in a chosen step), ``stop`` (t
 itself in a chosen step), and two faults at a phase the program reaches (`elastic_program`):
 ``broadcast`` (the target dies as the first state sync's transfer starts, and another rank comes
 to that transfer late, after the others have reset), ``init`` (the same death, then another
-worker dies inside the ``hvd.init()`` of the next round) and ``resets`` (the worker that has the
+worker dies inside the ``hvd.init()`` of the next round), ``stuck`` (as ``init``, and the third
+worker's set-up of that round never ends: it must exit ``STUCK_EXIT_SECONDS`` after the driver
+named the lost member, and be replaced) and ``resets`` (the worker that has the
 target rank SIGKILLs itself ``RESETS`` times, 8 steps apart: the survivors' resident memory must
 stay flat across their resets, ``RESET_RSS_BOUND_MB``). Right: the job exits 0; the next step
 runs within `exit_bound` of the fault; every sample was counted exactly once in the committed
@@ -93,14 +95,18 @@ NP = 3
 #: Launchers of fixed-size jobs started as a process of their own (``spark`` runs in this one).
 LAUNCHERS = ("horovodrun", "function", "mpi")
 FAULTS = ("kill", "raise", "close", "stop")
-ELASTIC_FAULTS = ("kill", "raise", "stop", "broadcast", "init", "resets")
+ELASTIC_FAULTS = ("kill", "raise", "stop", "broadcast", "init", "stuck", "resets")
 #: How many times the elastic fault ``resets`` strikes in a run.
 RESETS = int(os.environ.get("CHAOS_RESETS", "6"))
 #: Elastic faults the program injects in itself at a phase it reaches (`elastic_program`), and
 #: how the driver must describe the failed worker.
 ELASTIC_WHAT = {"kill": "killed by SIGKILL", "raise": "ChaosError", "stop": "stopped responding",
                 "resets": "killed by SIGKILL",
-                "broadcast": "killed by SIGKILL", "init": "killed by SIGKILL"}
+                "broadcast": "killed by SIGKILL", "init": "killed by SIGKILL",
+                "stuck": "killed by SIGKILL"}
+#: Fault ``stuck``: seconds the stuck worker's set-up lasts after the driver named the round's
+#: lost member, before the runtime makes it exit (``HOROVOD_COMPAT_LOST_ROUND_EXIT_SECONDS``).
+STUCK_EXIT_SECONDS = 2.0
 SPARK_FAULTS = ("kill", "raise", "stop", "worker")
 #: Launchers of the phase faults: ``tcp`` is ``horovodrun`` with shared memory off.
 PHASE_LAUNCHERS = ("horovodrun", "tcp", "function", "mpi")
@@ -152,6 +158,7 @@ RESET_RSS_BOUND_MB = float(os.environ.get("CHAOS_RESET_RSS_BOUND_MB", "24"))
 _PID = re.compile(r"chaos-pid rank=(\d+) (?:size=\d+ )?pid=(\d+)")
 _STEP = re.compile(r"step (\d+) rank (\d+) ")
 _FAULT = re.compile(r"chaos-fault rank=(\d+) peer=(-?\d+) t=([\d.]+)")
+_STUCK = re.compile(r"chaos-stuck rank=(\d+) pid=(\d+)")
 _NAMED = re.compile(r"(?:^horovodrun: |^chaos-driver: )Rank (\d+) (.*)$")
 _WORKER = re.compile(r"^\[(\d+)\]<stdout>:(.*)$")
 _RESET = re.compile(r"chaos-reset rank=(\d+) size=(\d+) pid=(\d+)(?: t=\S+ rss_kb=(\d+))?")
@@ -226,6 +233,8 @@ def exit_bound(fault: str, phase: str = "step") -> float:
         return FROZEN_SECONDS + STOP_MARGIN
     if fault == "lost":
         return FROZEN_SECONDS + LOST_MARGIN
+    if fault == "stuck":
+        return EXIT_BOUND + STUCK_EXIT_SECONDS
     return EXIT_BOUND
 
 
@@ -504,6 +513,7 @@ class _ElasticFaults:
         self.started: List[int] = []          # worker ids in order of their first line
         self.recovered_at: Optional[float] = None  # first step after the first fault's reset
         self.rss_kb: Dict[int, List[int]] = {}  # pid -> its resident memory at each of its resets
+        self.stuck: Optional[int] = None      # worker id of the one whose set-up never ended
         self._reset_seen = False
 
     def _kill(self, wid: int, rank: int, delay: float = 0.0) -> None:
@@ -528,6 +538,8 @@ class _ElasticFaults:
         m = _PID.search(text)
         if m:
             self.pids[wid] = int(m.group(2))
+        if _STUCK.search(text):
+            self.stuck = wid
         m = _FAULT.search(text)
         if m and out.fault != "kill":  # injected by the program itself
             self.faults.append((float(m.group(3)), wid, int(m.group(1))))
@@ -542,7 +554,10 @@ class _ElasticFaults:
                 self._kill(wid, int(m.group(1)))  # during the recovery: before the state's sync
         m = _STEP.search(text)
         if m:
-            if self.faults and self._reset_seen and self.recovered_at is None:
+            # (after ``stuck`` no worker of the first round is left to reset: a step of the
+            # replacements is the recovery)
+            if (self.faults and (self._reset_seen or out.fault == "stuck")
+                    and self.recovered_at is None):
                 self.recovered_at = time.time()
             if (out.fault == "kill" and not self.faults and int(m.group(2)) == out.target
                     and int(m.group(1)) >= out.step and wid in self.pids):
@@ -576,8 +591,11 @@ def run_elastic(seed: int, fault: str, workdir: Path, target: Optional[int] = No
         # root, which fails at once and resets, so the late one waits on a rank that has left
         late = 1 if target == 2 else 2
         env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(target), CHAOS_LATE_RANK=str(late))
-    elif fault == "init":  # another one dies as the next round forms
+    elif fault in ("init", "stuck"):  # another one dies as the next round forms
         env.update(CHAOS_FAULT="broadcast", CHAOS_RANK=str(target), CHAOS_INIT_RANK=str(other))
+        if fault == "stuck":  # and the third one's set-up of that round never ends
+            env.update(CHAOS_STUCK_RANK=str(3 - target - other),
+                       HOROVOD_COMPAT_LOST_ROUND_EXIT_SECONDS=f"{STUCK_EXIT_SECONDS:g}")
     argv = [*horovodrun(), "-np", str(NP), "--min-np", str(NP - 1), "--max-np", str(NP),
             "--host-discovery-script", str(discover), sys.executable, str(ELASTIC_PROGRAM)]
     watch = _ElasticFaults(out, second and fault == "kill", second_rank, delay)
@@ -644,9 +662,26 @@ def _judge_elastic(out: Outcome, watch: _ElasticFaults, data: Path) -> None:
                             f"slot: {action!r}")
         else:
             replacements += 1
+    if out.fault == "stuck":
+        _judge_stuck(out, watch)
     joined = [wid for wid in watch.started if wid >= NP]
     out.notes.append(f"replaced={replacements} joined={len(joined)}")
     out.failure_line = "; ".join(f"worker {wid}: {watch.attempts.get(wid)}" for _, wid, _ in faults)
+
+
+def _judge_stuck(out: Outcome, watch: _ElasticFaults) -> None:
+    """Fault ``stuck``: the worker whose set-up of the round never ended exited on its own and
+    the driver started a replacement for it."""
+    if watch.stuck is None:
+        out.problems.append("no worker got stuck in the set-up of the round (no chaos-stuck line)")
+        return
+    attempt = watch.attempts.get(watch.stuck)
+    if not any("the connection did not end within" in line for line in out.output):
+        out.problems.append(f"stuck worker {watch.stuck} never said that it leaves the lost round")
+    if attempt is None or "replacement worker" not in attempt[2]:
+        out.problems.append(f"stuck worker {watch.stuck} was not named and replaced: {attempt!r}")
+    else:
+        out.notes.append(f"stuck=w{watch.stuck}")
 
 
 def _judge_repeated_resets(out: Outcome, watch: _ElasticFaults, repeat: int) -> None:

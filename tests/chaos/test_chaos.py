@@ -11,7 +11,8 @@ A case is one launcher and one fault (`harness.CASES`): the fixed-size launchers
 module) with ``kill``, ``raise``, ``stop`` and ``worker`` (the rank's Spark Python worker lost); ``elastic`` (``horovodrun --min-np 2 --max-np 3``
 with a discovery script) with ``kill``, ``raise``, ``stop``, ``broadcast`` (a death in the first
 state sync, another rank late to it), ``init`` (then a second death inside the next round's
-``hvd.init()``) and ``resets`` (6 deaths in a row: the survivors' memory stays flat across their
+``hvd.init()``), ``stuck`` (as ``init``, and a third worker's set-up of that round never ends: it
+must exit and be replaced) and ``resets`` (6 deaths in a row: the survivors' memory stays flat across their
 resets). See `harness` for what is injected and what
 is right. Every run prints one line (seed, fault, target rank, named rank, seconds from the fault
 to the driver's exit); ``python tests/chaos/harness.py LAUNCHER FAULT SEED`` reruns one.
@@ -51,6 +52,7 @@ SHORT_ROUND = {
     ("elastic", "stop"): {},
     ("elastic", "broadcast"): {"target": 2},  # rank 1 is late: it waits on rank 0, gone
     ("elastic", "init"): {},
+    ("elastic", "stuck"): {},
     ("elastic", "resets"): {"target": 1},  # rank 0 keeps its worker through every reset
     ("spark", "kill"): {},
     ("spark", "worker"): {},
