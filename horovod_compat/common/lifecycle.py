@@ -200,6 +200,21 @@ def _leave_a_lost_round(round_number: int, connected: threading.Event) -> None:
         os._exit(1)
 
 
+def _forget_failed_init() -> None:
+    """Leave torch.distributed as it was before an ``init_process_group`` that raised.
+
+    torch names the default group by a counter that ``init_process_group`` advances before it
+    connects, and that only ``destroy_process_group`` sets back to 0. After a failed init this
+    worker's next one would name its group "1" and put its keys under "1/" of the round's store,
+    while a member that never failed uses "0/": each would wait for keys the other never writes,
+    until the group's timeout (the elastic init hang of issue 41: a survivor whose
+    ``connectFullMesh`` failed in one round, then a replacement, in the next)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    else:
+        dist.distributed_c10d._world.group_count = 0
+
+
 def _mpi_rendezvous(info: Dict[str, Any]) -> None:
     """Under mpirun without MASTER_ADDR: rank 0's address and a free port, sent by MPI_Bcast."""
     from distributor.extras import require
@@ -381,6 +396,7 @@ def _init(comm: Any, process_sets: Union[None, str, Sequence[ProcessSet]]) -> No
             except Exception as exc:
                 if not elastic:
                     raise
+                _forget_failed_init()
                 # a member of the round died before it joined: hvd.elastic.run re-joins
                 raise HorovodInternalError(f"hvd.init(): joining round {info['round']} of the elastic "
                                            f"job failed: {exc}") from exc
