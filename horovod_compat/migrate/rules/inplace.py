@@ -15,8 +15,10 @@ in forward hooks), so every ``model(...)`` call, wherever it is made, averages t
   a module DDP can own, so it blocks the rewrite;
 * ``M.forward(...)`` bypasses the hooks, ``copy.deepcopy(M)`` after the wrap and ``torch.save(M)``
   (the whole module) fail on a replicated module: each blocks the rewrite;
-* the wrap runs once per module (``replicate`` refuses a second application), so not in a loop,
-  and a second wrap of the same name only after the name was bound to a new module;
+* the wrap runs once per module (``replicate`` refuses a second application, with an
+  AssertionError): outside loops, or in ``for`` loops each of whose variables the module is, or is
+  reached through (``for k in models: ... models[k][0].named_parameters()``, ``for m in models: ...
+  m.named_parameters()``: a new module each time, or that error at once), and a second wrap of the same name only after the name was bound to a new module;
 * options as in optimizer.py: fp16 compression -> DDP's fp16 comm hook; ``groups`` dropped;
   Average only; ``backward_passes_per_step`` above 1, process sets, and ``**kwargs`` block it.
 
@@ -58,16 +60,23 @@ _PASS_THROUGH = {"list", "tuple", "chain", "itertools.chain", "filter"}
 _BLOCKS_FUNCTIONS = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 
 
+def _is_index(node: cst.BaseExpression) -> bool:
+    """A literal (``0``, ``-1``, ``"gen"``) or a name."""
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        node = node.expression
+    return isinstance(node, (cst.Integer, cst.SimpleString, cst.Name))
+
+
 def _is_module_expr(node: cst.BaseExpression) -> bool:
-    """A name or attribute chain (``model``, ``self.model``, ``self.heads[0]``) with no calls."""
+    """A name or attribute chain (``model``, ``self.model``, ``self.heads[0]``, ``models[k]``) with
+    no calls; an index is a literal or a name."""
     while True:
         if isinstance(node, cst.Name):
             return True
         if isinstance(node, cst.Attribute):
             node = node.value
         elif isinstance(node, cst.Subscript) and all(
-                isinstance(e.slice, cst.Index) and isinstance(e.slice.value, (cst.Integer, cst.SimpleString))
-                for e in node.slice):
+                isinstance(e.slice, cst.Index) and _is_index(e.slice.value) for e in node.slice):
             node = node.value
         else:
             return False
@@ -175,12 +184,20 @@ def _statement(call: cst.Call, facts: Facts) -> Union[cst.SimpleStatementLine, s
             return "the call is not part of a simple statement"
         if isinstance(node, _BLOCKS_FUNCTIONS):
             return "the call sits in a lambda or comprehension"
-    stmt, up = node, facts.parents.get(node)
+    return node
+
+
+def _loop_variables(stmt: cst.SimpleStatementLine, facts: Facts) -> Union[List[str], str]:
+    """The variables of the ``for`` loops around `stmt` in its function, or why a loop there
+    cannot wrap a new module on each turn (``replicate()`` makes a module data-parallel once)."""
+    names, up = [], facts.parents.get(stmt)
     while up is not None and not isinstance(up, (cst.FunctionDef, cst.Module)):
-        if isinstance(up, (cst.For, cst.While)):
+        if isinstance(up, cst.While) or (isinstance(up, cst.For) and not isinstance(up.target, cst.Name)):
             return "the wrap sits inside a loop, and replicate() makes a module data-parallel only once"
+        if isinstance(up, cst.For):
+            names.append(up.target.value)
         up = facts.parents.get(up)
-    return stmt
+    return names
 
 
 def _end_of_function(stmt: cst.SimpleStatementLine, facts: Facts) -> int:
@@ -248,6 +265,9 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
     stmt = _statement(call, facts)
     if isinstance(stmt, str):
         return stmt
+    loops = _loop_variables(stmt, facts)
+    if isinstance(loops, str):
+        return loops
     line = facts.positions[stmt].start.line
     kw, pos = keyword_args(call), positional_args(call)
     models = _Models(facts.scopes.get(call), line, facts)
@@ -267,6 +287,10 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
     for model in found:
         if model in taken and not _rebound_between(model, taken[model], line, facts, call):
             return f"`{model}` is also under another DistributedOptimizer; replicate() applies once per module"
+        fixed = [v for v in loops if not re.search(rf"(?<![\w.]){re.escape(v)}(?!\w)", model)]
+        if fixed:
+            return (f"the wrap sits inside a loop over `{fixed[0]}`, and `{model}` does not change with "
+                    "it: replicate() makes a module data-parallel only once")
         hazard = _hazard(model, facts.module_code, line, _end_of_function(stmt, facts))
         if hazard:
             return hazard

@@ -133,8 +133,16 @@ def test_the_models_are_found_from_the_optimizers_parameters(params, models):
             ema = copy.deepcopy(model)
         ''', "`copy.deepcopy(model)` after the wrap"),
     ('''
+        def train(model):
+            for attempt in range(2):
+                opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                               named_parameters=model.named_parameters())
+                helper(model)
+        ''', "inside a loop over `attempt`, and `model` does not change with it"),
+    ('''
         def train(models):
-            for model in models:
+            while models:
+                model = models.pop()
                 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                                named_parameters=model.named_parameters())
                 helper(model)
@@ -150,6 +158,27 @@ def test_what_replicate_cannot_cover_keeps_the_fallback_and_says_why(body, reaso
     result = migrate(body)
     assert not replicated(result.source)
     assert reason in optimizer_note(result), optimizer_note(result)
+
+
+@pytest.mark.parametrize("body, models", [
+    ('''
+        def train(models):
+            for model in models:
+                opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                               named_parameters=model.named_parameters())
+                helper(model)
+        ''', ["model"]),
+    ('''
+        def train(models):
+            for k in models.keys():
+                models[k][-1] = hvd.DistributedOptimizer(models[k][-1],
+                                                         named_parameters=models[k][0].named_parameters())
+        ''', ["models[k][0]"]),
+])
+def test_a_wrap_in_a_loop_over_the_models_replicates_each_module_of_the_loop(body, models):
+    """Each turn names another module (a second replicate() of one module raises at once)."""
+    result = migrate(body)
+    assert replicated(result.source) == models and not_native([result.source], result.findings) is None
 
 
 def test_a_deepcopy_before_the_wrap_and_a_device_synchronize_do_not_block_it():
@@ -426,4 +455,58 @@ def test_passes_per_step_with_one_backward_before_each_step_change_nothing(tmp_p
     line = r"INPLACE rank=\d (?:step=\d loss=\S+ eval=\S+|final=\S+)"
     want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original))
     assert len(want) == 14, want
+    assert native_printed(native, 2, line) == want
+
+
+LOOP_PROGRAM = '''\
+import torch
+import horovod.torch as hvd
+
+
+def build():
+    models = {}
+    for name, width in (("encoder", 8), ("critic", 4)):
+        net = torch.nn.Sequential(torch.nn.Linear(6, width), torch.nn.Tanh(), torch.nn.Linear(width, 1))
+        models[name] = [net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)]
+    return models
+
+
+def main():
+    hvd.init()
+    torch.manual_seed(0)
+    models = build()
+    for i in models.keys():
+        hvd.broadcast_parameters(models[i][0].state_dict(), root_rank=0)
+        models[i][-1] = hvd.DistributedOptimizer(models[i][-1], named_parameters=models[i][0].named_parameters())
+    gen = torch.Generator().manual_seed(3 + hvd.rank())
+    for step in range(4):
+        x, y = torch.randn(8, 6, generator=gen), torch.randn(8, 1, generator=gen)
+        for name, (net, opt) in models.items():
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            opt.step()
+            print(f"LOOP rank={hvd.rank()} step={step} {name} loss={loss.item():.6f}")
+    total = sum(p.double().sum().item() for net, _ in models.values() for p in net.parameters())
+    print(f"LOOP rank={hvd.rank()} final={total:.6f}")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_models_wrapped_in_a_loop_print_the_numbers_they_printed_under_horovod(tmp_path):
+    """A dict of models whose optimizers are wrapped in a loop over its keys (a real ASR trainer's
+    form): each module of the loop is replicated, and the native program gives the original's
+    losses and weights on both ranks."""
+    original = tmp_path / "original.py"
+    original.write_text(LOOP_PROGRAM)
+    result = migrate_source(LOOP_PROGRAM, "original.py")
+    assert replicated(result.source) == ["models[i][0]"] and not_native([result.source], result.findings) is None
+    native = tmp_path / "native.py"
+    native.write_text(result.source)
+    line = r"LOOP rank=\d (?:step=\d \w+ loss=\S+|final=\S+)"
+    want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original))
+    assert len(want) == 18, want
     assert native_printed(native, 2, line) == want
