@@ -212,9 +212,10 @@ def _end_of_function(stmt: cst.SimpleStatementLine, facts: Facts) -> int:
 _SELF_MOVES = "cuda|cpu|to|half|float|double|bfloat16|train|eval|requires_grad_"
 
 
-def _hazard(model: str, code: str, line: int, end: int) -> Optional[str]:
+def _hazard(model: str, line: int, end: int, facts: Facts) -> Optional[str]:
     """What in the file would break on a replicated `model` (see the module docstring), for a wrap
     at `line` of a function (or module) that ends at line `end`."""
+    code = facts.module_code
     m = re.escape(model)
     if re.search(rf"(?<![\w.]){m}\s*\.\s*forward\s*\(", code):
         return f"`{model}.forward(...)` would bypass the data-parallel hooks"
@@ -223,11 +224,26 @@ def _hazard(model: str, code: str, line: int, end: int) -> Optional[str]:
         return f"`copy.deepcopy({model})` after the wrap fails on a replicated module (copy its state_dict instead)"
     if re.search(rf"(?:torch\.save|pickle\.dumps?|cloudpickle\.dumps?)\(\s*{m}\s*[,)]", code):
         return f"the whole module `{model}` is pickled, which fails once it is replicated (save its state_dict)"
-    later = [i + line + 1 for i, text in enumerate(code.splitlines()[line:end])
-             if re.match(rf"\s*{m}\s*=[^=]", text) and not re.match(rf"\s*{m}\s*=\s*{m}\.(?:{_SELF_MOVES})\(", text)]
+    later = _rebound_after(model, line, end, facts)
     if later:
-        return f"`{model}` is re-bound at line {later[0]}, after the wrap"
+        return f"`{model}` is re-bound at line {later}, after the wrap"
     return None
+
+
+def _rebound_after(model: str, line: int, end: int, facts: Facts) -> Optional[int]:
+    """The first line after `line` (to `end`) that assigns `model` another object (``model = ...``;
+    ``model = model.cpu()`` and the other calls that return the module itself keep it, and
+    ``f(model=model)`` is a keyword argument, not an assignment). A name bound with others
+    (``model, opt = build()``) starts a new model with its own optimizer, wrapped again if the
+    program trains it distributed."""
+    keeps = re.compile(rf"{re.escape(model)}\s*\.\s*(?:{_SELF_MOVES})\(")
+    found = []
+    for node, where in facts.positions.items():
+        if isinstance(node, cst.Assign) and line < where.start.line <= end \
+                and any(code_of(t.target).strip() == model for t in node.targets) \
+                and not keeps.match(code_of(node.value).strip()):
+            found.append(where.start.line)
+    return min(found, default=None)
 
 
 def _rebound_between(model: str, first: int, line: int, facts: Facts, call: cst.Call) -> bool:
@@ -291,7 +307,7 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
         if fixed:
             return (f"the wrap sits inside a loop over `{fixed[0]}`, and `{model}` does not change with "
                     "it: replicate() makes a module data-parallel only once")
-        hazard = _hazard(model, facts.module_code, line, _end_of_function(stmt, facts))
+        hazard = _hazard(model, line, _end_of_function(stmt, facts), facts)
         if hazard:
             return hazard
     taken.update(dict.fromkeys(found, line))

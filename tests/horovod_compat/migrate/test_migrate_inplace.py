@@ -133,6 +133,13 @@ def test_the_models_are_found_from_the_optimizers_parameters(params, models):
             ema = copy.deepcopy(model)
         ''', "`copy.deepcopy(model)` after the wrap"),
     ('''
+        def train(model, make):
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                           named_parameters=model.named_parameters())
+            helper(model)
+            model = make()
+        ''', "`model` is re-bound at line 9, after the wrap"),
+    ('''
         def train(model):
             for attempt in range(2):
                 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -179,6 +186,20 @@ def test_a_wrap_in_a_loop_over_the_models_replicates_each_module_of_the_loop(bod
     """Each turn names another module (a second replicate() of one module raises at once)."""
     result = migrate(body)
     assert replicated(result.source) == models and not_native([result.source], result.findings) is None
+
+
+def test_the_model_passed_by_keyword_or_moved_after_the_wrap_is_not_a_re_binding():
+    """``evaluate(model=model)`` (a deepspeech trainer's form) and ``model = model.cuda()`` keep the
+    module the wrap replicated."""
+    result = migrate('''
+        def train(model, loader):
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                           named_parameters=model.named_parameters())
+            evaluate(loader=loader,
+                     model=model)
+            model = model.cuda()
+        ''')
+    assert replicated(result.source) == ["model"], optimizer_note(result)
 
 
 def test_a_deepcopy_before_the_wrap_and_a_device_synchronize_do_not_block_it():
