@@ -37,8 +37,10 @@ in the first round SIGKILLs itself inside its next ``hvd.init()``, right after i
 formed, while its peers still set theirs up (the lost commit of issue 41). ``CHAOS_STUCK_RANK=S``
 adds, in that same next ``hvd.init()``, a worker (rank S of the first round) whose set-up never
 ends once its process group formed: it prints ``chaos-stuck rank=R pid=P`` and blocks, as a worker
-left in gloo's ``connectFullMesh`` by a peer that quit the round does (the elastic init hang of
-issue 41), and the runtime must make it exit (``HOROVOD_COMPAT_LOST_ROUND_EXIT_SECONDS``).
+left in gloo's ``connectFullMesh`` by a peer that quit the round would, and the runtime must make
+it exit (``HOROVOD_COMPAT_LOST_ROUND_EXIT_SECONDS``). With ``CHAOS_INIT_AFTER=stuck`` the
+``CHAOS_INIT_RANK`` worker dies only once that worker's group formed (its marker file), so both
+strike in the same round.
 """
 from __future__ import annotations
 
@@ -108,6 +110,11 @@ def _phase_faults(folder: str, fault: str, rank: int) -> None:
         def init(*args, **kwargs):
             done = init_process_group(*args, **kwargs)
             if os.path.exists(os.path.join(folder, "raised")) and _first_time(folder, "init"):
+                after = os.environ.get("CHAOS_INIT_AFTER")  # a marker another worker makes
+                deadline = time.monotonic() + 60
+                while after and not os.path.exists(os.path.join(folder, after)) \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 _strike(kwargs["rank"], signal.SIGKILL)
             return done
 

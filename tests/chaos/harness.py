@@ -594,7 +594,8 @@ def run_elastic(seed: int, fault: str, workdir: Path, target: Optional[int] = No
     elif fault in ("init", "stuck"):  # another one dies as the next round forms
         env.update(CHAOS_FAULT="broadcast", CHAOS_RANK=str(target), CHAOS_INIT_RANK=str(other))
         if fault == "stuck":  # and the third one's set-up of that round never ends
-            env.update(CHAOS_STUCK_RANK=str(3 - target - other),
+            # (the death waits for the stuck worker's group to form: the same round for both)
+            env.update(CHAOS_STUCK_RANK=str(3 - target - other), CHAOS_INIT_AFTER="stuck",
                        HOROVOD_COMPAT_LOST_ROUND_EXIT_SECONDS=f"{STUCK_EXIT_SECONDS:g}")
     argv = [*horovodrun(), "-np", str(NP), "--min-np", str(NP - 1), "--max-np", str(NP),
             "--host-discovery-script", str(discover), sys.executable, str(ELASTIC_PROGRAM)]
