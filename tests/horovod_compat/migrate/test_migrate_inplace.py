@@ -33,6 +33,20 @@ def optimizer_note(result) -> str:
     return next(f.message for f in result.findings if f.name == "hvd.DistributedOptimizer")
 
 
+def migrated_alike(tmp_path, program: str, line: str, count: int):
+    """The migration of `program`, once its native form under the torchrun contract printed, on 2
+    ranks, the `count` lines matching `line` that the original printed under horovodrun."""
+    original = tmp_path / "original.py"
+    original.write_text(program)
+    result = migrate_source(program, "original.py")
+    native = tmp_path / "native.py"
+    native.write_text(result.source)
+    want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original))
+    assert len(want) == count, want
+    assert native_printed(native, 2, line) == want
+    return result
+
+
 @pytest.fixture
 def torch_offers(monkeypatch):
     """Write for a torch that offers only the given APIs of torch_api.CHECKS."""
@@ -464,19 +478,11 @@ def test_passes_per_step_with_one_backward_before_each_step_change_nothing(tmp_p
     program = PROGRAM.replace("named_parameters=self.model.named_parameters(),",
                               "named_parameters=self.model.named_parameters(), backward_passes_per_step=3,")
     assert program != PROGRAM
-    original = tmp_path / "original.py"
-    original.write_text(program)
-    result = migrate_source(program, "original.py")
+    result = migrated_alike(tmp_path, program, r"INPLACE rank=\d (?:step=\d loss=\S+ eval=\S+|final=\S+)", 14)
     assert replicated(result.source) == ["self.model"] and not_native([result.source], result.findings) is None
     assert "no_sync" not in result.source and "set_requires_gradient_sync" not in result.source
     notes = [f.message for f in result.findings if f.name == "hvd.DistributedOptimizer"]
     assert any("backward_passes_per_step=3 dropped: each step() follows one backward()" in n for n in notes), notes
-    native = tmp_path / "native.py"
-    native.write_text(result.source)
-    line = r"INPLACE rank=\d (?:step=\d loss=\S+ eval=\S+|final=\S+)"
-    want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original))
-    assert len(want) == 14, want
-    assert native_printed(native, 2, line) == want
 
 
 LOOP_PROGRAM = '''\
@@ -521,13 +527,5 @@ def test_models_wrapped_in_a_loop_print_the_numbers_they_printed_under_horovod(t
     """A dict of models whose optimizers are wrapped in a loop over its keys (a real ASR trainer's
     form): each module of the loop is replicated, and the native program gives the original's
     losses and weights on both ranks."""
-    original = tmp_path / "original.py"
-    original.write_text(LOOP_PROGRAM)
-    result = migrate_source(LOOP_PROGRAM, "original.py")
+    result = migrated_alike(tmp_path, LOOP_PROGRAM, r"LOOP rank=\d (?:step=\d \w+ loss=\S+|final=\S+)", 18)
     assert replicated(result.source) == ["models[i][0]"] and not_native([result.source], result.findings) is None
-    native = tmp_path / "native.py"
-    native.write_text(result.source)
-    line = r"LOOP rank=\d (?:step=\d \w+ loss=\S+|final=\S+)"
-    want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original))
-    assert len(want) == 18, want
-    assert native_printed(native, 2, line) == want
