@@ -18,7 +18,8 @@ in forward hooks), so every ``model(...)`` call, wherever it is made, averages t
 * the wrap runs once per module (``replicate`` refuses a second application, with an
   AssertionError): outside loops, or in ``for`` loops each of whose variables the module is, or is
   reached through (``for k in models: ... models[k][0].named_parameters()``, ``for m in models: ...
-  m.named_parameters()``: a new module each time, or that error at once), and a second wrap of the same name only after the name was bound to a new module;
+  m.named_parameters()``: a new module each time, or that error at once), and a second wrap of
+  the same name only after the name was bound to a new module;
 * options as in optimizer.py: fp16 compression -> DDP's fp16 comm hook; ``groups`` dropped;
   Average only; ``backward_passes_per_step`` above 1, process sets, and ``**kwargs`` block it.
 
