@@ -72,6 +72,7 @@ if str(HERE.parent) not in sys.path:  # tests/, for `procs` when run as a script
 from procs import left_after, processes_with, sigkill  # noqa: E402
 
 from distributor import protocol  # noqa: E402
+from distributor.rank_entry import raise_open_file_limit  # noqa: E402
 from distributor.rank_env import HUB_ADDRESS_VAR, SECRET_VAR  # noqa: E402
 
 PROGRAM = HERE / "train_program.py"
@@ -590,13 +591,19 @@ class _Watch:
                 old_fds = max(old_fds, fds)
             self.peak[who] = (old_rss, old_fds)
 
+    def fd_growth(self, who: str) -> Optional[int]:
+        """The most descriptors `who` held since the start, beyond those it held then."""
+        (_, fds0), (_, fds) = self.start.get(who, (None, None)), self.peak.get(who, (None, None))
+        return fds - fds0 if fds0 is not None and fds is not None else None
+
     def report(self, out: Outcome) -> None:
         for who in self.pids:
-            (rss0, fds0), (rss, fds) = self.start[who], self.peak[who]
+            (rss0, _), (rss, _) = self.start[who], self.peak[who]
             if rss0 is not None and rss is not None:
                 out.rss_growth_mb[who] = (rss - rss0) / 1024.0
-            if fds0 is not None and fds is not None:
-                out.fd_growth[who] = fds - fds0
+            growth = self.fd_growth(who)
+            if growth is not None:
+                out.fd_growth[who] = growth
 
 
 def steps_for(seconds: float) -> int:
@@ -723,14 +730,6 @@ def _judge(out: Outcome, marker_file: Path) -> None:
                         f"{out.seconds:.0f} s")
 
 
-def _raise_own_file_limit(wanted: int) -> None:
-    """Let this process hold `wanted` sockets at once (up to its hard limit)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        top = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (top, hard))
-
-
 def gloo_flood(workdir: Path, connections: int = FLOOD_CONNECTIONS, steps: int = STEPS) -> Outcome:
     """A fixed-size job started under a soft limit of ``FLOOD_SOFT_LIMIT`` open files, and
     `connections` strays (4 random bytes each, half of gloo's header, so that gloo waits for the
@@ -754,7 +753,7 @@ def gloo_flood(workdir: Path, connections: int = FLOOD_CONNECTIONS, steps: int =
             watch = _Watch(job)
             rng = random.Random(0)
             held: List[socket.socket] = []
-            _raise_own_file_limit(connections + 256)
+            raise_open_file_limit()  # (this process holds them all too)
             try:
                 for i in range(connections if targets else 0):
                     if not job.running():
@@ -775,8 +774,8 @@ def gloo_flood(workdir: Path, connections: int = FLOOD_CONNECTIONS, steps: int =
                 deadline = time.monotonic() + 20
                 while True:
                     watch.sample()
-                    (_, fds0), (_, fds) = watch.start.get("rank0", (0, 0)), watch.peak.get("rank0", (0, 0))
-                    if fds0 is None or fds is None or fds - fds0 >= counts["random"] \
+                    held_by_rank0 = watch.fd_growth("rank0")
+                    if held_by_rank0 is None or held_by_rank0 >= counts["random"] \
                             or time.monotonic() > deadline or not job.running():
                         break
                     time.sleep(0.05)
