@@ -268,8 +268,7 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
 
     `options` is what optimizer.py made of the call's options (without an error); `taken` holds
     the models other wraps of this module already replicated, with the line of their wrap;
-    `first`, the lines that go first (optimizer.py's: the inner optimizer's state cleared, the
-    Adasum guard)."""
+    `first`, the lines that go first (optimizer.py's: the inner optimizer's state cleared)."""
     if not torch_api.has("replicate"):
         return "this torch has no torch.distributed._composable.replicate"
     if has_star_args(call):
@@ -314,7 +313,9 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
     taken.update(dict.fromkeys(found, line))
     lines = list(first)
     for model in found:
-        lines.append(f"replicate({model}, find_unused_parameters=True)  {_COMMENT}\n")
+        adasum = options.adasum_comment()
+        lines.append(f"replicate({model}, find_unused_parameters=True)  {_COMMENT}"
+                     + (f"; {adasum}" if adasum else "") + "\n")
         lines += options.comm_hook_lines(model, ctx)
     ctx.need(HVD, "replicate")
     names = ", ".join(f"`{m}`" for m in found)

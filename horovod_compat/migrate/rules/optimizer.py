@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import re
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
@@ -134,7 +133,8 @@ class _Options:
     hook_name: Optional[str] = None
     #: A comment for the line that tests `hook_name`, when its value comes from elsewhere.
     hook_comment: str = ""
-    #: When Horovod would have used Adasum: "False" (never) or a condition.
+    #: When Horovod would have used Adasum: "False" (never), "True" (always) or a condition. DDP
+    #: has no Adasum: the gradients are averaged then, a difference named at the wrap's line.
     adasum: str = "False"
     #: op=hvd.Sum: the gradients are summed (a comm hook), not averaged.
     sum: bool = False
@@ -142,6 +142,13 @@ class _Options:
     notes: List[str] = dataclasses.field(default_factory=list)
     #: Horovod constants bound to names, replaced in place by their native values.
     constants: Dict[cst.Attribute, str] = dataclasses.field(default_factory=dict)
+
+    def adasum_comment(self) -> str:
+        """The end of the wrap line's comment that names averaging in place of Adasum, or ""."""
+        if self.adasum == "False":
+            return ""
+        when = "" if self.adasum == "True" else f" when {self.adasum}"
+        return f"Horovod: Adasum{when}; DDP averages"
 
     def comm_hook_lines(self, module: str, ctx: RewriteContext) -> List[str]:
         """The lines that register the compression's comm hook on `module` (a DDP wrapper or a
@@ -247,8 +254,6 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
             why = f" ({choice})" if isinstance(choice, str) else ""
             return _Options(f"op={code_of(kw['op'].value)}: not a Horovod reduce-op constant the rewriter "
                             f"can follow{why}")
-        if choice.constants == {"Adasum"}:
-            return _Options("op=Adasum has no torch.distributed/DDP equivalent")
         if choice.lookup is not None and len(choice.constants) > 1:
             return _Options(f"op={choice.lookup}: a reduce op chosen at run time from a table; "
                             "DDP always averages gradients")
@@ -265,12 +270,17 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
         elif unknown:
             return _Options(f"op=hvd.{sorted(unknown)[0]}: DDP always averages gradients")
         elif "Adasum" in choice.constants:
-            if choice.name is not None:
+            if choice.constants == {"Adasum"}:
+                options.adasum = "True"
+                options.constants.update({leaf: _OPS[c] for leaf, c in choice.leaves.items()})
+            elif choice.name is not None:
                 options.adasum = f'{choice.name} == "adasum"'
                 options.constants.update({leaf: _OPS[c] for leaf, c in choice.leaves.items()})
             else:
                 options.adasum = dataflow.condition(choice.tree, {"Adasum"}, choice.leaves)
-            options.notes.append("the Adasum branch raises at run time (no native equivalent)")
+            when = "" if options.adasum == "True" else f" (the branch taken when {options.adasum})"
+            options.notes.append(f"op=hvd.Adasum{when} -> averaged: DDP has no Adasum (retune the learning "
+                                 "rate; migration_guide/differences.md)")
         elif not choice.table:
             options.constants.update({leaf: _OPS[c] for leaf, c in choice.leaves.items()})
     if "gradient_predivide_factor" in kw and _literal(kw["gradient_predivide_factor"].value) not in ("1", "1.0"):
@@ -532,7 +542,8 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     # all: the program's own broadcast of the state_dict then stays, for the one sync.
     sync_once = torch_api.has("DDP.forward_sync_buffers")
     buffers = "forward_sync_buffers=False" if sync_once else "broadcast_buffers=False"
-    lines.append(f"{ddp_name} = DDP({model}, {buffers})\n")
+    adasum = options.adasum_comment()
+    lines.append(f"{ddp_name} = DDP({model}, {buffers})" + (f"  # {adasum}" if adasum else "") + "\n")
     ctx.need(HVD, "DDP")
     lines += options.comm_hook_lines(ddp_name, ctx)
     statements = [cst.parse_statement(line) for line in lines]
@@ -553,32 +564,19 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     return None
 
 
-#: Where a script chose Adasum at run time: it has no native equivalent, so that choice fails loudly
-#: (the rest of the file still becomes native code).
-_ADASUM_GUARD = """\
-if {condition}:
-    raise NotImplementedError(
-        "{where}: op=hvd.Adasum has no torch.distributed/DDP equivalent; train with averaging "
-        "(and retune the learning rate) or keep this job on horovod-compat. See "
-        "migration_guide/differences.md, 'op=Adasum: no native equivalent'.")
-"""
-
 _GRAD_READ = re.compile(r"clip_grad_\w+|\.grad\b(?!_)")
 
 
 def _before_the_wrap(call: cst.Call, stmt: cst.CSTNode, options: _Options, facts: _Facts,
                      ctx: RewriteContext) -> List[str]:
     """The lines either rewrite (DDP wrap or in place) puts first: the inner optimizer's state
-    cleared where it had one, and the Adasum guard of a run-time choice."""
+    cleared where it had one."""
     lines = []
     inner = _inner_optimizer(call)
     if isinstance(inner, cst.Name) and stmt is not None and _state_made_before(inner.value, stmt, facts):
         # Horovod's wrapper was a new optimizer over the same parameter groups, without the state
         lines.append(f"{inner.value}.state.clear()  # as under Horovod: the wrap started without state\n")
         options.notes.append(f"`{inner.value}` had state before the wrap, which Horovod's wrapper did not keep: cleared")
-    if options.adasum != "False":
-        where = f"{os.path.basename(ctx.location)}:{facts.positions[call].start.line}"
-        lines.append(_ADASUM_GUARD.format(condition=options.adasum, where=where))
     return lines
 
 

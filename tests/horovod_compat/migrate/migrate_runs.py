@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 from warm import run_script_warm
 
@@ -41,14 +41,15 @@ def printed(tmp_path: Path, pattern: str, *argv: str, env: Optional[Dict[str, st
 HOROVODRUN = ("-m", "horovod_compat.run", "-np")
 
 
-def native_printed(script: Path, ranks: int, pattern: str, env: Optional[Dict[str, str]] = None) -> list:
+def native_printed(script: Path, ranks: int, pattern: str, env: Optional[Dict[str, str]] = None,
+                   argv: Sequence[str] = ()) -> list:
     """Run a native script on `ranks` local ranks under the torchrun contract (this project's
     engine's script mode, its ranks forked warm: tests/warm.py) and return the sorted matches of `pattern` in what
     its ranks printed. Not `torchrun` itself: with gloo on torch 2.13 a rank of plain torchrun
     sometimes aborts at interpreter exit after the script finished ("terminate called without an
     active exception"), plain DDP scripts included (migration_guide/troubleshooting.md)."""
     lines: list = []
-    run_script_warm(str(script), num_processes=ranks, env={"OMP_NUM_THREADS": "1", **(env or {})}, timeout=240,
+    run_script_warm(str(script), argv, num_processes=ranks, env={"OMP_NUM_THREADS": "1", **(env or {})}, timeout=240,
                output=lambda rank, stream, line: lines.append(line) if stream == "stdout" else None)
     return sorted(re.findall(pattern, "\n".join(lines)))
 

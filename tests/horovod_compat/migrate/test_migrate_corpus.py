@@ -211,3 +211,28 @@ def test_the_native_program_prints_the_original_numbers(name, rewritten, sides, 
                    env=_side_env(side["original"]))
     assert sum("final=" in line for line in want) == 2 and len(want) > 2, want
     assert native_printed(native, 2, LINE, env=_side_env(side["native"])) == want
+
+
+def test_adasum_becomes_averaging_named_at_the_wrap_and_measured(tmp_path):
+    """DDP has no Adasum: a run that chose it (``--use-adasum``) trains with averaging, and the
+    wrap's line and the report say so. Measured: the native program prints exactly what the
+    original prints with ``hvd.Adasum`` replaced by ``hvd.Average`` (averaging is the only change),
+    and not what the original prints with Adasum (the difference is real:
+    migration_guide/differences.md)."""
+    name = "c05_adasum_option.py"
+    original = (CORPUS / name).read_text()
+    result = migrate_source(original, name)
+    assert "# Horovod: Adasum when args.use_adasum; DDP averages" in result.source
+    assert any("op=hvd.Adasum (the branch taken when args.use_adasum) -> averaged" in f.message
+               for f in result.findings if f.kind is Kind.REWRITE), [f.message for f in result.findings]
+    native = tmp_path / "native.py"
+    native.write_text(result.source)
+    averaged = tmp_path / "averaged.py"
+    averaged.write_text(original.replace("op=hvd.Adasum if", "op=hvd.Average if"))
+    env = {"CORPUS_TMP": str(tmp_path)}
+    adasum = printed(tmp_path, LINE, *HOROVODRUN, "2", sys.executable, str(CORPUS / name), "--use-adasum", env=env)
+    average = printed(tmp_path, LINE, *HOROVODRUN, "2", sys.executable, str(averaged), "--use-adasum", env=env)
+    assert sum("final=" in line for line in average) == 2 and len(average) > 2, average
+    assert native_printed(native, 2, LINE, env=env, argv=["--use-adasum"]) == average
+    assert adasum != average
+    print("\n".join(line for line in adasum + average if "final=" in line))

