@@ -50,6 +50,8 @@ class _Frame:
 
     def __init__(self, simple: bool = False) -> None:
         self.todos: List[str] = []
+        #: plain comments (a difference named at the line: OptimizerPlan.comments)
+        self.comments: List[str] = []
         self.simple = simple
         self.before: List[cst.BaseStatement] = []
 
@@ -82,11 +84,11 @@ class HorovodTransformer(cst.CSTTransformer):
                 self.frames[-1].todos.append(text)
 
     def _with_todos(self, node: cst.CSTNode, frame: _Frame) -> cst.CSTNode:
-        if not frame.todos or not hasattr(node, "leading_lines"):
+        if not (frame.todos or frame.comments) or not hasattr(node, "leading_lines"):
             return node
         # A TODO for the same name already above the statement (a re-run) is not repeated.
         present = [line.comment.value for line in node.leading_lines if line.comment is not None]
-        comments = [
+        comments = [cst.EmptyLine(comment=cst.Comment(c)) for c in frame.comments if c not in present] + [
             cst.EmptyLine(comment=cst.Comment(t))
             for t in frame.todos
             if not any(p.startswith(t.split(": ", 2)[0] + ": " + t.split(": ", 2)[1] + ":") for p in present)
@@ -122,6 +124,8 @@ class HorovodTransformer(cst.CSTTransformer):
     # -- statements --------------------------------------------------------------------------
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> Optional[bool]:
         self.frames.append(_Frame(simple=True))
+        if node in self.plan.comments:
+            self.frames[-1].comments.append(self.plan.comments[node])
         if node in self.plan.remove:
             return False  # the whole statement goes; rewriting inside it would only add noise
         if len(node.body) == 1 and isinstance(node.body[0], cst.Expr) and isinstance(node.body[0].value, cst.Call):
@@ -183,6 +187,8 @@ class HorovodTransformer(cst.CSTTransformer):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, _COMPOUND):
             self.frames.append(_Frame())
+            if node in self.plan.comments:
+                self.frames[-1].comments.append(self.plan.comments[node])
         if isinstance(node, cst.Call) and hvd_attr_name(node.func, self.ctx.hvd_aliases):
             self.hvd_call_depth += 1
         return super().on_visit(node)

@@ -53,6 +53,7 @@ from horovod_compat.migrate.context import (
     without_comments,
 )
 from horovod_compat.migrate.rules import constants, dataflow, inplace, parameter_use
+from horovod_compat.migrate.rules.gradient_reads import Read, Where, gradient_reads
 from horovod_compat.migrate.rules.accumulation import Accumulation, plan_accumulation, reevaluable
 
 
@@ -75,6 +76,8 @@ class OptimizerPlan:
     constants: Dict[cst.Attribute, str] = dataclasses.field(default_factory=dict)
     #: Calls made data-parallel in place (inplace.py): the call becomes its inner optimizer.
     inplace: Dict[cst.Call, "inplace.InPlace"] = dataclasses.field(default_factory=dict)
+    #: A comment to put above a statement: a difference from Horovod named at its line.
+    comments: Dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -90,9 +93,10 @@ class _Facts:
     module_code: str
 
     @functools.cached_property
-    def gradient_read(self) -> Optional[str]:
-        """_reads_gradients of the module: one walk, whichever DistributedOptimizer asks."""
-        return _reads_gradients(self)
+    def gradient_reads(self) -> List[Read]:
+        """The module's gradient reads, placed (gradient_reads.py): one walk, whichever
+        DistributedOptimizer asks."""
+        return gradient_reads(self.module_code, self.positions, self.parents)
 
 
 class _FindOptimizers(cst.CSTVisitor):
@@ -512,15 +516,9 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     if ctx.shared.calls_join:
         return ("the program calls hvd.join(): its joined ranks stand in for the native optimizer's "
                 "reductions (DDP would need its Join context manager around the training loop)")
-    touched = facts.gradient_read
-    if touched and not _has_synchronize(scope, target.value, facts):
-        return (
-            f"{GRADIENTS_READ} (`{touched}`) and `{target.value}.synchronize()` is never "
-            "called: under Horovod, code between backward() and step() saw the gradients before "
-            "their averaging finished; under DDP it would see them averaged (call synchronize() "
-            "first, as Horovod's docs advise, to read averaged gradients; --emulate keeps Horovod's "
-            "order)"
-        )
+    reads = _reads_to_name(facts, _has_synchronize(scope, target.value, facts), f"`{target.value}.synchronize()`")
+    if isinstance(reads, str):
+        return reads
     accumulation = None
     if passes != "1":
         forward_calls = [n for n in renames if getattr(facts.parents.get(n), "func", None) is n]
@@ -555,6 +553,7 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
             note += f" when {options.fp16 or options.hook_name + ' is not None'}"
     if notes:
         note += "; " + "; ".join(notes)
+    note += _name_reads(reads, plan)
     plan.constants.update(options.constants)
     plan.replace[stmt] = Rewritten(statements, note)
     plan.rename.update(renames)
@@ -564,7 +563,6 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     return None
 
 
-_GRAD_READ = re.compile(r"clip_grad_\w+|\.grad\b(?!_)")
 
 
 def _before_the_wrap(call: cst.Call, stmt: cst.CSTNode, options: _Options, facts: _Facts,
@@ -596,24 +594,37 @@ def _state_made_before(name: str, stmt: cst.CSTNode, facts: _Facts) -> bool:
                      r"(?:load_state_dict|step)\(", before) is not None
 
 
-#: A base class that makes a class an optimizer: ``Optimizer``, ``torch.optim.Optimizer``,
-#: ``optim.SGD`` (any of torch.optim's).
-_OPTIMIZER_BASE = re.compile(r"^(?:(?:torch\.)?optim\.\w+|Optimizer)$")
+#: The comment above a statement that reads gradients after backward() and before step().
+_READ_COMMENT = "# DDP: the gradients are averaged here already (Horovod, without synchronize(): not yet)"
 
 
-def _reads_gradients(facts: _Facts) -> Optional[str]:
-    """The first gradient read/clip in the module (``p.grad``, ``clip_grad_norm_``), if any, outside
-    the classes that define an optimizer: their ``step()`` reads the gradients when Horovod's
-    wrapper calls it, after the averaging (so it reads averaged ones under DDP too)."""
-    inside = [(facts.positions[node].start.line, facts.positions[node].end.line) for node in facts.parents
-              if isinstance(node, cst.ClassDef)
-              and any(_OPTIMIZER_BASE.match(code_of(base.value).strip()) for base in node.bases)]
-    code = facts.module_code
-    for match in _GRAD_READ.finditer(code):
-        line = code.count("\n", 0, match.start()) + 1
-        if not any(start <= line <= end for start, end in inside):
-            return match.group(0)
-    return None
+def _reads_to_name(facts: _Facts, synchronized: bool, sync: str) -> Union[str, List[Read]]:
+    """The gradient reads between a backward() and its step(), whose difference the rewrite names
+    at their lines, or why it cannot go ahead: a read that it cannot place (gradient_reads.py). A
+    program that calls `sync` (the optimizer's synchronize()) reads averaged gradients under
+    Horovod as under DDP."""
+    if synchronized:
+        return []
+    reads = [read for read in facts.gradient_reads if read.where is not Where.AFTER_STEP]
+    unplaced = [read for read in reads if read.where is Where.UNPROVEN]
+    if unplaced:
+        return (f"{GRADIENTS_READ} (`{unplaced[0].text}` at line {unplaced[0].line}), the rewriter cannot "
+                f"tell whether before or after step(), and {sync} is never called: before step(), "
+                "Horovod's averaging had not finished; under DDP it has (call synchronize() first, as "
+                "Horovod's docs advise, to read averaged gradients; --emulate keeps Horovod's order)")
+    return reads
+
+
+def _name_reads(reads: List[Read], plan: OptimizerPlan) -> str:
+    """Plan the comment above each read of `reads`; the report's words for them."""
+    for read in reads:
+        plan.comments[read.statement] = _READ_COMMENT
+    if not reads:
+        return ""
+    lines = ", ".join(str(line) for line in sorted({read.line for read in reads}))
+    return (f"; gradients read after backward() and before step() without synchronize() (line {lines}): "
+            "under DDP they are averaged there, as Horovod's docs ask (synchronize() first); under "
+            "Horovod the read raced the averaging (named at the line)")
 
 
 def _has_synchronize(scope: Scope, name: str, facts: _Facts) -> bool:
@@ -697,15 +708,14 @@ def _plan_in_place(call: cst.Call, facts: _Facts, ctx: RewriteContext, plan: Opt
     uses = _optimizer_uses_by_text(call, facts, only_one)
     if isinstance(uses, str):
         return uses
-    touched = facts.gradient_read
-    if touched and not uses.remove:
-        return (f"{GRADIENTS_READ} (`{touched}`) and the optimizer's synchronize() is never called: "
-                "under Horovod that code saw the gradients before their averaging finished")
+    reads = _reads_to_name(facts, bool(uses.remove), "the optimizer's synchronize()")
+    if isinstance(reads, str):
+        return reads
     first = _before_the_wrap(call, _statement_of(call, facts), options, facts, ctx)
     outcome = inplace.plan(call, facts, ctx, options, replicated, first)
     if isinstance(outcome, str):
         return outcome
-    plan.inplace[call] = outcome
+    plan.inplace[call] = dataclasses.replace(outcome, note=outcome.note + _name_reads(reads, plan))
     plan.constants.update(options.constants)
     plan.remove.update(uses.remove)
     plan.unwrap.update(uses.unwrap)

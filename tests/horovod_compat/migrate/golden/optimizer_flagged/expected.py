@@ -4,6 +4,8 @@ import atexit
 import gc
 import os
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed._composable import replicate
 
 
 def accumulate():
@@ -21,7 +23,7 @@ def accumulate():
     hvd.init()
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    # TODO(horovod-compat): hvd.DistributedOptimizer: `model` is used as a value at line 11 (e.g. passed to a function); the rewriter cannot prove every forward pass then goes through DistributedDataParallel; not in place either: gradients are read or clipped (`clip_grad_norm_`) and the optimizer's synchronize() is never called: under Horovod that code saw the gradients before their averaging finished (--emulate writes _native_distributed_optimizer here instead: Horovod's averaging in the optimizer, the same numbers)
+    # TODO(horovod-compat): hvd.DistributedOptimizer: `model` is used as a value at line 11 (e.g. passed to a function); the rewriter cannot prove every forward pass then goes through DistributedDataParallel; not in place either: backward_passes_per_step=4 on a model made data-parallel in place is not rewritten yet (--emulate writes _native_distributed_optimizer here instead: Horovod's averaging in the optimizer, the same numbers)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    backward_passes_per_step=4)
     return model, opt
@@ -30,30 +32,28 @@ def accumulate():
 def passes_model_around(evaluate):
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    # TODO(horovod-compat): hvd.DistributedOptimizer: `model` is used as a value at line 18 (e.g. passed to a function); the rewriter cannot prove every forward pass then goes through DistributedDataParallel; not in place either: gradients are read or clipped (`clip_grad_norm_`) and the optimizer's synchronize() is never called: under Horovod that code saw the gradients before their averaging finished (--emulate writes _native_distributed_optimizer here instead: Horovod's averaging in the optimizer, the same numbers)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    replicate(model, find_unused_parameters=True)  # DDP in place; unused parameters keep grad None (Horovod: zeros)
     evaluate(model)
 
 
 def adasum():
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    # TODO(horovod-compat): hvd.DistributedOptimizer: gradients are read or clipped (`clip_grad_norm_`) and `opt.synchronize()` is never called: under Horovod, code between backward() and step() saw the gradients before their averaging finished; under DDP it would see them averaged (call synchronize() first, as Horovod's docs advise, to read averaged gradients; --emulate keeps Horovod's order); not in place either: gradients are read or clipped (`clip_grad_norm_`) and the optimizer's synchronize() is never called: under Horovod that code saw the gradients before their averaging finished
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hvd.Adasum)
+    ddp_model = DDP(model, forward_sync_buffers=False)  # Horovod: Adasum; DDP averages
 
 
 def no_named_parameters(model):
-    # TODO(horovod-compat): hvd.DistributedOptimizer: cannot tell which model this optimizer trains: pass named_parameters=model.named_parameters() or wrap the model in DDP by hand; not in place either: gradients are read or clipped (`clip_grad_norm_`) and the optimizer's synchronize() is never called: under Horovod that code saw the gradients before their averaging finished (--emulate writes _native_distributed_optimizer here instead: Horovod's averaging in the optimizer, the same numbers)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    replicate(model, find_unused_parameters=True)  # DDP in place; unused parameters keep grad None (Horovod: zeros)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     return opt
 
 
 def clips_without_synchronize(x):
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    # TODO(horovod-compat): hvd.DistributedOptimizer: gradients are read or clipped (`clip_grad_norm_`) and `opt.synchronize()` is never called: under Horovod, code between backward() and step() saw the gradients before their averaging finished; under DDP it would see them averaged (call synchronize() first, as Horovod's docs advise, to read averaged gradients; --emulate keeps Horovod's order); not in place either: gradients are read or clipped (`clip_grad_norm_`) and the optimizer's synchronize() is never called: under Horovod that code saw the gradients before their averaging finished (--emulate writes _native_distributed_optimizer here instead: Horovod's averaging in the optimizer, the same numbers)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-    model(x).sum().backward()
+    ddp_model_2 = DDP(model, forward_sync_buffers=False)
+    ddp_model_2(x).sum().backward()
+    # DDP: the gradients are averaged here already (Horovod, without synchronize(): not yet)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
 
@@ -64,7 +64,7 @@ def wrapped_inside_a_loop(x):
     for epoch in range(2):
         model(x).sum().backward()
         if epoch == 0:
-            # TODO(horovod-compat): hvd.DistributedOptimizer: the optimizer is wrapped inside a loop; calls before it in the loop body could not be redirected; not in place either: gradients are read or clipped (`clip_grad_norm_`) and the optimizer's synchronize() is never called: under Horovod that code saw the gradients before their averaging finished (--emulate writes _native_distributed_optimizer here instead: Horovod's averaging in the optimizer, the same numbers)
+            # TODO(horovod-compat): hvd.DistributedOptimizer: the optimizer is wrapped inside a loop; calls before it in the loop body could not be redirected; not in place either: the wrap sits inside a loop over `epoch`, and `model` does not change with it: replicate() makes a module data-parallel only once (--emulate writes _native_distributed_optimizer here instead: Horovod's averaging in the optimizer, the same numbers)
             opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
         opt.step()
 
@@ -72,7 +72,6 @@ def wrapped_inside_a_loop(x):
 def moved_after_the_wrap(x):
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    # TODO(horovod-compat): hvd.DistributedOptimizer: `model.cuda(...)` at line 55 moves or casts the model after the wrap; DDP must wrap it on its final device and dtype (move that call before it); not in place either: gradients are read or clipped (`clip_grad_norm_`) and the optimizer's synchronize() is never called: under Horovod that code saw the gradients before their averaging finished (--emulate writes _native_distributed_optimizer here instead: Horovod's averaging in the optimizer, the same numbers)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    replicate(model, find_unused_parameters=True)  # DDP in place; unused parameters keep grad None (Horovod: zeros)
     model.cuda()
     model(x.cuda()).sum().backward()
