@@ -18,22 +18,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def _native_broadcast_optimizer_state(optimizer, root_rank):
-    """hvd.broadcast_optimizer_state: root_rank's state and options (lr, ...) on every rank. A
-    fresh optimizer first steps once on zero gradients to make its state, as Horovod's did (Adam
-    counts that step; the weights are put back). migration_guide/differences.md."""
-    import contextlib
-
+    """hvd.broadcast_optimizer_state: root_rank's state and options on every rank. A fresh optimizer
+    first steps on zero gradients, as Horovod's did (weights put back; differences.md)."""
     import torch
     import torch.distributed as dist
 
-    if isinstance(optimizer, torch.optim.LBFGS):
-        raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    if not optimizer.state_dict()["state"]:
+    if not optimizer.state:
         saved = [(p, p.detach().clone()) for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         for p, _ in saved:
             p.grad = torch.zeros_like(p)
-        with getattr(optimizer, "skip_synchronize", contextlib.nullcontext)():  # (the fallback optimizer's)
-            optimizer.step()
+        optimizer.step()
         with torch.no_grad():
             for p, value in saved:
                 p.copy_(value)
