@@ -314,7 +314,8 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
     lines = list(first)
     for model in found:
         adasum = options.adasum_comment()
-        lines.append(f"replicate({model}, find_unused_parameters=True)  {_COMMENT}"
+        group = f", process_group={options.process_group}" if options.process_group else ""
+        lines.append(f"replicate({model}, find_unused_parameters=True{group})  {_COMMENT}"
                      + (f"; {adasum}" if adasum else "") + "\n")
         lines += options.comm_hook_lines(model, ctx)
     ctx.need(HVD, "replicate")

@@ -143,6 +143,8 @@ class _Options:
     #: op=hvd.Sum: the gradients are summed (a comm hook), not averaged.
     sum: bool = False
     passes: str = "1"
+    #: process_set=S: the process group DDP reduces over (None: every rank).
+    process_group: Optional[str] = None
     notes: List[str] = dataclasses.field(default_factory=list)
     #: Horovod constants bound to names, replaced in place by their native values.
     constants: Dict[cst.Attribute, str] = dataclasses.field(default_factory=dict)
@@ -154,29 +156,31 @@ class _Options:
         when = "" if self.adasum == "True" else f" when {self.adasum}"
         return f"Horovod: Adasum{when}; DDP averages"
 
-    def comm_hook_lines(self, module: str, ctx: RewriteContext) -> List[str]:
+    def comm_hook_lines(self, module: str, ctx: RewriteContext, state: Optional[str] = None) -> List[str]:
         """The lines that register the compression's comm hook on `module` (a DDP wrapper or a
-        replicated module), when one is chosen."""
+        replicated module), when one is chosen; `state`, the hook's state: the process group it
+        reduces over (by default the set's, or None: every rank)."""
+        state = state or self.process_group or "None"
         if self.sum:  # (fp16 "True", "False" or a condition: _check_options refuses a named hook)
             ctx.need_helper("_native_sum_gradients")
             note = "# op=hvd.Sum: gradients summed, not averaged"
             if self.fp16 == "False":
-                return [f"{module}.register_comm_hook(None, _native_sum_gradients)  {note}\n"]
+                return [f"{module}.register_comm_hook({state}, _native_sum_gradients)  {note}\n"]
             ctx.need(HVD, "default_hooks")
             sent_as_fp16 = "default_hooks.fp16_compress_wrapper(_native_sum_gradients)"
             if self.fp16 == "True":
-                return [f"{module}.register_comm_hook(None, {sent_as_fp16})  {note}, sent as float16\n"]
-            return [f"{module}.register_comm_hook(None, {sent_as_fp16} if {self.fp16} else "
+                return [f"{module}.register_comm_hook({state}, {sent_as_fp16})  {note}, sent as float16\n"]
+            return [f"{module}.register_comm_hook({state}, {sent_as_fp16} if {self.fp16} else "
                     f"_native_sum_gradients)  {note}\n"]
         if self.fp16 != "False" or any("fp16" in v for v in self.constants.values()):
             ctx.need(HVD, "default_hooks")
         if self.hook_name is not None:
             return [f"if {self.hook_name} is not None:{self.hook_comment}\n"
-                    f"    {module}.register_comm_hook(None, {self.hook_name})\n"]
+                    f"    {module}.register_comm_hook({state}, {self.hook_name})\n"]
         if self.fp16 == "True":
-            return [f"{module}.register_comm_hook(None, default_hooks.fp16_compress_hook)\n"]
+            return [f"{module}.register_comm_hook({state}, default_hooks.fp16_compress_hook)\n"]
         if self.fp16 != "False":
-            return [f"if {self.fp16}:\n    {module}.register_comm_hook(None, default_hooks.fp16_compress_hook)\n"]
+            return [f"if {self.fp16}:\n    {module}.register_comm_hook({state}, default_hooks.fp16_compress_hook)\n"]
         return []
 
 
@@ -201,11 +205,20 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
     known = {"optimizer", "named_parameters", "compression", "backward_passes_per_step", "op",
              "gradient_predivide_factor", "num_groups", "groups", "sparse_as_dense"}
     for name in kw:
-        if name == "process_set":
-            return _Options("process_set=: DDP takes process_group=dist.new_group(ranks); rewrite by hand")
-        if name not in known:
+        if name not in known | {"process_set"}:
             return _Options(f"unknown argument {name}=")
     options = _Options()
+    if "process_set" in kw:
+        value = kw["process_set"].value
+        if hvd_attr_name(value, ctx.hvd_aliases) != "global_process_set":  # (every rank: DDP's default)
+            if not (ctx.shared.all_native and reevaluable(value)):
+                return _Options(f"process_set={code_of(value).strip()}: DDP takes the set's process group "
+                                "(process_group=), which the rewriter gives only for a set held in a name or "
+                                "attribute of a file that becomes native")
+            name = code_of(value).strip()
+            # (the native process set: a _NativeProcessSet, or None for hvd.global_process_set)
+            options.process_group = f"None if {name} is None else {name}.group"
+            options.notes.append(f"process_set={name} -> process_group={name}.group")
     if "compression" in kw:
         choice = _choice(call, "compression", facts, ctx)
         value = kw["compression"].value
@@ -541,9 +554,10 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     sync_once = torch_api.has("DDP.forward_sync_buffers")
     buffers = "forward_sync_buffers=False" if sync_once else "broadcast_buffers=False"
     adasum = options.adasum_comment()
-    lines.append(f"{ddp_name} = DDP({model}, {buffers})" + (f"  # {adasum}" if adasum else "") + "\n")
+    group = f", process_group={options.process_group}" if options.process_group else ""
+    lines.append(f"{ddp_name} = DDP({model}, {buffers}{group})" + (f"  # {adasum}" if adasum else "") + "\n")
     ctx.need(HVD, "DDP")
-    lines += options.comm_hook_lines(ddp_name, ctx)
+    lines += options.comm_hook_lines(ddp_name, ctx, f"{ddp_name}.process_group" if group else None)
     statements = [cst.parse_statement(line) for line in lines]
     statements[0] = statements[0].with_changes(leading_lines=stmt.leading_lines)
     note = f"-> {ddp_name} = DDP({model}, {buffers}); forward calls of `{model}` now go through {ddp_name}"
@@ -557,7 +571,8 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     plan.constants.update(options.constants)
     plan.replace[stmt] = Rewritten(statements, note)
     plan.rename.update(renames)
-    for other in _redundant_broadcasts(stmt, model, facts, ctx) if sync_once else ():
+    # (on a process set, DDP broadcasts from the set's first rank, not from global rank 0)
+    for other in _redundant_broadcasts(stmt, model, facts, ctx) if sync_once and not options.process_group else ():
         plan.remove[other] = "removed: DDP broadcasts parameters and buffers from rank 0 when it wraps the model"
     _plan_optimizer_uses(scope, target.value, facts, plan)
     return None

@@ -59,7 +59,6 @@ REPRESENTATIVE = [
 #: replicate() in place), and why: native only with --emulate (_native_distributed_optimizer).
 EMULATED = {
     "b09_uneven_join.py": "hvd.join() (DDP would need its Join context manager)",
-    "b12_process_sets.py": "process_set= (DDP takes a process_group)",
     "c04_optim_factory.py": "the options come as **kwargs",
 }
 
