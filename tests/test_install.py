@@ -108,6 +108,9 @@ def test_an_unchanged_horovod_script_trains_on_the_core_install(core, tmp_path):
      "tensorflow, which is not installed: pip install 'horovod-compat[tensorflow]'"),
     ("from sparkdl import HorovodRunner\ndef f(): return 1\nHorovodRunner(np=-2).run(f)",
      "pip install 'horovod-compat[mpi]'` (or your system's openmpi package)."),
+    ("import horovod.ray",
+     "distributor.extras.MissingExtraError: horovod.ray needs ray, which is not installed: "
+     "pip install 'horovod-compat[ray]'"),
     ("import horovod.spark\nhorovod.spark.run(lambda: 1, num_proc=2)",
      "pip install 'horovod-compat[spark]', or use horovod.run to run the processes on this host."),
 ])

@@ -46,7 +46,7 @@ def test_require_names_the_first_missing_module_and_the_pip_line():
     assert isinstance(info.value, ImportError) and info.value.extra == "plot"
     with pytest.raises(KeyError, match="unknown extra 'sparkk'; known: spark, mpi"):
         require("sparkk", "x")
-    assert set(EXTRAS) == {"spark", "mpi", "plot", "lightning", "tensorflow"}
+    assert set(EXTRAS) == {"spark", "mpi", "plot", "lightning", "tensorflow", "ray"}
 
 
 @pytest.mark.parametrize("blocked, code, message", [

@@ -116,7 +116,7 @@ def test_spark_run_without_a_spark_context_says_so():
         horovod.spark.run(where, args=("x",), num_proc=2)
 
 
-@pytest.mark.parametrize("name", ["horovod.mxnet", "horovod.ray"])
+@pytest.mark.parametrize("name", ["horovod.mxnet"])
 def test_frameworks_we_do_not_provide_say_where_to_go(name):
     with pytest.raises(ModuleNotFoundError) as info:
         importlib.import_module(name)

@@ -1,0 +1,202 @@
+"""horovod.ray's RayExecutor on a real Ray (a local cluster started once for this module, 3 CPUs):
+ranks as actors with Horovod's topology and this project's collectives, the values in rank order,
+executables, a raising rank named with its source line and every actor stopped, settings the
+cluster cannot meet refused before any actor starts, nothing left after shutdown()."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import ray
+import ray.cloudpickle
+
+import horovod.ray as hvd_ray
+from horovod.ray import BaseHorovodWorker, RayExecutor
+
+# the functions below travel to the actors by value (this file is not importable there)
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+CPUS = 3
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=CPUS, include_dashboard=False, configure_logging=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def executor(cluster):
+    made = []
+
+    def make(**kwargs):
+        ex = RayExecutor(RayExecutor.create_settings(timeout_s=60), **kwargs)
+        made.append(ex)
+        return ex
+    yield make
+    for ex in made:
+        ex.shutdown()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _gone(pids, seconds: float = 20.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def topology_and_average():
+    import torch
+    import horovod.torch as hvd
+
+    hvd.init()
+    average = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)])).item()
+    return (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
+            hvd.cross_size(), average)
+
+
+def scaled_rank(factor, offset=0):
+    import horovod.torch as hvd
+
+    hvd.init()  # (already initialised by the first function: the same group)
+    return hvd.rank() * factor + offset
+
+
+class Counter:
+    def __init__(self, start, step=1):
+        self.value, self.step = start, step
+
+    def bump(self):
+        self.value += self.step
+        return self.value
+
+
+def test_run_gives_every_rank_in_rank_order_on_one_runtime(executor):
+    ex = executor(num_workers=2)
+    ex.start()
+    assert ex.run(topology_and_average) == [(0, 2, 0, 2, 0, 1, 1.5), (1, 2, 1, 2, 0, 1, 1.5)]
+    # the actors keep their group: later functions reuse it, with args and kwargs
+    assert ex.run(scaled_rank, args=[10], kwargs={"offset": 1}) == [1, 11]
+    refs = ex.run_remote(scaled_rank, args=[3])
+    assert all(isinstance(r, ray.ObjectRef) for r in refs) and ray.get(refs) == [0, 3]
+
+
+def test_executables_live_in_their_actors(executor):
+    ex = executor(num_workers=2)
+    ex.start(executable_cls=Counter, executable_args=[10], executable_kwargs={"step": 5},
+             extra_env_vars={"SWEEP_NAME": "wide"})
+    assert ex.execute(lambda c: c.bump()) == [15, 15]
+    assert ex.execute(lambda c: c.bump()) == [20, 20]
+    assert ex.execute_single(lambda c: (c.value, os.environ["SWEEP_NAME"], os.environ["HOROVOD_RANK"])) \
+        == (20, "wide", "0")
+
+
+def fails_on_rank_1():
+    import torch
+    import horovod.torch as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise ValueError("bad batch on this rank")
+    return hvd.allreduce(torch.ones(1)).item()  # rank 0 waits here for rank 1
+
+
+def test_a_raising_rank_is_named_with_its_source_line_and_every_actor_stops(executor):
+    ex = executor(num_workers=2)
+    ex.start()
+    pids = list(ex._pids)
+    started = time.monotonic()
+    with pytest.raises(ray.exceptions.RayTaskError) as info:
+        ex.run(fails_on_rank_1)
+    took = time.monotonic() - started
+    text = str(info.value) + "\n".join(getattr(info.value, "__notes__", []))
+    assert "rank 1 of 2" in text and "raised" in text, text
+    assert 'raise ValueError("bad batch on this rank")' in text and "test_ray_executor.py" in text, text
+    assert took < 60, took  # (not a wait for a collective's timeout: the waiting rank was stopped)
+    assert _gone(pids), [p for p in pids if _alive(p)]
+    with pytest.raises(RuntimeError, match="call start"):
+        ex.run(scaled_rank, args=[1])
+    ex.start()  # and it can start again
+    assert ex.run(scaled_rank, args=[1]) == [0, 1]
+
+
+def test_a_dead_actor_is_named_and_the_others_stop(executor):
+    ex = executor(num_workers=2)
+    ex.start()
+    pids = list(ex._pids)
+
+    def rank_1_dies():
+        import horovod.torch as hvd
+        import torch
+
+        hvd.init()
+        if hvd.rank() == 1:
+            os._exit(3)
+        return hvd.allreduce(torch.ones(1)).item()
+
+    with pytest.raises(ray.exceptions.RayActorError) as info:
+        ex.run(rank_1_dies)
+    assert "rank 1 of 2" in "\n".join(getattr(info.value, "__notes__", []))
+    assert "died" in "\n".join(info.value.__notes__)
+    assert _gone(pids)
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(num_workers=64), ValueError, "needs 64 CPUs; the Ray cluster has 3"),
+    (dict(num_workers=2, cpus_per_worker=2), ValueError, "needs 4 CPUs"),
+    (dict(num_workers=1, use_gpu=True), ValueError, "use_gpu=False, or a cluster with GPUs"),
+    (dict(num_hosts=2, num_workers_per_host=1), ValueError, "only 1 node(s)"),
+    (dict(num_workers=0), ValueError, "num_workers=0"),
+    (dict(min_workers=1, max_workers=2), NotImplementedError, "elastic jobs on Ray"),
+    (dict(num_workers=2, min_workers=1), ValueError, "not both"),
+    (dict(num_workers=1, gpus_per_worker=1), ValueError, "needs use_gpu=True"),
+])
+def test_settings_the_cluster_cannot_meet_fail_before_any_actor_starts(executor, kwargs, error, words):
+    free = ray.available_resources().get("CPU")
+    with pytest.raises(error) as info:
+        executor(**kwargs).start()
+    assert words in str(info.value), str(info.value)
+    assert ray.available_resources().get("CPU") == free == CPUS  # nothing placed, nothing held
+
+
+def test_shutdown_leaves_no_actor_and_frees_the_cluster(executor):
+    ex = executor(num_workers=3)
+    ex.start()
+    pids = list(ex._pids)
+    assert ex.run(scaled_rank, args=[1]) == [0, 1, 2]
+    assert ray.available_resources().get("CPU", 0) == 0
+    ex.shutdown()
+    assert _gone(pids), [p for p in pids if _alive(p)]
+    deadline = time.monotonic() + 10
+    while ray.available_resources().get("CPU") != CPUS and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.available_resources().get("CPU") == CPUS
+
+
+def test_horovod_ray_is_this_projects_package():
+    assert hvd_ray.RayExecutor is RayExecutor and issubclass(BaseHorovodWorker, object)
+    assert hvd_ray.__name__ == "horovod_compat.ray"
+
+
+def test_without_ray_the_import_names_the_install_line():
+    probe = ("import importlib.util as u; real = u.find_spec; "
+             "u.find_spec = lambda n, *a: None if n == 'ray' else real(n, *a); "
+             "import horovod.ray")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "pip install 'horovod-compat[ray]'" in done.stderr, done.stderr[-2000:]
