@@ -4,7 +4,7 @@ from pathlib import Path
 
 from setuptools import setup
 
-USER_EXTRAS = ("spark", "mpi", "plot", "lightning", "tensorflow")
+USER_EXTRAS = ("spark", "mpi", "plot", "lightning", "tensorflow", "ray")
 
 
 def _extras() -> dict:
