@@ -35,9 +35,10 @@ import os
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from .utils import nics_to_env_var
 from .worker import BaseHorovodWorker, RankFunctionError
 
-__all__ = ["RayExecutor", "MiniSettings"]
+__all__ = ["RayExecutor", "MiniSettings", "Coordinator"]
 
 
 @dataclasses.dataclass
@@ -52,6 +53,69 @@ class MiniSettings:
     timeout_s: int = 300
     placement_group_timeout_s: int = 100
     elastic: bool = False
+
+
+class Coordinator:
+    """Horovod's rank topology from where each rank runs, and the job's rendezvous (Horovod's
+    ``horovod.ray.runner.Coordinator``, which Ray Train's Horovod backend drives).
+
+    ``register(hostname, node_id, world_rank)`` for every rank, then ``finalize_registration()``:
+    each rank's ``HOROVOD_LOCAL_RANK/LOCAL_SIZE`` (its index among the ranks of its node) and
+    ``HOROVOD_CROSS_RANK/CROSS_SIZE`` (its node's index among the nodes that have that local rank),
+    with the torchrun names of the same facts. ``establish_rendezvous()`` opens the job's store in
+    this process (where Horovod started its rendezvous server) and returns what every rank needs to
+    reach it; the store lives as long as this object."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self.node_id_by_rank: "OrderedDict[str, List[int]]" = OrderedDict()
+        self._hostnames: Dict[str, None] = {}
+        self.store = None
+
+    @property
+    def world_size(self) -> int:
+        return sum(len(ranks) for ranks in self.node_id_by_rank.values())
+
+    @property
+    def hostnames(self) -> List[str]:
+        return list(self._hostnames)
+
+    @property
+    def node_id_string(self) -> str:
+        return ",".join(f"{node}:{len(ranks)}" for node, ranks in self.node_id_by_rank.items())
+
+    def register(self, hostname: str, node_id: str, world_rank: int) -> None:
+        self._hostnames[hostname] = None
+        self.node_id_by_rank.setdefault(node_id, []).append(world_rank)
+
+    def finalize_registration(self) -> Dict[int, Dict[str, int]]:
+        size = self.world_size
+        cross_sizes: Dict[int, int] = {}
+        info: Dict[int, Dict[str, int]] = {}
+        for node, ranks in enumerate(self.node_id_by_rank.values()):
+            for local_rank, rank in enumerate(ranks):
+                info[rank] = dict(HOROVOD_LOCAL_RANK=local_rank, HOROVOD_LOCAL_SIZE=len(ranks),
+                                  HOROVOD_CROSS_RANK=cross_sizes.get(local_rank, 0),
+                                  RANK=rank, WORLD_SIZE=size, LOCAL_RANK=local_rank,
+                                  LOCAL_WORLD_SIZE=len(ranks), GROUP_RANK=node)
+                cross_sizes[local_rank] = cross_sizes.get(local_rank, 0) + 1
+        for env in info.values():
+            env["HOROVOD_CROSS_SIZE"] = cross_sizes[env["HOROVOD_LOCAL_RANK"]]
+        return info
+
+    def establish_rendezvous(self) -> Dict[str, str]:
+        """Open the job's store here (torch's TCPStore, every rank a client of it, as under
+        torchrun's agent) and return its address for every rank."""
+        from datetime import timedelta
+
+        import ray
+        import torch.distributed as dist
+
+        address = ray.util.get_node_ip_address()
+        timeout = float(getattr(self.settings, "timeout_s", 300))
+        self.store = dist.TCPStore(address, 0, None, True, timedelta(seconds=timeout), wait_for_workers=False)
+        return {"MASTER_ADDR": address, "MASTER_PORT": str(self.store.port),
+                "TORCHELASTIC_USE_AGENT_STORE": "True", "HOROVOD_COMPAT_INIT_TIMEOUT": str(timeout)}
 
 
 class RayExecutor:
@@ -204,7 +268,8 @@ class RayExecutor:
         return group, bundle_of
 
     def _arrange(self, workers: List[Any], extra: Dict[str, Any]) -> None:
-        """Number the ranks node by node and give each actor its environment."""
+        """Number the ranks node by node (Coordinator) and give each actor its environment, with
+        rank 0's node as the rendezvous: a port free there, for the store its hvd.init() opens."""
         import ray
 
         where = ray.get([w.placement.remote() for w in workers])
@@ -215,23 +280,16 @@ class RayExecutor:
         self.workers = [workers[i] for i in order]
         self._hosts = [where[i][1] for i in order]
         self._pids = [where[i][3] for i in order]
-        size = len(order)
-        cross_sizes: Dict[int, int] = {}
-        env: List[Dict[str, Any]] = []
-        for indexes in nodes.values():
-            for local_rank, _ in enumerate(indexes):
-                env.append(dict(HOROVOD_LOCAL_RANK=local_rank, HOROVOD_LOCAL_SIZE=len(indexes),
-                                HOROVOD_CROSS_RANK=cross_sizes.get(local_rank, 0)))
-                cross_sizes[local_rank] = cross_sizes.get(local_rank, 0) + 1
+        coordinator = Coordinator(self.settings)
+        for rank, index in enumerate(order):
+            coordinator.register(where[index][1], where[index][0], rank)
+        topology = coordinator.finalize_registration()
         address = where[order[0]][2]
         port = ray.get(self.workers[0].free_port.remote(address))
-        common = {"HOROVOD_SIZE": size, "MASTER_ADDR": address, "MASTER_PORT": port,
-                  "HOROVOD_COMPAT_INIT_TIMEOUT": self.settings.timeout_s}
-        if self.settings.nics:
-            common["GLOO_SOCKET_IFNAME"] = ",".join(sorted(self.settings.nics))
-        ray.get([w.update_env_vars.remote({**env[rank], **common, "HOROVOD_RANK": rank,
-                                           "HOROVOD_CROSS_SIZE": cross_sizes[env[rank]["HOROVOD_LOCAL_RANK"]],
-                                           **extra})
+        common = {"HOROVOD_SIZE": len(order), "MASTER_ADDR": address, "MASTER_PORT": port,
+                  "HOROVOD_COMPAT_INIT_TIMEOUT": self.settings.timeout_s,
+                  **nics_to_env_var(self.settings.nics)}
+        ray.get([w.update_env_vars.remote({**topology[rank], **common, "HOROVOD_RANK": rank, **extra})
                  for rank, w in enumerate(self.workers)])
 
     # -- run ----------------------------------------------------------------------------------

@@ -200,3 +200,36 @@ def test_without_ray_the_import_names_the_install_line():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode != 0
     assert "pip install 'horovod-compat[ray]'" in done.stderr, done.stderr[-2000:]
+
+
+#: Ray Train V1's own Horovod example (ray/train/examples/horovod/horovod_example.py, shipped with
+#: Ray), run unchanged on this cluster with RAY_TRAIN_V2_ENABLED=0: its HorovodTrainer drives
+#: horovod.ray.runner.Coordinator, horovod.ray.utils and horovod.runner.common.util.
+RAY_TRAIN_EXAMPLE = """\
+import json, sys
+import ray
+ray.init(address=sys.argv[1])
+from ray.train.examples.horovod.horovod_example import main
+main(num_workers=2, use_gpu=False, kwargs={"data_dir": sys.argv[2], "num_epochs": 2, "lr": 0.05,
+                                           "batch_size": 32, "log_interval": 2})
+"""
+
+
+def test_ray_train_v1_horovod_example_runs_unchanged(cluster, tmp_path):
+    from test_upstream_mnist import write_mnist
+
+    done = subprocess.run([sys.executable, "-c", "import torchvision, filelock"], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip("Ray's Horovod example imports torchvision and filelock, which this environment "
+                    f"cannot both import: {done.stderr.strip().splitlines()[-1]}")
+    data = write_mnist(tmp_path / "data")
+    # (HOME moves for the example's ~/.horovod_lock; the cluster's token stays where Ray put it)
+    token = os.path.expanduser("~/.ray/auth_token")
+    env = {**os.environ, "RAY_TRAIN_V2_ENABLED": "0", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1",
+           "RAY_AIR_NEW_OUTPUT": "0", **({"RAY_AUTH_TOKEN_PATH": token} if os.path.exists(token) else {})}
+    address = ray.get_runtime_context().gcs_address
+    done = subprocess.run([sys.executable, "-c", RAY_TRAIN_EXAMPLE, address, str(data)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-5000:]
+    assert "Train Epoch: 1" in out and "'loss':" in out, out[-5000:]

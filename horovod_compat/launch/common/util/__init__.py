@@ -1,0 +1,1 @@
+"""``horovod.runner.common.util``: ``secret`` and ``timeout`` (see the package above)."""
