@@ -125,15 +125,17 @@ def test_frameworks_we_do_not_provide_say_where_to_go(name):
     assert "horovod.torch" in message and "horovod.spark.run" in message
 
 
-def test_horovod_tensorflow_without_tensorflow_names_the_install_line():
-    """In an environment without TensorFlow, ``import horovod.tensorflow`` says what to install
-    (checked in a fresh interpreter where importlib cannot find tensorflow)."""
+@pytest.mark.parametrize("package, module, extra", [("tensorflow", "horovod.tensorflow", "tensorflow"),
+                                                    ("ray", "horovod.ray", "ray")])
+def test_a_binding_without_its_package_names_the_install_line(package, module, extra):
+    """In an environment without TensorFlow (Ray), ``import horovod.tensorflow`` (``horovod.ray``)
+    says what to install (checked in a fresh interpreter where importlib cannot find it)."""
     probe = ("import importlib.util as u; real = u.find_spec; "
-             "u.find_spec = lambda n, *a: None if n == 'tensorflow' else real(n, *a); "
-             "import horovod.tensorflow")
+             f"u.find_spec = lambda n, *a: None if n == {package!r} else real(n, *a); "
+             f"import {module}")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode != 0
-    assert "pip install 'horovod-compat[tensorflow]'" in done.stderr, done.stderr[-2000:]
+    assert f"pip install 'horovod-compat[{extra}]'" in done.stderr, done.stderr[-2000:]
 
 
 def test_horovod_runner_module_and_a_fresh_interpreter():

@@ -1,7 +1,8 @@
 """horovod.ray's RayExecutor on a real Ray (a local cluster started once for this module, 3 CPUs):
 ranks as actors with Horovod's topology and this project's collectives, the values in rank order,
 executables, a raising rank named with its source line and every actor stopped, settings the
-cluster cannot meet refused before any actor starts, nothing left after shutdown()."""
+cluster cannot meet refused before any actor starts, nothing left after shutdown(), and Ray Train
+V1's Horovod example. (Without Ray, `import horovod.ray` names the pip line: test_launch_api.py.)"""
 from __future__ import annotations
 
 import os
@@ -191,15 +192,6 @@ def test_shutdown_leaves_no_actor_and_frees_the_cluster(executor):
 def test_horovod_ray_is_this_projects_package():
     assert hvd_ray.RayExecutor is RayExecutor and issubclass(BaseHorovodWorker, object)
     assert hvd_ray.__name__ == "horovod_compat.ray"
-
-
-def test_without_ray_the_import_names_the_install_line():
-    probe = ("import importlib.util as u; real = u.find_spec; "
-             "u.find_spec = lambda n, *a: None if n == 'ray' else real(n, *a); "
-             "import horovod.ray")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
-    assert done.returncode != 0
-    assert "pip install 'horovod-compat[ray]'" in done.stderr, done.stderr[-2000:]
 
 
 #: Ray Train V1's own Horovod example (ray/train/examples/horovod/horovod_example.py, shipped with
