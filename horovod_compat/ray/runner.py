@@ -55,6 +55,30 @@ class MiniSettings:
     elastic: bool = False
 
 
+#: How long the other ranks get to show the cause when the first failure is a consequence.
+_CULPRIT_GRACE_SECONDS = 5.0
+
+
+def _blame(exc: BaseException) -> int:
+    """0: the rank's actor died; 1: the rank's function raised an error of its own; 2: it raised
+    HorovodInternalError (a peer went away: a consequence) or something Ray says of it."""
+    import ray
+
+    if isinstance(exc, ray.exceptions.RayActorError):
+        return 0
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, RankFunctionError) and cause.kind != "HorovodInternalError":
+        return 1
+    return 2
+
+
+def _what(exc: BaseException) -> str:
+    """What happened to a rank, for the note on the raised error."""
+    if _blame(exc) == 0:
+        return "died (its actor process is gone)"
+    return f"raised {getattr(getattr(exc, 'cause', None), 'kind', type(exc).__name__)}"
+
+
 class Coordinator:
     """Horovod's rank topology from where each rank runs, and the job's rendezvous (Horovod's
     ``horovod.ray.runner.Coordinator``, which Ray Train's Horovod backend drives).
@@ -321,7 +345,11 @@ class RayExecutor:
 
     def _gather(self, refs: List[Any]) -> List[Any]:
         """The values of `refs` (one per rank, in rank order); at the first failure every actor is
-        stopped, so that no rank stays waiting for the failed one, and the failure is raised."""
+        stopped, so that no rank stays waiting for the failed one, and the culprit's failure is
+        raised: when the first failure is a consequence (a rank's HorovodInternalError: a peer
+        went away under it), the others get `_CULPRIT_GRACE_SECONDS` to show the cause (an actor
+        that died, or a rank's own error), as every other launcher names the rank that failed
+        first, not the ones that saw it go."""
         import ray
 
         pending = list(refs)
@@ -330,15 +358,22 @@ class RayExecutor:
             try:
                 ray.get(ready[0])
             except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
-                rank = refs.index(ready[0])
-                host = self._hosts[rank] if rank < len(self._hosts) else "?"
-                cause = getattr(exc, "cause", None)
-                what = ("raised" if isinstance(cause, RankFunctionError)
-                        else "died (its actor process is gone)")
+                failures = {refs.index(ready[0]): exc}
+                if _blame(exc) == 2 and pending:
+                    more, _ = ray.wait(pending, num_returns=len(pending), timeout=_CULPRIT_GRACE_SECONDS)
+                    for ref in more:
+                        try:
+                            ray.get(ref)
+                        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as other:
+                            failures[refs.index(ref)] = other
+                rank = min(failures, key=lambda r: (_blame(failures[r]), r))
+                culprit = failures[rank]
                 self.shutdown()
-                exc.add_note(f"horovod.ray: rank {rank} of {len(refs)} (on {host}) {what}; every rank "
-                             "was stopped, start() again to run more")
-                raise
+                host = self._hosts[rank] if rank < len(self._hosts) else "?"
+                after = "".join(f"; then rank {r} {_what(failures[r])}" for r in sorted(failures) if r != rank)
+                culprit.add_note(f"horovod.ray: rank {rank} of {len(refs)} (on {host}) {_what(culprit)}{after}; "
+                                 "every rank was stopped, start() again to run more")
+                raise culprit from None
         return ray.get(refs)
 
     # -- shutdown -----------------------------------------------------------------------------

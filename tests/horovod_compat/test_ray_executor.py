@@ -126,7 +126,7 @@ def test_a_raising_rank_is_named_with_its_source_line_and_every_actor_stops(exec
         ex.run(fails_on_rank_1)
     took = time.monotonic() - started
     text = str(info.value) + "\n".join(getattr(info.value, "__notes__", []))
-    assert "rank 1 of 2" in text and "raised" in text, text
+    assert "rank 1 of 2 (on " in text and "raised ValueError" in text, text
     assert 'raise ValueError("bad batch on this rank")' in text and "test_ray_executor.py" in text, text
     assert took < 60, took  # (not a wait for a collective's timeout: the waiting rank was stopped)
     assert _gone(pids), [p for p in pids if _alive(p)]
@@ -150,10 +150,12 @@ def test_a_dead_actor_is_named_and_the_others_stop(executor):
             os._exit(3)
         return hvd.allreduce(torch.ones(1)).item()
 
+    # rank 0 sees rank 1 go (HorovodInternalError) at about the time Ray sees the actor die:
+    # whichever comes first, the dead rank is the one named, as the other launchers name it
     with pytest.raises(ray.exceptions.RayActorError) as info:
         ex.run(rank_1_dies)
-    assert "rank 1 of 2" in "\n".join(getattr(info.value, "__notes__", []))
-    assert "died" in "\n".join(info.value.__notes__)
+    note = "\n".join(getattr(info.value, "__notes__", []))
+    assert "rank 1 of 2 (on " in note and "died (its actor process is gone)" in note, note
     assert _gone(pids)
 
 
