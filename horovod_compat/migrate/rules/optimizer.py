@@ -15,14 +15,16 @@ libcst's scope analysis before it rewrites anything:
   ``groups``/``num_groups`` only grouped tensors for fusion (DDP buckets on its own) and are
   dropped; ``backward_passes_per_step=N`` -> ``no_sync()`` when the loop has the one shape
   accumulation.py can prove; ``op=hvd.Sum`` -> a comm hook that sums (``_native_sum_gradients``,
-  in torch's ``fp16_compress_wrapper`` with fp16 compression);
-  a predivide factor (with Average) is dropped; other ops, ``sparse_as_dense`` and process sets
-  are flagged.
+  in torch's ``fp16_compress_wrapper`` with fp16 compression); ``op=hvd.Adasum`` -> DDP's
+  averaging, named at the wrap's line (DDP has no Adasum); ``process_set=S`` ->
+  ``process_group=S.group``; a predivide factor (with Average) is dropped; other ops and
+  ``sparse_as_dense`` are flagged.
 
 Code that reads or clips gradients (``p.grad``, ``clip_grad_norm_``) without calling
-``opt.synchronize()`` first ran, under Horovod, while the averaging of those gradients was still in
-flight (``step()`` then wrote the averaged result back); under DDP it would see the averaged
-gradients, so that case is flagged too.
+``opt.synchronize()`` first is placed by gradient_reads.py: after a ``step()`` it sees averaged
+gradients under both; between ``backward()`` and ``step()`` it ran, under Horovod, while their
+averaging was still in flight, and under DDP sees them averaged: the wrap goes ahead and a comment
+above the read names the difference; a read the rewriter cannot place is flagged.
 
 It also removes what DDP makes redundant: ``opt.synchronize()``, ``with opt.skip_synchronize():``
 (DDP gradients are already averaged after ``backward()``), and a ``broadcast_parameters`` of ``M``
