@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -131,6 +132,7 @@ def main() -> None:
             under_horovodrun = max(times)
     finally:
         ray.shutdown()
+        shutil.rmtree(storage, ignore_errors=True)
 
     ex, tr = statistics.median(executor_s), statistics.median(trainer_s)
     print(f"{args.workers} workers, {args.repeats} rounds (median), warm local Ray {ray.__version__}")
