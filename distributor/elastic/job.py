@@ -202,15 +202,19 @@ class ElasticJob(Job):
             self._stop_all()
 
     def _collect(self) -> Any:
-        finished = [s for s in self._states.values()
-                    if s.state is WorkerState.SUCCEEDED and s.worker_id in self._worlds]
-        if not finished:
+        succeeded = [s for s in self._states.values() if s.state is WorkerState.SUCCEEDED]
+        finished = [s for s in succeeded if s.worker_id in self._worlds]
+        if not finished and succeeded and not self._worlds:
+            # no round ever formed (no worker called hvd.init()): the workers in their first ranks
+            last = sorted(succeeded, key=lambda s: s.worker_id)
+        elif not finished:
             raise ElasticJobFailedError(
                 "no worker finished its training", "look at the workers' output above",
                 self.attempts)
-        last_round = max(self._worlds[s.worker_id].round for s in finished)
-        last = sorted((s for s in finished if self._worlds[s.worker_id].round == last_round),
-                      key=lambda s: self._worlds[s.worker_id].rank)
+        else:
+            last_round = max(self._worlds[s.worker_id].round for s in finished)
+            last = sorted((s for s in finished if self._worlds[s.worker_id].round == last_round),
+                          key=lambda s: self._worlds[s.worker_id].rank)
         values = []
         for s in last:
             if s.result is None:
@@ -259,8 +263,11 @@ class ElasticJob(Job):
             self._on_join(wid)
         if discovered is not None and discovered != self._hosts and not self._completing:
             self._apply_hosts(discovered, now)
-        if rounds.round >= 0 and not rounds.members and any(
-                s.state is WorkerState.SUCCEEDED for s in self._states.values()):
+        states = list(self._states.values())
+        if not rounds.members and any(s.state is WorkerState.SUCCEEDED for s in states) and (
+                rounds.round >= 0 or all(s.state.final for s in states)):
+            # (no round ever formed: every worker ended without joining one -- a function that
+            # never called hvd.init() -- and that is the job's end too)
             self._complete()
             return
         self._form_round(now)

@@ -144,6 +144,20 @@ def test_killed_worker_shrinks_then_replacement_joins(no_leftovers):
     assert "2 other worker(s) go on without waiting" in job.attempts[0].action
 
 
+def _no_rounds(value, pid_file):
+    with open(pid_file, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return value * 10 + int(os.environ["RANK"])
+
+
+def test_workers_that_never_join_a_round_end_the_job_with_their_values(no_leftovers):
+    """A function that never joins a round (no hvd.init() in it) ran forever before: the job
+    waited for a round that no worker would form. Every worker ended: that is the job's end."""
+    request = LaunchRequest(FunctionTarget(_no_rounds, (7, no_leftovers), {}), 2, elastic=ElasticPolicy(1, 2),
+                            start_timeout=120, timeout=60, return_all=True)
+    assert ElasticJob(request, LocalPlacement()).run() == [70, 71]
+
+
 def test_min_equals_n_waits_for_the_replacement(no_leftovers):
     result = run_function(_train, num_processes=2, elastic=ElasticPolicy(2, 2), kill={0: 3},
                           pid_file=no_leftovers, return_all=True)
