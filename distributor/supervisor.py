@@ -35,7 +35,9 @@ class RankEventSink(Protocol):
 
 class Process(Protocol):
     """What the supervisor uses of a rank process: `subprocess.Popen`'s pid, stdout and stderr
-    pipes, poll() and wait(timeout) (raising `subprocess.TimeoutExpired`)."""
+    pipes, poll() and wait(timeout) (raising `subprocess.TimeoutExpired`). A process on another
+    machine (`placement.ray.RayRankProcess`) also has ``signal_group(sig)``: its signals go
+    through that, never to a local process group with its pid."""
 
     pid: int
     stdout: IO[bytes]
@@ -154,8 +156,8 @@ class Supervisor:
             procs = [p for r, p in self._procs.items() if ranks is None or r in ranks]
         running = [p for p in procs if p.popen.poll() is None]
         for proc in running:
-            _signal_group(proc.popen.pid, signal.SIGTERM)
-            _signal_group(proc.popen.pid, signal.SIGCONT)
+            _signal(proc.popen, signal.SIGTERM)
+            _signal(proc.popen, signal.SIGCONT)
         deadline = time.monotonic() + grace
         for proc in running:
             try:
@@ -163,16 +165,26 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
         for proc in procs:
-            _signal_group(proc.popen.pid, signal.SIGKILL)  # also reaps children left in the group
+            _signal(proc.popen, signal.SIGKILL)  # also reaps children left in the group
         # and those that moved to a process group of their own in its session, such as mpirun's
         # ssh to a host that no longer answers (it would wait for that host for hours)
-        _kill_sessions({proc.popen.pid for proc in procs})
+        _kill_sessions({proc.popen.pid for proc in procs if not hasattr(proc.popen, "signal_group")})
 
     def wait_all(self, timeout: Optional[float] = None) -> None:
         with self._lock:
             procs = list(self._procs.values())
         for proc in procs:
             proc.popen.wait(timeout=timeout)
+
+
+def _signal(popen: "Process", sig: int) -> None:
+    """`sig` to the process group of `popen`: its own `signal_group` where it has one (a process
+    on another machine), else this machine's."""
+    send = getattr(popen, "signal_group", None)
+    if send is not None:
+        send(sig)
+    else:
+        _signal_group(popen.pid, sig)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -132,13 +132,17 @@ class HostsPlacement(Placement):
         """True when `host` names this machine: its workers are local processes."""
         return host in self.local_hosts or self._is_local(host)
 
-    def validate(self, request: LaunchRequest) -> None:
+    def _check_slots(self, request: LaunchRequest, what: str = "the hosts",
+                     fix: str = "Add slots or hosts.") -> None:
         self._elastic = request.elastic is not None
         total = sum(slots for _, slots in self.hosts)
         if request.num_processes > total:
             raise LaunchValidationError(
-                f"num_processes={request.num_processes} but the hosts offer {total} slot(s) "
-                f"({','.join(f'{h}:{s}' for h, s in self.hosts)}). Add slots or hosts.")
+                f"num_processes={request.num_processes} but {what} offer {total} slot(s) "
+                f"({','.join(f'{h}:{s}' for h, s in self.hosts)}). {fix}")
+
+    def validate(self, request: LaunchRequest) -> None:
+        self._check_slots(request)
         if request.use_gpu:
             raise LaunchValidationError(
                 "use_gpu=True is not supported on a host list; the ranks pick cuda:LOCAL_RANK "
