@@ -375,13 +375,15 @@ class HorovodJob:
                               is_local=lambda host: hostlib.is_local(host, local),
                               verbose=bool(self.verbose), discovers_hosts=others)
 
-    def run(self, target: Any, return_all: bool = True, stdout: Any = None, stderr: Any = None) -> Any:
-        """Run `target` on every rank; every rank's value in rank order (function targets)."""
+    def run(self, target: Any, return_all: bool = True, stdout: Any = None, stderr: Any = None,
+            placement: Any = None) -> Any:
+        """Run `target` on every rank; every rank's value in rank order (function targets).
+        `placement`: where the ranks run, when not on this job's hosts (horovod.ray: Ray nodes)."""
         request = LaunchRequest(target, self.num_proc, env=self.env,
                                 start_timeout=self.start_timeout, return_all=return_all,
                                 elastic=self.elastic,
                                 heartbeat_timeout=driver_heartbeat_timeout(self.env))
-        placement = self._placement()
+        placement = placement if placement is not None else self._placement()
         if self.verbose:
             print(f"horovod-compat: launching {self.describe()}", file=sys.stderr, flush=True)
         try:

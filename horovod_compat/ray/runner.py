@@ -25,8 +25,9 @@ traceback (a note added to Ray's own exception, so ``except ray.exceptions.RayTa
 working). The executor then has no workers: ``start()`` again to go on. ``run_remote`` hands back
 Ray's ObjectRefs and leaves such errors to the caller's ``ray.get``.
 
-Elastic jobs (``min_workers=``) and ``ElasticRayExecutor`` are not built yet: asking for one is a
-``NotImplementedError`` that says so, before any actor starts.
+Elastic jobs (``min_workers=``, and ``ElasticRayExecutor``) run ``run(fn)`` on the elastic engine
+of ``horovodrun --min-np``, each worker a process that an actor of its own starts on its node:
+``horovod_compat.ray.elastic``.
 """
 from __future__ import annotations
 
@@ -173,11 +174,6 @@ class RayExecutor:
         if min_workers and num_workers:
             raise ValueError("RayExecutor: give num_workers= (a fixed-size job) or min_workers= "
                              "(an elastic one), not both")
-        if min_workers is not None:
-            raise NotImplementedError(
-                "RayExecutor(min_workers=...): elastic jobs on Ray are not supported by horovod-compat "
-                "yet. Run a fixed-size job (num_workers=), or the same training function elastically "
-                "with horovodrun --min-np or horovod.spark.run_elastic (docs/ray.md)")
         if gpus_per_worker and not use_gpu:
             raise ValueError("RayExecutor(gpus_per_worker=...) needs use_gpu=True")
         if use_gpu and isinstance(gpus_per_worker, int) and gpus_per_worker < 1:
@@ -188,6 +184,25 @@ class RayExecutor:
                 raise ValueError(f"RayExecutor({name}={value!r}): a positive whole number")
         if num_workers is not None and num_hosts is not None:
             raise ValueError("RayExecutor: give num_workers= or num_hosts= (with num_workers_per_host=), not both")
+        self._elastic: Optional[Any] = None
+        if min_workers is not None:
+            if num_hosts is not None:
+                raise ValueError("RayExecutor: an elastic job (min_workers=) places its workers on "
+                                 "every live node; drop num_hosts=")
+            from ..launch.elastic import check_elastic_args
+            from .elastic import ElasticSettings
+
+            check_elastic_args(None, min_num_proc=min_workers, max_num_proc=max_workers,
+                               reset_limit=reset_limit, cooldown_range=cooldown_range,
+                               elastic_timeout=elastic_timeout)
+            self._elastic = ElasticSettings(
+                discovery=getattr(settings, "discovery", None), min_num_proc=min_workers,
+                max_num_proc=max_workers, elastic_timeout=elastic_timeout, reset_limit=reset_limit,
+                cooldown_range=tuple(cooldown_range) if cooldown_range else None,
+                num_proc=min_workers, timeout_s=settings.timeout_s, nics=settings.nics,
+                verbose=settings.verbose)
+            self._override_discovery = override_discovery
+        self._elastic_env: Dict[str, Any] = {}
         self.settings = settings
         self.num_workers, self.num_hosts, self.num_workers_per_host = num_workers, num_hosts, num_workers_per_host
         self.cpus_per_worker, self.use_gpu = cpus_per_worker, use_gpu
@@ -211,6 +226,13 @@ class RayExecutor:
             raise RuntimeError("RayExecutor.start(): already started; shutdown() first")
         if not ray.is_initialized():
             ray.init()
+        if self._elastic is not None:
+            if executable_cls is not None:
+                raise ValueError("RayExecutor(min_workers=...): an elastic job runs functions "
+                                 "(run(fn)), not an executable_cls; its workers change as it runs")
+            self._elastic_env = dict(extra_env_vars or {})
+            self._check_resources(self._elastic.min_num_proc)
+            return
         current = get_current_placement_group() if self.use_current_placement_group else None
         if self.num_workers is None and self.num_hosts is None and current is None:
             raise ValueError("RayExecutor: say how many ranks: num_workers=, or num_hosts= with "
@@ -238,7 +260,8 @@ class RayExecutor:
 
         have = ray.cluster_resources()
         need = {"CPU": count * self.cpus_per_worker, "GPU": count * self.gpus_per_worker}
-        shape = (f"num_workers={self.num_workers}" if self.num_workers
+        shape = (f"min_workers={count}" if self._elastic is not None
+                 else f"num_workers={self.num_workers}" if self.num_workers
                  else f"num_hosts={self.num_hosts} x num_workers_per_host={self.num_workers_per_host}")
         for kind, amount in need.items():
             if amount and have.get(kind, 0) < amount:
@@ -324,7 +347,18 @@ class RayExecutor:
 
     def run(self, fn: Callable[..., Any], args: Optional[Sequence] = None,
             kwargs: Optional[Dict[str, Any]] = None, callbacks: Optional[List[Callable]] = None) -> List[Any]:
-        """``fn(*args, **kwargs)`` on every rank; the values in rank order."""
+        """``fn(*args, **kwargs)`` on every rank; the values in rank order (an elastic job's: the
+        values of its last round's workers, horovod_compat.ray.elastic)."""
+        if self._elastic is not None:
+            from .elastic import RayHostDiscovery, _warn_callbacks, run_elastic
+
+            _warn_callbacks(callbacks)
+            discovery = self._elastic.discovery
+            if self._override_discovery or discovery is None:
+                discovery = RayHostDiscovery(self.use_gpu, self.cpus_per_worker, self.gpus_per_worker or 1)
+            return run_elastic(fn, list(args or ()), dict(kwargs or {}), settings=self._elastic,
+                               discovery=discovery, cpus_per_worker=self.cpus_per_worker,
+                               gpus_per_worker=self.gpus_per_worker, env=self._elastic_env)
         return self._gather(self.run_remote(fn, args, kwargs))
 
     def run_remote(self, fn: Callable[..., Any], args: Optional[Sequence] = None,
@@ -338,6 +372,10 @@ class RayExecutor:
         return self._gather([self._started()[0].execute.remote(fn)])[0]
 
     def _started(self) -> List[Any]:
+        if self._elastic is not None:
+            raise RuntimeError("RayExecutor(min_workers=...): an elastic job runs functions with "
+                               "run(fn, args, kwargs); execute, execute_single and run_remote need "
+                               "a fixed set of workers (num_workers=)")
         if not self.workers:
             raise RuntimeError("RayExecutor: no workers (never started, shut down, or stopped after a "
                                "rank failed): call start() first")

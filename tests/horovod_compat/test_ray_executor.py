@@ -1,11 +1,14 @@
 """horovod.ray's RayExecutor on a real Ray (a local cluster started once for this module, 3 CPUs):
 ranks as actors with Horovod's topology and this project's collectives, the values in rank order,
 executables, a raising rank named with its source line and every actor stopped, settings the
-cluster cannot meet refused before any actor starts, nothing left after shutdown(), and Ray Train
-V1's Horovod example. (Without Ray, `import horovod.ray` names the pip line: test_launch_api.py.)"""
+cluster cannot meet refused before any actor starts, nothing left after shutdown(), Ray Train
+V1's Horovod example, and elastic jobs (ElasticRayExecutor, RayExecutor(min_workers=...)) that
+lose a worker's process or its actor and go on. (Without Ray, `import horovod.ray` names the pip
+line: test_launch_api.py.)"""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -15,7 +18,7 @@ import ray
 import ray.cloudpickle
 
 import horovod.ray as hvd_ray
-from horovod.ray import BaseHorovodWorker, RayExecutor
+from horovod.ray import BaseHorovodWorker, ElasticRayExecutor, RayExecutor
 
 # the functions below travel to the actors by value (this file is not importable there)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -165,7 +168,8 @@ def test_a_dead_actor_is_named_and_the_others_stop(executor):
     (dict(num_workers=1, use_gpu=True), ValueError, "use_gpu=False, or a cluster with GPUs"),
     (dict(num_hosts=2, num_workers_per_host=1), ValueError, "only 1 node(s)"),
     (dict(num_workers=0), ValueError, "num_workers=0"),
-    (dict(min_workers=1, max_workers=2), NotImplementedError, "elastic jobs on Ray"),
+    (dict(min_workers=2, max_workers=1), ValueError, "min_num_proc=2 is larger than max_num_proc=1"),
+    (dict(min_workers=4), ValueError, "RayExecutor(min_workers=4, cpus_per_worker=1) needs 4 CPUs"),
     (dict(num_workers=2, min_workers=1), ValueError, "not both"),
     (dict(num_workers=1, gpus_per_worker=1), ValueError, "needs use_gpu=True"),
 ])
@@ -227,3 +231,101 @@ def test_ray_train_v1_horovod_example_runs_unchanged(cluster, tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-5000:]
     assert "Train Epoch: 1" in out and "'loss':" in out, out[-5000:]
+
+
+# ----------------------------------------------------------------------------- elastic jobs
+
+def elastic_train(mark, how, steps=20):
+    """An elastic TorchState loop (a commit every 5 batches); with `how`, rank 1 of the first
+    round SIGKILLs its own process ("process") or its actor ("actor") at batch 7. A worker alone
+    goes slowly, so that the replacement joins before the end. Returns (rank, size, batch, pid,
+    the parameters' sums)."""
+    import signal
+
+    import torch
+    import horovod.torch as hvd
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, batch=0)
+
+    @hvd.elastic.run
+    def loop(state):
+        while state.batch < steps:
+            opt.zero_grad()
+            model(torch.ones(8, 4) * (hvd.rank() + 1)).sum().backward()
+            opt.step()
+            state.batch += 1
+            if state.batch % 5 == 0:
+                state.commit()
+            if how and state.batch == 7 and hvd.rank() == 1 and not os.path.exists(mark):
+                with open(mark, "w") as f:
+                    f.write(str(os.getpid()))
+                os.kill(os.getppid() if how == "actor" else os.getpid(), signal.SIGKILL)
+                time.sleep(60)
+            time.sleep(0.1 if hvd.size() > 1 else 1.0)
+        return (hvd.rank(), hvd.size(), state.batch, os.getpid(),
+                [round(p.detach().sum().item(), 6) for p in model.parameters()])
+
+    return loop(state)
+
+
+def _cpus_back(seconds: float = 20.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while ray.available_resources().get("CPU") != CPUS and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return ray.available_resources().get("CPU") == CPUS
+
+
+@pytest.mark.parametrize("how", ["process", "actor"])
+def test_an_elastic_job_replaces_a_lost_worker_and_goes_on(cluster, tmp_path, capfd, caplog, how):
+    """Rank 1's process (or its actor: the node's Ray worker process) is SIGKILLed at batch 7:
+    rank 0 restores the commit of batch 5 and goes on, a replacement starts on the node and
+    joins, and both end at batch 20 with the same weights; nothing of the job is left."""
+    settings = ElasticRayExecutor.create_settings(min_num_proc=1, max_num_proc=2, elastic_timeout=60,
+                                                  timeout_s=60)
+    executor = ElasticRayExecutor(settings, cpus_per_slot=1)
+    executor.start()
+    mark = str(tmp_path / "killed")
+    results = executor.run(lambda: elastic_train(mark, how))
+    err = capfd.readouterr().err + caplog.text  # the ranks' lines, the driver's log
+    assert [r[:3] for r in results] == [(0, 2, 20), (1, 2, 20)], err[-4000:]
+    assert results[0][4] == results[1][4], results  # the same weights on both
+    assert re.search(r"elastic job: worker 1 \(rank 1 of round 0, host \S+\) killed by SIGKILL -> "
+                     r"replacement worker 2", err), err[-4000:]
+    assert "restoring the last commit" in err, err[-4000:]
+    if how == "actor":
+        assert "the Ray actor that ran this worker on node" in err, err[-4000:]
+    killed = int(open(mark).read())
+    assert _gone([killed, *[r[3] for r in results]])
+    assert _cpus_back(), ray.available_resources()  # every worker's actor is gone
+
+
+def test_ray_executor_with_min_workers_runs_elastically(executor, capfd):
+    ex = executor(min_workers=1, max_workers=2)
+    ex.start(extra_env_vars={"SWEEP_NAME": "elastic"})
+    assert ex.run(elastic_train, args=["", None], kwargs={"steps": 3})[0][:3] == (0, 2, 3)
+    assert ex.run(lambda: os.environ["SWEEP_NAME"]) == ["elastic", "elastic"]
+    with pytest.raises(RuntimeError, match="an elastic job runs functions with run"):
+        ex.execute(lambda _: 1)
+    with pytest.raises(ValueError, match="not an executable_cls"):
+        executor(min_workers=1).start(executable_cls=Counter)
+    assert _cpus_back()
+
+
+def test_an_elastic_job_whose_function_fails_stops_with_its_error(cluster):
+    def broken():
+        import horovod.torch as hvd
+
+        hvd.init()
+        raise ValueError(f"bad setting on rank {hvd.rank()}")
+
+    executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=2))
+    executor.start()
+    with pytest.raises(Exception) as info:
+        executor.run(broken)
+    assert "ValueError: bad setting on rank" in str(info.value), str(info.value)
+    assert _cpus_back()
