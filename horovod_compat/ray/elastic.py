@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -109,11 +110,17 @@ def run_elastic(fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, A
 
 
 def _wait_for_slots(discovery: Callable[[], Dict[str, int]], need: int, timeout: float) -> Dict[str, int]:
+    """The nodes once they offer `need` slots (the cluster may be growing), saying that it waits."""
     deadline = time.monotonic() + timeout
+    said = False
     while True:
         hosts = discovery()
         if sum(hosts.values()) >= need:
             return hosts
+        if not said:
+            print(f"horovod.ray: waiting up to {timeout:g} s for the Ray cluster to offer {need} worker "
+                  f"slot(s); it offers {sum(hosts.values())} ({hosts})", file=sys.stderr, flush=True)
+            said = True
         if time.monotonic() >= deadline:
             raise ValueError(
                 f"horovod.ray: the Ray cluster offers {sum(hosts.values())} worker slot(s) "
@@ -176,11 +183,16 @@ class ElasticRayExecutor:
         self._started = False
 
     def start(self) -> None:
-        """Connect to Ray (``ray.init()`` unless the caller did); the workers start in `run`."""
+        """Connect to Ray (``ray.init()`` unless the caller did); the workers start in `run`.
+        GPUs asked of a cluster that has none is a ValueError here, before any actor starts."""
         import ray
 
         if not ray.is_initialized():
             ray.init()
+        if self.use_gpu and not ray.cluster_resources().get("GPU"):
+            raise ValueError("ElasticRayExecutor(use_gpu=True): the Ray cluster has no GPUs "
+                             f"(ray.cluster_resources(): {ray.cluster_resources()}); pass "
+                             "use_gpu=False, or add nodes with GPUs")
         self._started = True
 
     def run(self, worker_fn: Callable[[], Any], callbacks: Optional[List[Callable]] = None) -> List[Any]:

@@ -316,6 +316,20 @@ def test_ray_executor_with_min_workers_runs_elastically(executor, capfd):
     assert _cpus_back()
 
 
+def test_elastic_settings_the_cluster_cannot_meet_fail_before_any_actor_starts(cluster, capfd):
+    with pytest.raises(ValueError, match=r"use_gpu=True\): the Ray cluster has no GPUs"):
+        ElasticRayExecutor(ElasticRayExecutor.create_settings(), use_gpu=True).start()
+    with pytest.raises(ValueError, match="min_num_proc=3 is larger than max_num_proc=2"):
+        ElasticRayExecutor.create_settings(min_num_proc=3, max_num_proc=2)
+    # a cluster may grow: too few slots is a wait (said at once), then an error naming the numbers
+    executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=4, elastic_timeout=2))
+    executor.start()
+    with pytest.raises(ValueError, match=r"offers 3 worker slot\(s\).*fewer than the minimum of 4"):
+        executor.run(lambda: None)
+    assert "waiting up to 2 s for the Ray cluster to offer 4 worker slot(s)" in capfd.readouterr().err
+    assert ray.available_resources().get("CPU") == CPUS
+
+
 def test_an_elastic_job_whose_function_fails_stops_with_its_error(cluster):
     def broken():
         import horovod.torch as hvd
