@@ -30,11 +30,11 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..rank_env import free_port, travels_to_other_hosts
 from ..spec import LaunchRequest, RankSpec
 from ..supervisor import Supervisor
-from .base import JobContext, host_plan
+from .base import JobContext, added_worker_spec, host_plan
 from .hosts import HostsPlacement
 
 #: How long a worker's actor may take to be placed and start its process.
-ACTOR_START_SECONDS = 120.0
+ACTOR_START_SECONDS = 60.0
 #: How long one `RankHost.read` waits for output before it answers empty.
 READ_WAIT_SECONDS = 0.5
 
@@ -103,6 +103,7 @@ class RayRankProcess:
         self._actor, self.host = actor, host
         self.pid = 0
         self.returncode: Optional[int] = None
+        self._stopped = False  # the job stopped it by ending its actor
         self._done = threading.Event()
         out_r, self._out_w = os.pipe()
         err_r, self._err_w = os.pipe()
@@ -129,9 +130,10 @@ class RayRankProcess:
                     if data:
                         os.write(fd, data)
         except ray.exceptions.RayError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            self._say(f"horovod-compat: the Ray actor that ran this worker on node {self.host} is "
-                      f"gone ({type(exc).__name__}: {first})")
+            if not self._stopped:  # (not the stop's own kill)
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                self._say(f"horovod-compat: the Ray actor that ran this worker on node {self.host} "
+                          f"is gone ({type(exc).__name__}: {first})")
             code = -signal.SIGKILL
         finally:
             os.close(self._out_w)
@@ -162,8 +164,15 @@ class RayRankProcess:
             pass
 
     def signal_group(self, sig: int) -> None:
-        """`sig` to the worker's process group on its node; nothing once it has exited."""
-        if self.returncode is None:
+        """`sig` to the worker's process group on its node; nothing once it has exited. SIGKILL,
+        or a stop before the process has started (its actor maybe waiting for a node that is
+        gone), ends the actor itself: the process dies with it (its parent)."""
+        if self.returncode is not None:
+            return
+        if sig == signal.SIGKILL or (self.pid == 0 and sig == signal.SIGTERM):
+            self._stopped = True
+            self.kill_actor()
+        else:
             self._actor.signal.remote(sig)
 
 
@@ -213,8 +222,6 @@ class RayPlacement(HostsPlacement):
         supervisor.track(spec.rank, process)
 
     def add_worker(self, worker_id: int, host: str) -> None:
-        from .base import added_worker_spec
-
         if self._job is None:
             raise RuntimeError("add_worker is called only after start")
         self._start_worker(host, added_worker_spec(worker_id))

@@ -28,7 +28,9 @@ CPUS = 3
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=CPUS, include_dashboard=False, configure_logging=False,
+    # address="local": a cluster of this module's own, whatever cluster the machine runs or a
+    # stale /tmp/ray/ray_current_cluster names
+    ray.init(address="local", num_cpus=CPUS, include_dashboard=False, configure_logging=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     yield
     ray.shutdown()
