@@ -35,9 +35,9 @@ HOSTS = 2
 @dataclass
 class Cluster:
     hosts: Tuple[Tuple[str, str], ...]  # (host name, address)
-    #: True while a module's Spark workers live on the hosts (they and their executors stay
-    #: between tests; that module checks the hosts when it stops them)
-    spark_running: bool = False
+    #: True while a module's services live on the hosts (Spark workers and their executors, Ray
+    #: nodes: they stay between tests; that module checks the hosts when it stops them)
+    services_running: bool = False
 
     @property
     def addresses(self) -> List[str]:
@@ -147,8 +147,8 @@ def nothing_left_on_the_hosts(request):
     if "cluster" not in request.fixturenames:
         return
     made = request.getfixturevalue("cluster")
-    if made.spark_running:
-        return  # checked when the module stops Spark
+    if made.services_running:
+        return  # checked when the module stops its services
     deadline = time.monotonic() + 10
     while True:
         left = {name: made.processes(name) for name, _ in made.hosts}

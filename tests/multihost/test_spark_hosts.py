@@ -75,7 +75,7 @@ def spark_on_hosts(cluster, tmp_path_factory):
             conf={"spark.driver.host": DRIVER, "spark.driver.bindAddress": DRIVER,
                   "spark.cores.max": str(CORES * len(cluster.hosts)),
                   "spark.executor.cores": str(CORES)})
-        cluster.spark_running = True
+        cluster.services_running = True
         yield cluster, session
     finally:
         if session is not None:
@@ -93,7 +93,7 @@ def spark_on_hosts(cluster, tmp_path_factory):
         for log in logs:
             log.close()
         env.restore()
-        cluster.spark_running = False
+        cluster.services_running = False
     assert not any(left.values()), f"left on the hosts after Spark stopped: {left}"
 
 
