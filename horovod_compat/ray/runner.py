@@ -202,7 +202,7 @@ class RayExecutor:
                 num_proc=min_workers, timeout_s=settings.timeout_s, nics=settings.nics,
                 verbose=settings.verbose)
             self._override_discovery = override_discovery
-        self._elastic_env: Dict[str, Any] = {}
+        self._elastic_env: Optional[Dict[str, Any]] = None  # set by start()
         self.settings = settings
         self.num_workers, self.num_hosts, self.num_workers_per_host = num_workers, num_hosts, num_workers_per_host
         self.cpus_per_worker, self.use_gpu = cpus_per_worker, use_gpu
@@ -352,6 +352,8 @@ class RayExecutor:
         if self._elastic is not None:
             from .elastic import RayHostDiscovery, _warn_callbacks, run_elastic
 
+            if self._elastic_env is None:
+                raise RuntimeError("RayExecutor.run(): call start() first")
             _warn_callbacks(callbacks)
             discovery = self._elastic.discovery
             if self._override_discovery or discovery is None:

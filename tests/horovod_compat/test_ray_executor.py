@@ -308,6 +308,8 @@ def test_an_elastic_job_replaces_a_lost_worker_and_goes_on(cluster, tmp_path, ca
 
 def test_ray_executor_with_min_workers_runs_elastically(executor, capfd):
     ex = executor(min_workers=1, max_workers=2)
+    with pytest.raises(RuntimeError, match="call start"):
+        ex.run(lambda: None)
     ex.start(extra_env_vars={"SWEEP_NAME": "elastic"})
     assert ex.run(elastic_train, args=["", None], kwargs={"steps": 3})[0][:3] == (0, 2, 3)
     assert ex.run(lambda: os.environ["SWEEP_NAME"]) == ["elastic", "elastic"]
