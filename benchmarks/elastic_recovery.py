@@ -39,10 +39,11 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 
-def elastic_train(kill_file: str, victim: int, kill_at: int, steps: int, step_sleep: float) -> List[Tuple[float, int, int]]:
+def elastic_train(kill_file: str, victim: int, kill_at: int, steps: int, step_sleep: float,
+                  kill_parent: bool = False) -> List[Tuple[float, int, int]]:
     """Runs in every worker: a tiny model trained with a commit per step; the worker whose rank is
-    `victim` at step `kill_at` SIGKILLs itself once (the file records when). Returns rank 0's log of
-    (time, world size, step) per completed step."""
+    `victim` at step `kill_at` SIGKILLs itself once (with `kill_parent`: its parent, a Ray actor),
+    the file records when. Returns rank 0's log of (time, world size, step) per completed step."""
     import signal
 
     import torch
@@ -64,7 +65,7 @@ def elastic_train(kill_file: str, victim: int, kill_at: int, steps: int, step_sl
                 with open(kill_file + ".tmp", "w") as f:
                     f.write(repr(time.time()))
                 os.rename(kill_file + ".tmp", kill_file)
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getppid() if kill_parent else os.getpid(), signal.SIGKILL)
             optimizer.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
             optimizer.step()
@@ -81,7 +82,9 @@ def elastic_train(kill_file: str, victim: int, kill_at: int, steps: int, step_sl
 def recovery_figures(log: List[Tuple[float, int, int]], killed_at: float, full: int) -> Dict[str, Optional[float]]:
     after = [(t, size) for t, size, _ in log if t > killed_at]
     shrunk = next((t for t, size in after if size < full), None)
-    back = next((t for t, size in after if size == full), None)
+    # back: a full world after the shrink (a survivor can log the step it finished with the
+    # victim a moment after the victim's kill: that one is not the replacement's)
+    back = next((t for t, size in after if size == full and (shrunk is None or t > shrunk)), None)
     return {"shrink": None if shrunk is None else shrunk - killed_at,
             "back": None if back is None else back - killed_at}
 
