@@ -85,7 +85,7 @@ def run_elastic(fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, A
     the workers of its last round, in rank order."""
     import ray
 
-    from distributor.placement.ray import RayPlacement
+    from distributor.placement import RayPlacement
 
     from ..launch.job import HorovodJob
 
