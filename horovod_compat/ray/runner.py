@@ -189,18 +189,13 @@ class RayExecutor:
             if num_hosts is not None:
                 raise ValueError("RayExecutor: an elastic job (min_workers=) places its workers on "
                                  "every live node; drop num_hosts=")
-            from ..launch.elastic import check_elastic_args
-            from .elastic import ElasticSettings
+            from .elastic import ElasticRayExecutor
 
-            check_elastic_args(None, min_num_proc=min_workers, max_num_proc=max_workers,
-                               reset_limit=reset_limit, cooldown_range=cooldown_range,
-                               elastic_timeout=elastic_timeout)
-            self._elastic = ElasticSettings(
-                discovery=getattr(settings, "discovery", None), min_num_proc=min_workers,
-                max_num_proc=max_workers, elastic_timeout=elastic_timeout, reset_limit=reset_limit,
-                cooldown_range=tuple(cooldown_range) if cooldown_range else None,
-                num_proc=min_workers, timeout_s=settings.timeout_s, nics=settings.nics,
-                verbose=settings.verbose)
+            self._elastic = ElasticRayExecutor.create_settings(
+                min_num_proc=min_workers, max_num_proc=max_workers, reset_limit=reset_limit,
+                elastic_timeout=elastic_timeout, timeout_s=settings.timeout_s, nics=settings.nics,
+                verbose=settings.verbose, cooldown_range=cooldown_range)
+            self._elastic.discovery = getattr(settings, "discovery", None)
             self._override_discovery = override_discovery
         self._elastic_env: Optional[Dict[str, Any]] = None  # set by start()
         self.settings = settings
