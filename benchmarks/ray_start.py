@@ -9,13 +9,10 @@ so a change of load spreads over both):
           .fit()`` with ``fn'`` reading ``torch.distributed.get_rank()`` (TorchTrainer has set up
           the process group before it calls the function). Ray Train V1's TorchTrainer
           (``RAY_TRAIN_V2_ENABLED=0``): V2 needs pydantic, which the ray extra does not bring.
-  allreduce  inside a started RayExecutor: ``hvd.allreduce`` of ``--size`` float32 elements, mean
-          over ``--iters`` (after 3 warm-up calls), the slower rank; beside the same loop under
-          ``horovodrun -np N`` on this host (the same runtime: shared memory on one node).
+(The allreduce inside the actors beside horovodrun's: benchmarks/ray_allreduce.py.)
 
-Usage: python benchmarks/ray_start.py [--repeats 3] [--workers 2] [--size 1048576] [--iters 20]
-Target (issue 45): RayExecutor's start at most 1.5x TorchTrainer.fit()'s; the allreduce the same
-as under horovodrun.
+Usage: python benchmarks/ray_start.py [--repeats 3] [--workers 2]
+Target (issue 45): RayExecutor's start at most 1.5x TorchTrainer.fit()'s.
 """
 from __future__ import annotations
 
@@ -23,29 +20,9 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-
-ALLREDUCE = """\
-import sys, time, torch
-import horovod.torch as hvd
-
-def allreduce_seconds(size, iters):
-    hvd.init()
-    t = torch.ones(size)
-    for _ in range(3):
-        hvd.allreduce(t, name="warm")
-    start = time.perf_counter()
-    for _ in range(iters):
-        hvd.allreduce(t, name="timed")
-    return (time.perf_counter() - start) / iters
-
-if __name__ == "__main__":
-    print("SECONDS", allreduce_seconds(int(sys.argv[1]), int(sys.argv[2])), flush=True)
-"""
-
 
 def rank_after_init():
     import horovod.torch as hvd
@@ -88,8 +65,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--size", type=int, default=1 << 20)
-    parser.add_argument("--iters", type=int, default=20)
     args = parser.parse_args()
 
     os.environ["RAY_TRAIN_V2_ENABLED"] = "0"
@@ -109,27 +84,6 @@ def main() -> None:
             executor_s.append(ray_executor_start(args.workers))
             trainer_s.append(torch_trainer_fit(args.workers, storage))
 
-        from horovod.ray import RayExecutor
-
-        with tempfile.TemporaryDirectory() as tmp:
-            script = os.path.join(tmp, "allreduce_bench.py")
-            with open(script, "w") as f:
-                f.write(ALLREDUCE)
-            sys.path.insert(0, tmp)
-            import allreduce_bench
-
-            ray.cloudpickle.register_pickle_by_value(allreduce_bench)
-            executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_workers=args.workers)
-            executor.start()
-            in_ray = max(executor.run(allreduce_bench.allreduce_seconds, args=[args.size, args.iters]))
-            executor.shutdown()
-            done = subprocess.run([sys.executable, "-m", "horovod_compat.run", "-np", str(args.workers),
-                                   sys.executable, script, str(args.size), str(args.iters)],
-                                  capture_output=True, text=True, timeout=600,
-                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
-            times = [float(line.split()[-1]) for line in done.stdout.splitlines() if "SECONDS" in line]
-            assert len(times) == args.workers, done.stdout[-2000:] + done.stderr[-2000:]
-            under_horovodrun = max(times)
     finally:
         ray.shutdown()
         shutil.rmtree(storage, ignore_errors=True)
@@ -140,11 +94,6 @@ def main() -> None:
     print(f"{'RayExecutor start+run+shutdown':34}{ex:>10.2f}   rounds: {', '.join(f'{s:.2f}' for s in executor_s)}")
     print(f"{'TorchTrainer.fit()':34}{tr:>10.2f}   rounds: {', '.join(f'{s:.2f}' for s in trainer_s)}")
     print(f"{'ratio RayExecutor / TorchTrainer':34}{ex / tr:>10.2f}   (target <= 1.5)")
-    mb = args.size * 4 / 2**20
-    print(f"allreduce of {mb:g} MB float32, {args.iters} iterations, slower rank:")
-    print(f"{'in RayExecutor actors':34}{in_ray * 1e3:>10.2f} ms")
-    print(f"{'under horovodrun':34}{under_horovodrun * 1e3:>10.2f} ms")
-    print(f"{'ratio Ray / horovodrun':34}{in_ray / under_horovodrun:>10.2f}   (target ~1)")
 
 
 if __name__ == "__main__":

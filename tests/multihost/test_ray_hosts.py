@@ -38,59 +38,21 @@ import ray.cloudpickle  # noqa: E402
 
 from horovod.ray import ElasticRayExecutor, RayExecutor  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
+from ray_nodes import ray_on_hosts  # noqa: E402  (shared with benchmarks/ray_allreduce.py)
+
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-DRIVER = "10.78.0.254"  # this machine on the hosts' bridge (scripts/cluster.sh)
 CPUS = 2
-
-
-def _alive_nodes():
-    return [n for n in ray.nodes() if n.get("Alive")]
 
 
 @pytest.fixture(scope="module")
 def ray_hosts(cluster, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("ray-nodes")
-    ray.init(address="local", _node_ip_address=DRIVER, num_cpus=0, include_dashboard=False, configure_logging=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
-    nodes, temps = [], []
+    cluster.services_running = True
     try:
-        address = ray.get_runtime_context().gcs_address
-        ray_cli = str(Path(sys.executable).with_name("ray"))
-        # the head (ray.init) turned Ray's token authentication on; a joining node must use it too
-        token = os.path.expanduser("~/.ray/auth_token")
-        auth = f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={token} " if os.path.exists(token) else ""
-        for name, host in cluster.hosts:
-            # a temporary directory per node: the hosts share this machine's file system, and a
-            # node's sockets there would clash with the others' (Ray allows one per node)
-            temp = tempfile.mkdtemp(prefix=f"ray-{name}-")  # short: Ray's socket paths are long
-            temps.append(temp)
-            command = (f"exec env {auth}{ray_cli} start --block --address={address} "
-                       f"--node-ip-address={host} --num-cpus={CPUS} --disable-usage-stats "
-                       f"--temp-dir={temp}")
-            nodes.append(subprocess.Popen(["ssh", "-o", "BatchMode=yes", host, command],
-                                          stdout=open(logs / f"{name}.log", "wb"),
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-        cluster.services_running = True
-        deadline = time.monotonic() + 120
-        while len(_alive_nodes()) < 1 + len(cluster.hosts):
-            assert time.monotonic() < deadline, (
-                f"the hosts' Ray nodes did not join: {[n['NodeManagerAddress'] for n in _alive_nodes()]}; "
-                + " | ".join((logs / f"{name}.log").read_text()[-1500:] for name, _ in cluster.hosts))
-            time.sleep(0.5)
-        yield cluster
+        with ray_on_hosts(cluster.hosts, CPUS, tmp_path_factory.mktemp("ray-nodes"), cluster.kill_all):
+            yield cluster
     finally:
-        for name, _ in cluster.hosts:  # the Ray node's processes, by PID
-            cluster.kill_all(name)
-        for proc in nodes:
-            proc.terminate()
-            proc.wait(timeout=30)
-        ray.shutdown()
-        current = Path("/tmp/ray/ray_current_cluster")  # Ray leaves this head's address there
-        if current.exists() and current.read_text().startswith(DRIVER + ":"):
-            current.unlink()
-        for temp in temps:
-            shutil.rmtree(temp, ignore_errors=True)
         cluster.services_running = False
     left = {name: cluster.commands(name) for name, _ in cluster.hosts}
     assert not any(left.values()), f"left on the hosts: {left}"
