@@ -143,28 +143,43 @@ class FixedHosts:
         return f"FixedHosts({self.hosts!r})"
 
 
-def wait_for_slots(discovery: DiscoveryScript, num_proc: int, timeout: float,
-                   poll: float = 1.0) -> List[Tuple[str, int]]:
-    """The discovered hosts once they offer `num_proc` slots (as Horovod waits before it starts
-    the first workers); ValueError after `timeout` seconds saying what the script printed."""
+def wait_for_slots(discover: Callable[[], Dict[str, int]], need: int, timeout: float,
+                   waiting: Callable[[Dict[str, int]], str], too_few: Callable[[Dict[str, int]], str],
+                   poll: float = 1.0) -> Dict[str, int]:
+    """``discover()``'s hosts once they offer `need` slots (as Horovod waits before it starts the
+    first workers: the cluster may be growing). Prints ``waiting(hosts)`` once if it has to wait,
+    and raises ValueError(too_few(hosts)) after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     said = False
     while True:
-        try:
-            hosts = discovery()
-        except HostDiscoveryError as exc:
-            raise ValueError(str(exc)) from None
-        if sum(hosts.values()) >= num_proc:
-            return [(host, slots) for host, slots in hosts.items() if slots > 0]
+        hosts = discover()
+        if sum(hosts.values()) >= need:
+            return hosts
         if time.monotonic() >= deadline:
-            listed = ",".join(f"{h}:{s}" for h, s in hosts.items()) or "no host"
-            raise ValueError(
-                f"the host discovery script {discovery.path!r} offered {listed} "
-                f"({sum(hosts.values())} slot(s)) for {timeout:g}s, fewer than the {num_proc} "
-                "processes to start; lower -np/num_proc or make the script list more hosts/slots")
+            raise ValueError(too_few(hosts))
         if not said:
-            print(f"horovod-compat: waiting up to {timeout:g}s for the discovery script to offer "
-                  f"{num_proc} slots", file=sys.stderr, flush=True)
+            print(waiting(hosts), file=sys.stderr, flush=True)
             said = True
         time.sleep(poll)
+
+
+def wait_for_script_slots(discovery: DiscoveryScript, num_proc: int, timeout: float) -> List[Tuple[str, int]]:
+    """The discovery script's hosts once they offer `num_proc` slots; ValueError after `timeout`
+    seconds saying what the script printed."""
+    def discover() -> Dict[str, int]:
+        try:
+            return discovery()
+        except HostDiscoveryError as exc:
+            raise ValueError(str(exc)) from None
+
+    def too_few(hosts: Dict[str, int]) -> str:
+        listed = ",".join(f"{h}:{s}" for h, s in hosts.items()) or "no host"
+        return (f"the host discovery script {discovery.path!r} offered {listed} "
+                f"({sum(hosts.values())} slot(s)) for {timeout:g}s, fewer than the {num_proc} "
+                "processes to start; lower -np/num_proc or make the script list more hosts/slots")
+
+    hosts = wait_for_slots(discover, num_proc, timeout,
+                           lambda _: (f"horovod-compat: waiting up to {timeout:g}s for the discovery "
+                                      f"script to offer {num_proc} slots"), too_few)
+    return [(host, slots) for host, slots in hosts.items() if slots > 0]
 

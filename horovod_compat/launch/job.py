@@ -34,7 +34,7 @@ from ..common import shm_names
 from ..common.liveness import driver_heartbeat_timeout
 from ..run_rank import call_with_slot_env
 from . import hosts as hostlib
-from .elastic import ELASTIC_ENV, UNBOUNDED_WORKERS, ElasticArgs, FixedHosts, wait_for_slots
+from .elastic import ELASTIC_ENV, UNBOUNDED_WORKERS, ElasticArgs, FixedHosts, wait_for_script_slots
 from .knobs import check_local_nics, nic_environment
 from .output import RankOutput
 
@@ -218,7 +218,7 @@ class HorovodJob:
             raise ValueError("host_discovery_script lists the hosts of an elastic job; pass it or "
                              "hosts/hostfile, not both")
         if script is not None:
-            host_list = wait_for_slots(script, num_proc, elastic.timeout())
+            host_list = wait_for_script_slots(script, num_proc, elastic.timeout())
         elif hostfile is not None:
             host_list = hostlib.parse_hostfile(hostfile)
         elif hosts:

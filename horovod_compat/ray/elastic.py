@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
-import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..launch.common.util import secret
-from ..launch.elastic import DEFAULT_ELASTIC_TIMEOUT, ElasticArgs
+from ..launch.elastic import DEFAULT_ELASTIC_TIMEOUT, ElasticArgs, wait_for_slots
 from ..launch.hosts import is_local, local_addresses
 
 __all__ = ["ElasticRayExecutor", "ElasticSettings", "RayHostDiscovery", "run_elastic"]
@@ -92,7 +90,15 @@ def run_elastic(fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, A
     if not ray.is_initialized():
         ray.init()
     most = settings.max_num_proc
-    hosts = _wait_for_slots(discovery, settings.min_num_proc, settings.elastic_timeout)
+    need, timeout = settings.min_num_proc, settings.elastic_timeout
+    hosts = wait_for_slots(
+        discovery, need, timeout,
+        lambda hosts: (f"horovod.ray: waiting up to {timeout:g} s for the Ray cluster to offer {need} "
+                       f"worker slot(s); it offers {sum(hosts.values())} ({hosts})"),
+        lambda hosts: (f"horovod.ray: the Ray cluster offers {sum(hosts.values())} worker slot(s) "
+                       f"({hosts or 'no live node with room'}), fewer than the minimum of {need}, "
+                       f"after {timeout:g} s: add nodes, lower the minimum, or ask for fewer CPUs "
+                       "per worker"))
     # start on every slot there is (up to the maximum), not on the minimum and grow at once
     num_proc = max(settings.min_num_proc, min(sum(hosts.values()), most or math.inf))
     elastic = ElasticArgs(min_num_proc=settings.min_num_proc, max_num_proc=most,
@@ -107,26 +113,6 @@ def run_elastic(fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, A
     placement = RayPlacement(job.hosts, num_cpus=cpus_per_worker, num_gpus=gpus_per_worker,
                              is_local=lambda host: is_local(host, local))
     return job.run(job.function_target(fn, tuple(args), dict(kwargs)), placement=placement)
-
-
-def _wait_for_slots(discovery: Callable[[], Dict[str, int]], need: int, timeout: float) -> Dict[str, int]:
-    """The nodes once they offer `need` slots (the cluster may be growing), saying that it waits."""
-    deadline = time.monotonic() + timeout
-    said = False
-    while True:
-        hosts = discovery()
-        if sum(hosts.values()) >= need:
-            return hosts
-        if not said:
-            print(f"horovod.ray: waiting up to {timeout:g} s for the Ray cluster to offer {need} worker "
-                  f"slot(s); it offers {sum(hosts.values())} ({hosts})", file=sys.stderr, flush=True)
-            said = True
-        if time.monotonic() >= deadline:
-            raise ValueError(
-                f"horovod.ray: the Ray cluster offers {sum(hosts.values())} worker slot(s) "
-                f"({hosts or 'no live node with room'}), fewer than the minimum of {need}, after "
-                f"{timeout:g} s: add nodes, lower the minimum, or ask for fewer CPUs per worker")
-        time.sleep(1.0)
 
 
 def _warn_callbacks(callbacks: Optional[List[Callable]]) -> None:
