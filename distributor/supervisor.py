@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 #: Maps (stream, line) of a multi-rank process to (rank or None for the launcher, stream, text).
 Demux = Callable[[str, str], Tuple[Optional[int], str, str]]
+#: Maps (rank, the multi-rank process's exit status) to that rank's own exit status.
+ExitStatus = Callable[[int, int], int]
 
 
 class RankEventSink(Protocol):
@@ -55,6 +57,7 @@ class _RankProcess:
     pumps: List[threading.Thread] = field(default_factory=list)
     group: Tuple[int, ...] = ()  # every rank this process runs, when it runs several
     on_exit: Optional[Callable[[int], None]] = None  # called with its pid once it has exited
+    exit_status: Optional[ExitStatus] = None  # each rank's status, when it runs several
 
 
 class Supervisor:
@@ -95,20 +98,22 @@ class Supervisor:
 
     def start_group(
         self, ranks: Sequence[int], argv: Sequence[str], env: Mapping[str, str], demux: "Demux",
-        on_exit: Optional[Callable[[int], None]] = None,
+        on_exit: Optional[Callable[[int], None]] = None, exit_status: Optional[ExitStatus] = None,
     ) -> int:
         """Start one process that runs several ranks (e.g. `mpirun`) and tags their output.
 
         `demux` maps each output line to (rank, stream, text); rank None marks a line of the
         launcher itself. When the process exits, `on_exit` is called with its pid (e.g. to remove
         what the process leaves behind when it is killed), then every rank of the group is
-        reported as exited with its status.
+        reported as exited with the process's status, or with what `exit_status` makes of it
+        for that rank (the launcher said how the rank ended).
         """
         popen = subprocess.Popen(
             list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True,
         )
-        proc = _RankProcess(ranks[0], popen, group=tuple(ranks), on_exit=on_exit)
+        proc = _RankProcess(ranks[0], popen, group=tuple(ranks), on_exit=on_exit,
+                            exit_status=exit_status)
         for stream, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
             pump = threading.Thread(
                 target=self._pump, args=(None, stream, pipe, demux), name=f"group-{stream}", daemon=True
@@ -142,7 +147,8 @@ class Supervisor:
             except Exception:  # noqa: BLE001 - the exit is reported whatever the clean-up did
                 log.exception("clean-up after the exit of rank %s's process failed", proc.rank)
         for rank in proc.group or (proc.rank,):
-            self._sink.on_exit(rank, returncode)
+            self._sink.on_exit(rank, returncode if proc.exit_status is None
+                               else proc.exit_status(rank, returncode))
 
     def pids(self) -> Dict[int, int]:
         with self._lock:

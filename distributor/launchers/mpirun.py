@@ -29,6 +29,10 @@ from ..supervisor import Supervisor
 from .base import EnvFactory, Launcher, LauncherCapabilities
 
 _TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$", re.DOTALL)
+#: mpirun's report of a rank killed by a signal, over one or two of its lines: "prterun noticed
+#: that process rank 2 with PID 20597 on node vm exited on" / "signal 9 (Killed)."
+_SIGNALLED = re.compile(r"noticed that process rank (\d+) with PID \d+ on node \S+ exited on\s+"
+                        r"signal (\d+)")
 
 
 def find_mpirun() -> str:
@@ -77,6 +81,31 @@ def demux_tagged(stream: str, line: str) -> Tuple[Optional[int], str, str]:
     if match is None:
         return None, stream, line
     return int(match.group(1)), match.group(2), match.group(3)
+
+
+class MpirunOutput:
+    """One mpirun's output: its tagged lines split back per rank (`demux`), and its own report of
+    a rank killed by a signal read so that the rank's exit status says so (`exit_status`): a rank
+    that runs a function is mpirun's child itself, and mpirun's exit status is every rank's."""
+
+    def __init__(self) -> None:
+        self._last: Dict[str, str] = {}  # each stream's last line of mpirun's own
+        self._signals: Dict[int, int] = {}
+
+    def demux(self, stream: str, line: str) -> Tuple[Optional[int], str, str]:
+        rank, stream, text = demux_tagged(stream, line)
+        if rank is None:
+            match = _SIGNALLED.search(f"{self._last.get(stream, '')} {text}")
+            self._last[stream] = text
+            if match:
+                self._signals.setdefault(int(match.group(1)), int(match.group(2)))
+        return rank, stream, text
+
+    def exit_status(self, rank: int, returncode: int) -> int:
+        """Rank `rank`'s exit status when mpirun exited with `returncode`: killed by the signal
+        mpirun reported for it (negative, as `subprocess` gives it), else mpirun's."""
+        signum = self._signals.get(rank)
+        return -signum if signum and returncode != 0 else returncode
 
 
 def mpirun_command(
@@ -139,8 +168,10 @@ class MpirunLauncher(Launcher):
             len(ranks), [self.python, "-m", "distributor.rank_entry"],
             extra_args=[*session_args, *self.extra_args], mpirun=self.mpirun, binding=self.binding,
         )
+        output = MpirunOutput()
         try:
-            supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged, on_exit=on_exit)
+            supervisor.start_group([spec.rank for spec in ranks], argv, env, output.demux,
+                                   on_exit=on_exit, exit_status=output.exit_status)
         except BaseException:
             if on_exit is not None:  # mpirun did not start: nothing else removes the directory
                 on_exit(0)
@@ -198,8 +229,10 @@ class MpirunLauncher(Launcher):
             len(ranks), [self.python, "-m", "distributor.rank_entry"], hosts=hosts, export=exports,
             extra_args=[*agent_args, *self.extra_args], mpirun=self.mpirun, binding=self.binding,
         )
-        supervisor.start_group([spec.rank for spec in ranks], argv, env, demux_tagged,
-                               on_exit=functools.partial(remove_session_dir, env))
+        output = MpirunOutput()
+        supervisor.start_group([spec.rank for spec in ranks], argv, env, output.demux,
+                               on_exit=functools.partial(remove_session_dir, env),
+                               exit_status=output.exit_status)
 
     @staticmethod
     def task_hosts(task_ranks: Sequence[Sequence[RankSpec]]) -> List[Tuple[str, int]]:

@@ -10,7 +10,9 @@ import pytest
 
 from distributor import FunctionTarget, Job, LaunchRequest, RankFailedError, run_function
 from distributor.launchers import MpirunLauncher
-from distributor.launchers.mpirun import demux_tagged, find_mpirun, mpirun_command
+from distributor.launchers.mpirun import (
+    MpirunOutput, demux_tagged, find_mpirun, mpirun_command,
+)
 from distributor.rank_env import from_mpi_environment
 
 
@@ -66,6 +68,37 @@ def test_mpirun_failure_names_the_rank_that_died_first():
     # stopped, not left to finish its 120 s sleep: 45 s is far above what stopping it takes on a
     # loaded machine (well under a second unloaded) and far below the sleep
     assert time.monotonic() - started < 45
+
+
+def _sigkill_in_rank1():
+    import signal
+
+    if os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(120)
+
+
+def test_a_function_rank_killed_by_a_signal_is_named_so_not_with_mpiruns_status():
+    # a rank that runs a function is mpirun's own child: mpirun exits 137 for all of them, and
+    # only its report says which rank the signal killed
+    with pytest.raises(RankFailedError) as info:
+        run_function(_sigkill_in_rank1, num_processes=2, launcher=MpirunLauncher(),
+                     output=lambda *a: None)
+    assert info.value.rank == 1 and info.value.exit_code == -9, str(info.value)
+    assert str(info.value).startswith("Rank 1 failed (killed by SIGKILL)"), str(info.value)
+
+
+def test_mpirun_output_reads_its_report_of_a_signalled_rank():
+    output = MpirunOutput()
+    assert output.demux("stdout", "[1,2]<stdout>: step 3") == (2, "stdout", "step 3")
+    for line in ("-----------", "prterun noticed that process rank 2 with PID 20597 on node vm "
+                 "exited on", "signal 9 (Killed).", "-----------"):
+        assert output.demux("stderr", line) == (None, "stderr", line)
+    output.demux("stderr", "mpirun noticed that process rank 0 with PID 7 on node h1 exited on "
+                           "signal 15 (Terminated).")
+    assert output.exit_status(2, 137) == -9 and output.exit_status(0, 137) == -15
+    assert output.exit_status(1, 137) == 137  # not reported: mpirun's status
+    assert output.exit_status(2, 0) == 0
 
 
 def test_demux_and_command_shape():
@@ -126,7 +159,7 @@ def test_an_mpirun_over_other_hosts_exports_the_drivers_whole_environment(monkey
     started = {}
 
     class Capture:
-        def start_group(self, ranks, argv, env, demux, on_exit=None):
+        def start_group(self, ranks, argv, env, demux, on_exit=None, exit_status=None):
             started.update(argv=argv, env=env)
 
     specs = [RankSpec(0, 2, 0, 1, 0, 2), RankSpec(1, 2, 0, 1, 1, 2)]
@@ -178,7 +211,7 @@ def test_an_mpirun_that_does_not_start_leaves_no_session_directory(tmp_path, mon
     monkeypatch.setattr(tempfile, "tempdir", None)
 
     class CannotStart:
-        def start_group(self, ranks, argv, env, demux, on_exit=None):
+        def start_group(self, ranks, argv, env, demux, on_exit=None, exit_status=None):
             assert any(p.name.startswith("horovod-compat-mpirun-") for p in tmp_path.iterdir())
             raise OSError("exec failed")
 
