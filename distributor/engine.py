@@ -242,6 +242,11 @@ class Job:
         self._launcher_tail: Deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self._spawns = SpawnRouter()
         self._task_ranks: Dict[int, List[int]] = {}  # placement task -> its ranks (Kind.AGENT)
+        self._task_channels: Dict[Channel, int] = {}  # a task's connection -> the task
+        self._tasks_done: set = set()  # tasks that said they end in order (Kind.TASK_DONE)
+        # task -> time.time() its connection ended without TASK_DONE before the driver stopped
+        # the job: its process died (a lost Python worker) or its connection did
+        self._tasks_gone: Dict[int, float] = {}
         self._slots = TaskRendezvous()
 
     @staticmethod
@@ -300,7 +305,11 @@ class Job:
             return
         if kind == Kind.AGENT:
             self._task_ranks[body[0]] = list(body[1])
+            self._task_channels[channel] = body[0]
             self._spawns.task_announced(body[0], channel)
+            return
+        if kind == Kind.TASK_DONE:
+            self._tasks_done.add(body[0])
             return
         if kind == Kind.SPAWN:
             self._spawns.spawn_requested(channel, *body)
@@ -342,6 +351,9 @@ class Job:
         return flags
 
     def _on_close(self, channel: Channel) -> None:
+        task = self._task_channels.get(channel)
+        if task is not None and task not in self._tasks_done and not self._stopping:
+            self._tasks_gone.setdefault(task, time.time())
         rank = self._channels.get(channel)
         if rank is not None:
             with self._lock:
@@ -465,9 +477,16 @@ class Job:
                                        f"{first_line})", outcome="exit status unknown")
 
     def _lost_with_task(self) -> Optional[Tuple[WorkerRecord, str]]:
-        """The lowest rank of the first task the placement lost with what hosted it (a Spark
-        executor), and why: it was lost with it, whatever it or the others reported."""
-        for task, why in sorted(self.placement.lost_tasks().items()):
+        """The lowest rank of the first task lost with what hosted it, and why: it was lost with
+        it, whatever it or the others reported. First the tasks the placement says it lost (a
+        Spark executor), then the task whose connection ended first without its last word
+        (``Kind.TASK_DONE``) while the job ran: the process that ran it died."""
+        gone = sorted(self._tasks_gone.items(), key=lambda item: item[1])
+        for task, why in [*sorted(self.placement.lost_tasks().items()),
+                          *((task, "the task's connection to the driver ended before the task "
+                                   "did: its process died (a Spark task's Python worker lost) or "
+                                   "its network did")
+                            for task, _ in gone)]:
             ranks = sorted(r for r in self._task_ranks.get(task, ()) if r in self._states)
             if ranks:
                 return self._states[ranks[0]], f"was lost with the process that ran its task ({why})"

@@ -68,6 +68,7 @@ class Kind(enum.IntEnum):
     WORKER = 18  # driver → Spark task of an elastic job: ("start", RankSpec) or ("stop", worker id)
     LOST = 19  # driver → worker: (round, rank) a member of the worker's round failed
     FROZEN = 20  # (round, rank, message) a member of the worker's round stopped responding
+    TASK_DONE = 21  # (task index,) a Spark task's supervisor ends in order: its ranks have ended
 
 
 class PayloadFlag(enum.IntFlag):

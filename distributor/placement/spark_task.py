@@ -275,6 +275,10 @@ def run(config: Mapping[str, Any], _rows: Iterator[Any]) -> Iterator[str]:
     if spans:  # the daemons mpirun started here end with its job (or with a STOP)
         remote.wait_done()  # `_watch_hub` stops it on STOP or when the driver is gone
         remote.stop()
+    try:  # (a connection that ends without it: this task's process died, or its network)
+        channel.send(Kind.TASK_DONE, (partition,))
+    except OSError:
+        pass  # the driver is gone
     channel.close()
     yield json.dumps({"partition": partition, "host": host, "ranks": [s.rank for s in specs]})
 
