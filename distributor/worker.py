@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .elastic.world import HostUpdate, World
 from .protocol import Channel, Kind
@@ -30,6 +30,10 @@ _worlds: "queue.Queue[Optional[World]]" = queue.Queue()
 _last_round = -1
 _round_formed_at = 0.0
 _listeners: List[Callable[[float, HostUpdate], None]] = []
+#: (timestamp, update) of each host notice of the current round, replayed to a listener added
+#: later: a notice can come before the program registers one (the round formed in its
+#: ``hvd.init()``, a replacement asked to join before ``hvd.elastic.run`` started)
+_notices: List[Tuple[float, HostUpdate]] = []
 _lost: Dict[int, int] = {}  # round -> rank of its first member that failed (driver's LOST)
 _lost_cv = threading.Condition()
 _listeners_lock = threading.Lock()
@@ -119,9 +123,13 @@ def report_frozen(rank: int, message: str) -> None:
 
 
 def add_hosts_listener(fn: Callable[[float, HostUpdate], None]) -> None:
-    """Call `fn(timestamp, update)` (from the link's thread) for every host change announced."""
+    """Call `fn(timestamp, update)` (from the link's thread) for every host change announced;
+    at once (in this thread) for those announced to this worker's current round before."""
     with _listeners_lock:
         _listeners.append(fn)
+        earlier = [n for n in _notices if n[0] >= _round_formed_at]
+    for timestamp, update in earlier:
+        fn(timestamp, update)
 
 
 def remove_hosts_listener(fn: Callable[[float, HostUpdate], None]) -> None:
@@ -142,6 +150,8 @@ def deliver(kind: Kind, body: Any) -> None:
     elif kind == Kind.HOSTS_UPDATED:
         timestamp, update = body
         with _listeners_lock:
+            _notices[:] = [n for n in _notices if n[0] >= _round_formed_at]
+            _notices.append((timestamp, HostUpdate(update)))
             listeners = list(_listeners)
         for fn in listeners:
             fn(timestamp, HostUpdate(update))
