@@ -52,6 +52,16 @@ def parent(pid: int) -> int:
     return int(fields[1]) if fields and len(fields) > 1 else 0
 
 
+def ancestors(pid: int) -> List[int]:
+    """The processes above `pid`, its parent first, up to (not including) pid 1."""
+    found = []
+    pid = parent(pid)
+    while pid > 1:
+        found.append(pid)
+        pid = parent(pid)
+    return found
+
+
 def commands(pids: List[int]) -> Dict[int, str]:
     """{pid: command line} of those of `pids` still there (what a failure report names)."""
     return {pid: line.strip() for pid in pids if (line := cmdline(pid))}
@@ -68,6 +78,12 @@ def processes_with(needle: str) -> List[int]:
     server shows the server's environment: the server's is the launch's when the launch started
     it, as a launch with a marker of its own does."""
     return _with(needle, warm_servers=False)
+
+
+def ranks_with(needle: str) -> List[int]:
+    """`processes_with(needle)` but Spark executors' fork servers: a reused Python worker keeps
+    its server (started with the environment of the job that started it) for the next job."""
+    return [pid for pid in processes_with(needle) if "distributor.forkserver " not in cmdline(pid) + " "]
 
 
 def stop_warm_servers(needle: str) -> None:

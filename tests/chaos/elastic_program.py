@@ -32,6 +32,17 @@ on rank ``CHAOS_RANK`` of the first round (``CHAOS_FAULT``):
   replacement too): that many resets of the survivors, whose reset lines carry their resident
   memory (``rss_kb=``).
 
+Faults at a phase, each a SIGKILL of the worker's own process, once per job:
+
+* ``start``: rank ``CHAOS_RANK`` inside its first ``hvd.init()``, right after the first round's
+  process group formed, while its peers still set up theirs;
+* ``commit``: rank ``CHAOS_RANK`` inside ``state.commit()`` of step ``CHAOS_STEP``, after its save,
+  as the commit's check for host updates (a broadcast) starts, its peers in it;
+* ``last``: rank ``CHAOS_RANK`` as the last step starts, before its collectives;
+* ``joining``: rank ``CHAOS_RANK`` in step ``CHAOS_STEP`` (as ``resets`` strikes), then the first
+  replacement inside the ``hvd.init()`` of the round it joins, right after that round's process
+  group formed.
+
 ``CHAOS_INIT_RANK=I`` adds a second fault: once the first has struck, the worker that had rank I
 in the first round SIGKILLs itself inside its next ``hvd.init()``, right after its process group
 formed, while its peers still set theirs up (the lost commit of issue 41). ``CHAOS_STUCK_RANK=S``
@@ -132,6 +143,41 @@ def _phase_faults(folder: str, fault: str, rank: int) -> None:
         dist.init_process_group = stuck_init
 
 
+def _init_faults(folder: str, fault: str, fault_rank: int) -> None:
+    """The faults that strike inside ``hvd.init()`` once a round's process group formed:
+    ``start`` (rank `fault_rank` of the first round) and ``joining`` (the first worker started
+    after the job's first fault: a replacement, in the round it joins)."""
+    import torch.distributed as dist
+
+    replacement = os.path.exists(os.path.join(folder, "raised"))
+    if not (fault == "start" or (fault == "joining" and replacement)):
+        return
+    init_process_group = dist.init_process_group
+
+    def init(*args, **kwargs):
+        done = init_process_group(*args, **kwargs)
+        if fault == "joining" and _first_time(folder, "joining"):
+            _strike(kwargs["rank"], signal.SIGKILL)
+        elif fault == "start" and kwargs["rank"] == fault_rank and _first_time(folder):
+            _strike(kwargs["rank"], signal.SIGKILL)
+        return done
+
+    dist.init_process_group = init
+
+
+def _commit_fault(state, folder: str, rank: int, fault_step: int) -> None:
+    """``commit``: this rank dies inside ``state.commit()`` of step `fault_step`, after its save,
+    as the commit's host-update check (a broadcast with its peers) starts."""
+    check_host_updates = state.check_host_updates
+
+    def check():
+        if state.step >= fault_step and _first_time(folder):
+            _strike(rank, signal.SIGKILL)
+        check_host_updates()
+
+    state.check_host_updates = check
+
+
 def main() -> int:
     import torch
 
@@ -143,6 +189,7 @@ def main() -> int:
     fault_rank = int(os.environ.get("CHAOS_RANK", "-1"))
     fault_step = int(os.environ.get("CHAOS_STEP", "-1"))
     torch.set_num_threads(1)
+    _init_faults(folder, fault, fault_rank)
     hvd.init()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
@@ -159,6 +206,8 @@ def main() -> int:
 
     state.register_reset_callbacks([on_reset])
     _phase_faults(folder, fault, hvd.rank())
+    if fault == "commit" and hvd.rank() == fault_rank:
+        _commit_fault(state, folder, fault_rank, fault_step)
 
     @hvd.elastic.run
     def train(state):
@@ -166,8 +215,11 @@ def main() -> int:
         print(f"chaos-pid rank={rank} size={size} pid={os.getpid()} t={time.time():.6f}", flush=True)
         while state.cursor < samples:
             struck = _strikes(folder) if fault == "resets" else 0
-            raising = (fault in ("raise", "stop", "resets") and rank == fault_rank
+            raising = (fault in ("raise", "stop", "resets", "joining") and rank == fault_rank
                        and struck < repeat and state.step >= fault_step + REPEAT_EVERY * struck)
+            if (fault == "last" and rank == fault_rank and state.cursor + size >= samples
+                    and _first_time(folder)):
+                _strike(rank, signal.SIGKILL)
             sample = state.cursor + rank
             onehot = torch.zeros(samples)
             if sample < samples:
@@ -183,7 +235,7 @@ def main() -> int:
             if raising and _first_time(folder, f"raised.{struck}" if struck else "raised"):
                 if fault == "stop":
                     _strike(rank, signal.SIGSTOP)  # until the driver kills it
-                elif fault == "resets":
+                elif fault in ("resets", "joining"):
                     _strike(rank, signal.SIGKILL)
                 else:
                     print(f"chaos-fault rank={rank} peer=-1 t={time.time():.6f}", flush=True)

@@ -3,9 +3,11 @@ random rank, and check what the driver says and does.
 
 **Fixed-size jobs** of `train_program.py`, under the launchers ``LAUNCHERS``: ``horovodrun``
 (``horovodrun -np 3 python train_program.py``, the direct launcher), ``function``
-(``horovod.run(train_program.main, num_proc=3)``), ``mpi`` (``horovodrun --mpi -np 3 ...``) and
-``spark`` (``horovod.spark.run(train_program.main, num_proc=3)`` in this process, on a ``local[3]``
-Spark session, `spark_session`; faults ``SPARK_FAULTS``). Faults (``FAULTS``):
+(``horovod.run(train_program.main, num_proc=3)``), ``mpi`` (``horovodrun --mpi -np 3 ...``), and
+the ``SPARK_LAUNCHERS`` in this process, on a ``local[3]`` Spark session (`spark_session`):
+``spark`` (``horovod.spark.run(train_program.main, num_proc=3)``), ``runner``
+(``HorovodRunner(np=3)``) and ``distributor`` (``TorchDistributor``, `train_program.torch_main`),
+faults ``CASES[launcher]``. Faults (``FAULTS``):
 
 * ``kill``: SIGKILL, from outside, of the process that trains on the target rank, once it printed
   a chosen step. Right: the target rank is named, "killed by SIGKILL".
@@ -16,9 +18,10 @@ Spark session, `spark_session`; faults ``SPARK_FAULTS``). Faults (``FAULTS``):
   closed by peer"), and either may fail first: right is one of the two ends of those connections.
 * ``stop``: SIGSTOP, from outside, of the process that trains on the target rank, once it printed
   a chosen step (a frozen rank). Right: the target rank is named, "stopped responding".
-* ``worker`` (``spark`` only): SIGKILL, from outside, of the Spark Python worker whose task runs
-  the target rank (the rank's fork server and the rank go with it), once the rank printed a
-  chosen step: an executor's Python worker lost. Right: the target rank is named.
+* ``worker`` (Spark launchers only): SIGKILL, from outside, of the Spark Python worker whose task
+  runs the target rank (what it runs goes with it: fork server, ranks, mpirun's daemon), once the
+  rank printed a chosen step: an executor's Python worker lost. Right: a rank that ran under that
+  worker is named (the target's, or under ``runner`` any rank of the host's first task).
 
 Every fixed-size run must also end within `exit_bound` seconds of the fault (``EXIT_BOUND``, 10 s,
 after a crash; ``FROZEN_SECONDS`` + ``STOP_MARGIN`` after a freeze: the jobs run with
@@ -26,7 +29,7 @@ after a crash; ``FROZEN_SECONDS`` + ``STOP_MARGIN`` after a freeze: the jobs run
 ``horovod.spark.run``), and leave no process behind: every process of a run carries
 ``CHAOS_MARKER`` in its environment; under Spark, no rank process (a child of an executor's fork
 server) may outlive the run. Nor may a shared-memory segment the run made stay in ``/dev/shm``
-(`_check_shm`; every launcher started as a process: fixed-size, phase and elastic runs).
+(`_check_shm`; every launcher: fixed-size, phase, elastic and Spark runs).
 
 **Elastic jobs** (launcher ``elastic``): ``horovodrun -np 3 --min-np 2 --max-np 3
 --host-discovery-script ... python elastic_program.py`` (the script offers ``localhost:3`` all
@@ -41,7 +44,11 @@ worker dies inside the ``hvd.init()`` of the next round), ``stuck`` (as ``init``
 worker's set-up of that round never ends: it must exit ``STUCK_EXIT_SECONDS`` after the driver
 named the lost member, and be replaced) and ``resets`` (the worker that has the
 target rank SIGKILLs itself ``RESETS`` times, 8 steps apart: the survivors' resident memory must
-stay flat across their resets, ``RESET_RSS_BOUND_MB``). Right: the job exits 0; the next step
+stay flat across their resets, ``RESET_RSS_BOUND_MB``), and four deaths at a phase
+(`elastic_program`): ``start`` (in the first round's ``hvd.init()``; the replacement must then
+join, the job's last round is whole), ``commit`` (inside ``state.commit()``), ``last`` (in the
+last step) and ``joining`` (a death in a step, then its replacement's in the ``hvd.init()`` of
+the round it joins). Right: the job exits 0; the next step
 runs within `exit_bound` of the fault; every sample was counted exactly once in the committed
 state (`elastic_program`) and trained by some rank; the driver names each failed worker with its
 rank and cause (``ELASTIC_WHAT``), and starts a replacement for it (the discovery script still
@@ -51,8 +58,9 @@ replacements joined (one that the job's end overtook is stopped by the driver: d
 **Phase faults** (``run(..., phase=P)``, P one of ``train_program.PHASES``: ``init``, ``broadcast``,
 ``checkpoint``, ``last``, ``shutdown``): the target rank of a fixed-size job strikes itself with
 ``kill``, ``raise`` or ``stop`` when it reaches the phase (`train_program`), under the
-``PHASE_LAUNCHERS``: those above and ``tcp`` (``horovodrun`` with shared memory off, the TCP mesh
-of ranks on several hosts). Right is what is right for the same fault at a step.
+``PHASE_LAUNCHERS``: those above (the Spark launchers too; ``distributor`` without ``stop``) and
+``tcp`` (``horovodrun`` with shared memory off, the TCP mesh of ranks on several hosts). Right is
+what is right for the same fault at a step.
 
 ``run(seed, launcher, fault, workdir)`` is deterministic in what it injects: the seed picks the
 target rank, the step, (for ``kill``/``stop``) a delay inside the step, and the other rank of
@@ -75,6 +83,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
+from unittest import mock
 
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # tests/, for `procs` when run as a script
@@ -95,7 +104,8 @@ NP = 3
 #: Launchers of fixed-size jobs started as a process of their own (``spark`` runs in this one).
 LAUNCHERS = ("horovodrun", "function", "mpi")
 FAULTS = ("kill", "raise", "close", "stop")
-ELASTIC_FAULTS = ("kill", "raise", "stop", "broadcast", "init", "stuck", "resets")
+ELASTIC_FAULTS = ("kill", "raise", "stop", "broadcast", "init", "stuck", "resets", "start",
+                  "commit", "last", "joining")
 #: How many times the elastic fault ``resets`` strikes in a run.
 RESETS = int(os.environ.get("CHAOS_RESETS", "6"))
 #: Elastic faults the program injects in itself at a phase it reaches (`elastic_program`), and
@@ -103,18 +113,37 @@ RESETS = int(os.environ.get("CHAOS_RESETS", "6"))
 ELASTIC_WHAT = {"kill": "killed by SIGKILL", "raise": "ChaosError", "stop": "stopped responding",
                 "resets": "killed by SIGKILL",
                 "broadcast": "killed by SIGKILL", "init": "killed by SIGKILL",
-                "stuck": "killed by SIGKILL"}
+                "stuck": "killed by SIGKILL", "start": "killed by SIGKILL",
+                "commit": "killed by SIGKILL", "last": "killed by SIGKILL",
+                "joining": "killed by SIGKILL"}
 #: Fault ``stuck``: seconds the stuck worker's set-up lasts after the driver named the round's
 #: lost member, before the runtime makes it exit (``HOROVOD_COMPAT_LOST_ROUND_EXIT_SECONDS``).
 STUCK_EXIT_SECONDS = 2.0
 SPARK_FAULTS = ("kill", "raise", "stop", "worker")
+#: The Spark launchers, each in this process on one Spark session: ``spark``
+#: (``horovod.spark.run``), ``runner`` (``HorovodRunner(np=3)``: one mpirun across the tasks) and
+#: ``distributor`` (``TorchDistributor(local_mode=False)`` running `train_program.torch_main`,
+#: plain torch.distributed: no ``stop``, which only torch's own timeout or the engine's 120 s
+#: heartbeat bound would find, as under PySpark's TorchDistributor).
+SPARK_LAUNCHERS = ("spark", "runner", "distributor")
+#: What each Spark launcher's caller calls.
+SPARK_CALLS = {"spark": "horovod.spark.run", "runner": "HorovodRunner.run",
+               "distributor": "TorchDistributor.run"}
 #: Launchers of the phase faults: ``tcp`` is ``horovodrun`` with shared memory off.
-PHASE_LAUNCHERS = ("horovodrun", "tcp", "function", "mpi")
+PHASE_LAUNCHERS = ("horovodrun", "tcp", "function", "mpi", "spark", "runner", "distributor")
 PHASE_FAULTS = ("kill", "raise", "stop")
+
+
+def phase_faults(launcher: str) -> Tuple[str, ...]:
+    """The phase faults of `launcher`: ``distributor`` has no ``stop`` (see `SPARK_LAUNCHERS`)."""
+    return tuple(fault for fault in PHASE_FAULTS if fault in CASES.get(launcher, PHASE_FAULTS))
+
+
 #: The shared-memory switches of the ``tcp`` launcher (docs/failures.md: the TCP mesh).
 SHM_OFF = {"HOROVOD_COMPAT_SHM_DATA": "0", "HOROVOD_COMPAT_SHM_CONTROL": "0"}
 #: Every case: launcher -> its faults.
 CASES = {**{launcher: FAULTS for launcher in LAUNCHERS}, "spark": SPARK_FAULTS,
+         "runner": SPARK_FAULTS, "distributor": ("kill", "raise", "worker"),
          "elastic": ELASTIC_FAULTS}
 #: The driver's shortest fallback timer (`distributor.engine`: FAILED_EXIT_SECONDS, how long it
 #: waits for a failed rank's exit; DISCONNECT_GRACE_SECONDS, for an exited rank's frames): a job
@@ -204,6 +233,7 @@ class Outcome:
     problems: List[str] = field(default_factory=list)
     output: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)  # more "key=value" for the line
+    lost_with: List[int] = field(default_factory=list)  # worker: the ranks under the worker killed
     phase: str = "step"
 
     @property
@@ -362,7 +392,10 @@ class _FixedFaults:
             pid = self.pids[out.target]
             if out.fault == "worker":
                 pid = spark_python_worker(pid) or pid
-                out.notes.append(f"python_worker={pid}")
+                # (HorovodRunner: the first task of a host runs the daemon of all its ranks)
+                out.lost_with = sorted(rank for rank, rank_pid in self.pids.items()
+                                       if pid in procs.ancestors(rank_pid))
+                out.notes.append(f"python_worker={pid} lost_with={','.join(map(str, out.lost_with))}")
             _signal_later(pid, sig, self.delay, self.fault_at)
         m = _NAMED.match(line)
         if m and out.named is None:
@@ -376,13 +409,11 @@ def run(seed: int, launcher: str, fault: str, workdir: Path, target: Optional[in
     says; at `phase` of a fixed-size job, if not ``step``), check the outcome. ``spark`` runs need
     `spark`, a `spark_session`."""
     if phase != "step":
-        return run_phase(seed, launcher, fault, phase, workdir, target)
+        return run_phase(seed, launcher, fault, phase, workdir, target, spark)
     if launcher == "elastic":
         return run_elastic(seed, fault, workdir, target, second)
-    if launcher == "spark":
-        if spark is None:
-            raise ValueError("a spark run needs spark=<a spark_session()>")
-        return run_spark(seed, fault, spark, target)
+    if launcher in SPARK_LAUNCHERS:
+        return run_spark(seed, fault, _needs_spark(spark), target, launcher)
     planned, step, delay = plan(seed)
     target = planned if target is None else target
     out = Outcome(seed, launcher, fault, target, step)
@@ -411,19 +442,23 @@ def _run_fixed(out: Outcome, env: Dict[str, str], marker: str, workdir: Path,
 
 
 def run_phase(seed: int, launcher: str, fault: str, phase: str, workdir: Path,
-              target: Optional[int] = None) -> Outcome:
-    """One run of a fixed-size job whose target rank strikes itself with `fault` at `phase`."""
-    if launcher not in PHASE_LAUNCHERS or fault not in PHASE_FAULTS or phase not in PHASES:
-        raise ValueError(f"phase faults: launchers {PHASE_LAUNCHERS}, faults {PHASE_FAULTS}, "
-                         f"phases {PHASES}; got {launcher} {fault} {phase}")
+              target: Optional[int] = None, spark: Any = None) -> Outcome:
+    """One run of a fixed-size job whose target rank strikes itself with `fault` at `phase`
+    (``spark``: on `spark`, a `spark_session`)."""
+    if launcher not in PHASE_LAUNCHERS or fault not in phase_faults(launcher) or phase not in PHASES:
+        raise ValueError(f"phase faults: launchers {PHASE_LAUNCHERS}, faults {PHASE_FAULTS} "
+                         f"(distributor: no stop), phases {PHASES}; got {launcher} {fault} {phase}")
     planned, step, _delay = plan(seed)
     target = planned if target is None else target
     step = CHECKPOINT_EVERY * (1 + step % 4) - 1 if phase == "checkpoint" else -1
     out = Outcome(seed, launcher, fault, target, step, phase=phase)
+    workdir.mkdir(parents=True, exist_ok=True)  # (CHAOS_DIR: the checkpoint's folder)
+    strike = {"CHAOS_STEPS": "30", "CHAOS_PHASE": phase, "CHAOS_FAULT": fault,
+              "CHAOS_RANK": str(target), "CHAOS_STEP": str(step), "CHAOS_DIR": str(workdir)}
+    if launcher in SPARK_LAUNCHERS:
+        return _run_spark_job(out, strike, _needs_spark(spark), 0.0)
     marker = uuid.uuid4().hex
-    env = _env(marker, CHAOS_STEPS="30", CHAOS_PHASE=phase, CHAOS_FAULT=fault,
-               CHAOS_RANK=str(target), CHAOS_STEP=str(step), CHAOS_DIR=str(workdir),
-               **(SHM_OFF if launcher == "tcp" else {}))
+    env = _env(marker, **strike, **(SHM_OFF if launcher == "tcp" else {}))
     return _run_fixed(out, env, marker, workdir, 0.0)
 
 
@@ -444,6 +479,10 @@ def _judge(out: Outcome) -> None:
             problems.append("the program found no connection to close")
         elif out.named not in ends:
             problems.append(f"named rank {out.named}, not an end of the closed connection {sorted(ends)}")
+    elif out.fault == "worker":
+        if out.named not in out.lost_with:
+            problems.append(f"named rank {out.named}, not one lost with the Python worker "
+                            f"(ranks {out.lost_with})")
     elif out.named != out.target:
         problems.append(f"named rank {out.named} instead of rank {out.target}")
     elif out.fault == "kill" and "killed by SIGKILL" not in out.failure_line:
@@ -555,8 +594,9 @@ class _ElasticFaults:
         m = _STEP.search(text)
         if m:
             # (after ``stuck`` no worker of the first round is left to reset: a step of the
-            # replacements is the recovery)
-            if (self.faults and (self._reset_seen or out.fault == "stuck")
+            # replacements is the recovery; after ``start`` the survivors' hvd.init() joins the
+            # next round itself, before any state exists to reset)
+            if (self.faults and (self._reset_seen or out.fault in ("stuck", "start"))
                     and self.recovered_at is None):
                 self.recovered_at = time.time()
             if (out.fault == "kill" and not self.faults and int(m.group(2)) == out.target
@@ -583,7 +623,7 @@ def run_elastic(seed: int, fault: str, workdir: Path, target: Optional[int] = No
     discover.chmod(0o755)
     env = _env(marker, CHAOS_DIR=str(data), CHAOS_SAMPLES=str(ELASTIC_SAMPLES))
     other = (target + 1 + second_rank) % NP  # a rank other than the target, chosen by the seed
-    if fault in ("raise", "stop", "resets"):
+    if fault in ("raise", "stop", "resets", "start", "commit", "last", "joining"):
         env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(target), CHAOS_STEP=str(step),
                    CHAOS_REPEAT=str(RESETS if fault == "resets" else 1))
     elif fault == "broadcast":
@@ -631,6 +671,10 @@ def _judge_elastic(out: Outcome, watch: _ElasticFaults, data: Path) -> None:
     else:
         counts = result["counts"]
         out.notes.append(f"final_size={result['size']}")
+        if out.fault == "start" and result["size"] != NP:
+            # (struck at the start: the whole job is left for the replacement to join)
+            problems.append(f"the last round had {result['size']} workers: the replacement of "
+                            "the worker lost in the first round's set-up never joined")
         wrong = {i: c for i, c in enumerate(counts) if c != 1}
         if len(counts) != ELASTIC_SAMPLES or wrong:
             shown = dict(list(wrong.items())[:10])
@@ -740,24 +784,23 @@ def spark_session(app_name: str = "chaos") -> Iterator[Any]:
 def spark_python_worker(rank_pid: int) -> Optional[int]:
     """The Spark Python worker above a rank process: its nearest ancestor that PySpark's daemon
     forked (a worker keeps the daemon's command line); None if there is none."""
-    pid = procs.parent(rank_pid)
-    while pid > 1:
-        if "pyspark.daemon" in procs.cmdline(pid) or "pyspark/daemon.py" in procs.cmdline(pid):
-            return pid
-        pid = procs.parent(pid)
-    return None
+    return next((pid for pid in procs.ancestors(rank_pid)
+                 if "pyspark.daemon" in procs.cmdline(pid) or "pyspark/daemon.py" in procs.cmdline(pid)),
+                None)
 
 
 def spark_ranks(jvm: int) -> List[int]:
     """Rank processes under the Spark JVM: a child of an executor's fork server (and what it
-    started), or a ``distributor.rank_entry`` process. Python workers and fork servers stay
-    between jobs by design."""
+    started), a ``distributor.rank_entry`` process, or Open MPI's (HorovodRunner's mpirun and
+    its daemons). Python workers and fork servers stay between jobs by design."""
     _importable(HERE.parent / "distributor")  # spark_clusters, the Spark tests' helpers
     from spark_clusters import descendants  # noqa: PLC0415
 
     found = []
     for pid in descendants(jvm):
-        if "distributor.rank_entry" in procs.cmdline(pid) or (
+        command = procs.cmdline(pid)
+        if "distributor.rank_entry" in command or os.path.basename(command.split(" ", 1)[0]) in (
+                "mpirun", "prterun", "prted", "orted") or (
                 "distributor.forkserver" in procs.cmdline(procs.parent(pid)) and procs.alive(pid)):
             found.append(pid)
             found.extend(descendants(pid))
@@ -804,37 +847,80 @@ class _LineWriter:
         pass
 
 
-def run_spark(seed: int, fault: str, spark: Any, target: Optional[int] = None) -> Outcome:
-    """One run of ``horovod.spark.run(train_program.main, num_proc=3)`` in this process, on
-    `spark` (a `spark_session`): the same faults and judgement as the fixed-size launchers, the
-    exception ``horovod.spark.run`` raises standing for the driver's exit."""
-    import horovod.spark  # noqa: PLC0415
+def _needs_spark(spark: Any) -> Any:
+    if spark is None:
+        raise ValueError("a spark run needs spark=<a spark_session()>")
+    return spark
 
+
+def run_spark(seed: int, fault: str, spark: Any, target: Optional[int] = None,
+              launcher: str = "spark") -> Outcome:
+    """One run of the 3-rank training program under Spark launcher `launcher`
+    (`SPARK_LAUNCHERS`) in this process, on `spark` (a `spark_session`): the same faults and
+    judgement as the fixed-size launchers, the exception the launcher raises standing for the
+    driver's exit."""
+    planned, step, delay = plan(seed)
+    target = planned if target is None else target
+    out = Outcome(seed, launcher, fault, target, step)
+    env = {"CHAOS_STEPS": "400"}
+    if fault in ("raise", "close"):
+        env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(target), CHAOS_STEP=str(step))
+    return _run_spark_job(out, env, spark, delay)
+
+
+def _spark_job(launcher: str, env: Dict[str, str], writer: "_LineWriter") -> Callable[[], Any]:
+    """The call that runs the training program under `launcher` with `env`, its ranks' output
+    going to `writer`."""
     _importable(HERE)
     import train_program  # noqa: PLC0415
+
+    if launcher == "spark":
+        import horovod.spark  # noqa: PLC0415
+
+        return lambda: horovod.spark.run(train_program.main, num_proc=NP, env=env, stdout=writer,
+                                         stderr=writer)
+    if launcher == "runner":
+        from sparkdl import HorovodRunner  # noqa: PLC0415
+
+        def call() -> Any:
+            # HorovodRunner forwards the driver's HOROVOD_* variables (the frozen bound among them)
+            with mock.patch.dict(os.environ, {k: v for k, v in env.items() if k.startswith("HOROVOD_")}):
+                return HorovodRunner(np=NP, driver_log_verbosity="all").run(train_program.main_in,
+                                                                           env=env)
+        return call
+    if launcher == "distributor":
+        from distributor import TorchDistributor  # noqa: PLC0415
+
+        return lambda: TorchDistributor(num_processes=NP, local_mode=False, use_gpu=False).run(
+            train_program.torch_main, env)
+    raise ValueError(f"Spark launchers: {SPARK_LAUNCHERS}; got {launcher}")
+
+
+def _run_spark_job(out: Outcome, env: Dict[str, str], spark: Any, delay: float) -> Outcome:
+    """Run `out`'s job under its Spark launcher with `env` on `spark`, judge its end and check
+    that it left nothing behind: no rank, no Spark job, no port of the job's still listening, no
+    shared-memory segment."""
     _importable(HERE.parent / "distributor")  # spark_clusters, the Spark tests' helpers
     from spark_clusters import no_active_jobs  # noqa: PLC0415
 
-    planned, step, delay = plan(seed)
-    target = planned if target is None else target
-    out = Outcome(seed, "spark", fault, target, step)
-    env = {"CHAOS_STEPS": "400", "HOROVOD_COMPAT_FROZEN_SECONDS": f"{FROZEN_SECONDS:g}"}
-    if fault in ("raise", "close"):
-        env.update(CHAOS_FAULT=fault, CHAOS_RANK=str(target), CHAOS_STEP=str(step))
+    env = {**env, "HOROVOD_COMPAT_FROZEN_SECONDS": f"{FROZEN_SECONDS:g}"}
     watch = _FixedFaults(out, delay)
     listening_before = procs.listening(_spark_python_side(spark))
+    shm_before, started = shm_segments(), time.time()
 
     def on_line(line: str) -> None:
         out.output.append(line)
         watch(line)
 
     writer = _LineWriter(on_line)
+    job = _spark_job(out.launcher, env, writer)
     outcome: List[Any] = []
 
     def call() -> None:
         try:
-            outcome.append(horovod.spark.run(train_program.main, num_proc=NP, env=env,
-                                             stdout=writer, stderr=writer))
+            # (HorovodRunner and TorchDistributor print the ranks' lines to sys.stdout)
+            with contextlib.redirect_stdout(writer), contextlib.redirect_stderr(writer):
+                outcome.append(job())
         except BaseException as exc:  # noqa: BLE001 - judged below
             outcome.append(exc)
 
@@ -843,7 +929,8 @@ def run_spark(seed: int, fault: str, spark: Any, target: Optional[int] = None) -
     caller.join(RUN_TIMEOUT)
     exited_at = time.time()
     if caller.is_alive():
-        out.problems.append(f"horovod.spark.run still running {RUN_TIMEOUT:g}s after the start")
+        out.problems.append(f"{SPARK_CALLS[out.launcher]} still running {RUN_TIMEOUT:g}s after "
+                            "the start")
         spark.sparkContext.cancelAllJobs()
         caller.join(60)
     result = outcome[0] if outcome else None
@@ -853,7 +940,7 @@ def run_spark(seed: int, fault: str, spark: Any, target: Optional[int] = None) -
         m = re.match(r"Rank (\d+) ", first)
         if m:
             out.named, out.failure_line = int(m.group(1)), first
-        out.output.append(f"horovod.spark.run raised {type(result).__name__}: {result}")
+        out.output.append(f"{SPARK_CALLS[out.launcher]} raised {type(result).__name__}: {result}")
     elif outcome:
         out.returncode = 0
     if watch.fault_at:
@@ -862,10 +949,12 @@ def run_spark(seed: int, fault: str, spark: Any, target: Optional[int] = None) -
     pids = list(watch.pids.values())
     _check_left(out, lambda: sorted({p for p in pids if procs.alive(p)} | set(spark_ranks(spark.chaos_jvm))))
     _check_listening(out, lambda: procs.listening(_spark_python_side(spark)) - listening_before)
+    _check_shm(out, shm_before, started)
     # run() returns once the job's action has ended; the status tracker hears of that end from
     # Spark's listener bus, later (no_active_jobs): 10 s, as for processes above
     if not no_active_jobs(spark, timeout=10.0):
-        out.problems.append("a Spark job is still active 10 s after horovod.spark.run returned")
+        out.problems.append(f"a Spark job is still active 10 s after {SPARK_CALLS[out.launcher]} "
+                            "returned")
     return out
 
 
@@ -901,15 +990,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                              f" faults {', '.join(PHASE_FAULTS)})")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.phase != "step":
-        if args.launcher not in PHASE_LAUNCHERS or args.fault not in PHASE_FAULTS:
+        if args.launcher not in PHASE_LAUNCHERS or args.fault not in phase_faults(args.launcher):
             parser.error(f"phase faults: launchers {', '.join(PHASE_LAUNCHERS)}, faults "
-                         f"{', '.join(PHASE_FAULTS)}")
+                         f"{', '.join(PHASE_FAULTS)} (distributor: no stop)")
     elif args.fault not in CASES.get(args.launcher, ()):
         parser.error(f"{args.launcher} has the faults {', '.join(CASES[args.launcher])}")
     failures = 0
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        spark = stack.enter_context(spark_session()) if args.launcher == "spark" else None
+        spark = (stack.enter_context(spark_session()) if args.launcher in SPARK_LAUNCHERS
+                 else None)
         for seed in args.seeds:
             out = run(seed, args.launcher, args.fault, tmp / str(seed), target=args.target,
                       spark=spark, second=args.second, phase=args.phase)

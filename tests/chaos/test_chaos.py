@@ -7,27 +7,33 @@ an elastic job must instead go on and finish with every committed sample counted
 
 A case is one launcher and one fault (`harness.CASES`): the fixed-size launchers ``horovodrun``,
 ``function`` (``horovod.run``), ``mpi`` (``horovodrun --mpi``) with ``kill``, ``raise``,
-``close`` and ``stop``; ``spark`` (``horovod.spark.run`` on one local Spark session for the
-module) with ``kill``, ``raise``, ``stop`` and ``worker`` (the rank's Spark Python worker lost); ``elastic`` (``horovodrun --min-np 2 --max-np 3``
+``close`` and ``stop``; the Spark launchers on one local Spark session for the module --
+``spark`` (``horovod.spark.run``) and ``runner`` (``HorovodRunner(np=3)``) with ``kill``,
+``raise``, ``stop`` and ``worker`` (the rank's Spark Python worker lost), ``distributor``
+(``TorchDistributor(local_mode=False)``, plain torch.distributed) with ``kill``, ``raise`` and
+``worker``; ``elastic`` (``horovodrun --min-np 2 --max-np 3``
 with a discovery script) with ``kill``, ``raise``, ``stop``, ``broadcast`` (a death in the first
 state sync, another rank late to it), ``init`` (then a second death inside the next round's
 ``hvd.init()``), ``stuck`` (as ``init``, and a third worker's set-up of that round never ends: it
-must exit and be replaced) and ``resets`` (6 deaths in a row: the survivors' memory stays flat across their
-resets). See `harness` for what is injected and what
+must exit and be replaced), ``resets`` (6 deaths in a row: the survivors' memory stays flat across their
+resets), and deaths at a phase: ``start`` (in the first round's ``hvd.init()``), ``commit`` (inside
+``state.commit()``), ``last`` (in the last step) and ``joining`` (a replacement, in the
+``hvd.init()`` of the round it joins). See `harness` for what is injected and what
 is right. Every run prints one line (seed, fault, target rank, named rank, seconds from the fault
 to the driver's exit); ``python tests/chaos/harness.py LAUNCHER FAULT SEED`` reruns one.
 
 Phase faults (`harness.run_phase`): a rank of a fixed-size job strikes itself (``kill``, ``raise``,
 ``stop``) at a phase it reaches -- ``init``, ``broadcast``, ``checkpoint``, ``last``, ``shutdown`` --
-under ``horovodrun`` (shared memory), ``tcp`` (``horovodrun``, shared memory off), ``function``
-and ``mpi``; ``python tests/chaos/harness.py LAUNCHER FAULT SEED --phase PHASE`` reruns one. The
+under ``horovodrun`` (shared memory), ``tcp`` (``horovodrun``, shared memory off), ``function``,
+``mpi``, ``spark``, ``runner`` and ``distributor`` (no ``stop``); ``python tests/chaos/harness.py LAUNCHER FAULT SEED --phase PHASE`` reruns one. The
 short round runs `PHASE_SHORT_ROUND`: every phase, every fault and every launcher at least once.
 
 The short round (``CHAOS_RUNS`` unset or 1) runs one run of each case in `SHORT_ROUND` -- every
 fixed-size crash case, ``stop`` under ``horovodrun`` on rank 0 (it hosts the job's store and the
 mesh coordinator; ``stop`` under ``mpi``, where mpirun continues the stopped rank before it ends
 the job, has a unit test in tests/distributor/test_engine.py), each elastic fault (the kill on rank 0, with a second kill
-during the recovery), a SIGKILL under Spark and a lost Python worker -- and skips the others,
+during the recovery), a SIGKILL under ``horovod.spark.run`` and ``HorovodRunner``, and a lost
+Python worker under each Spark launcher -- and skips the others,
 saying so. A long round
 runs every case ``CHAOS_RUNS`` times, every target chosen by the seed. The lost host is in
 tests/multihost/test_chaos_hosts.py.
@@ -54,8 +60,15 @@ SHORT_ROUND = {
     ("elastic", "init"): {},
     ("elastic", "stuck"): {},
     ("elastic", "resets"): {"target": 1},  # rank 0 keeps its worker through every reset
+    ("elastic", "start"): {},
+    ("elastic", "commit"): {},
+    ("elastic", "last"): {},
+    ("elastic", "joining"): {},
     ("spark", "kill"): {},
     ("spark", "worker"): {},
+    ("runner", "kill"): {},
+    ("runner", "worker"): {},
+    ("distributor", "worker"): {},
 }
 #: The short round's phase faults, (phase, fault, launcher): each phase, fault and launcher once
 #: at least. A stop in hvd.init() (no peer beat covers it yet) and at shutdown (no peer waits for
@@ -64,14 +77,17 @@ SHORT_ROUND = {
 #: stopped.
 PHASE_SHORT_ROUND = (("init", "stop", "horovodrun"), ("broadcast", "kill", "tcp"),
                      ("checkpoint", "raise", "function"), ("last", "kill", "mpi"),
-                     ("shutdown", "stop", "mpi"))
+                     ("shutdown", "stop", "mpi"), ("checkpoint", "kill", "spark"),
+                     ("init", "raise", "runner"), ("shutdown", "kill", "distributor"))
 _LONG_ONLY = "the long round's (CHAOS_RUNS=N > 1 runs every case); the short round keeps CI short"
 
 
-def _cases(launcher: str) -> list:
-    return [pytest.param(fault, marks=pytest.mark.skipif(
+def _cases(*launchers: str) -> list:
+    """(launcher, fault) of every case of `launchers`, those not in the short round marked to
+    skip unless the round is long."""
+    return [pytest.param(launcher, fault, marks=pytest.mark.skipif(
         not LONG and (launcher, fault) not in SHORT_ROUND, reason=_LONG_ONLY))
-        for fault in harness.CASES[launcher]]
+        for launcher in launchers for fault in harness.CASES[launcher]]
 
 
 def _round(launcher, fault, tmp_path, capsys, **given):
@@ -92,10 +108,10 @@ def test_the_driver_names_the_culprit_and_ends_the_job(launcher, fault, tmp_path
     _round(launcher, fault, tmp_path, capsys)
 
 
-@pytest.mark.parametrize("fault", _cases("elastic"))
+@pytest.mark.parametrize("launcher,fault", _cases("elastic"))
 def test_an_elastic_job_replaces_the_failed_worker_and_commits_every_sample_once(
-        fault, tmp_path, capsys):
-    _round("elastic", fault, tmp_path, capsys)
+        launcher, fault, tmp_path, capsys):
+    _round(launcher, fault, tmp_path, capsys)
 
 
 @pytest.fixture(scope="module")
@@ -105,20 +121,23 @@ def spark():
         yield session
 
 
-@pytest.mark.parametrize("fault", _cases("spark"))
-def test_horovod_spark_run_names_the_culprit_and_ends_the_job(spark, fault, tmp_path, capsys):
-    _round("spark", fault, tmp_path, capsys, spark=spark)
+@pytest.mark.parametrize("launcher,fault", _cases(*harness.SPARK_LAUNCHERS))
+def test_a_spark_launcher_names_the_culprit_and_ends_the_job(spark, launcher, fault, tmp_path,
+                                                             capsys):
+    _round(launcher, fault, tmp_path, capsys, spark=spark)
 
 
-@pytest.mark.parametrize("launcher", harness.PHASE_LAUNCHERS)
-@pytest.mark.parametrize("fault", harness.PHASE_FAULTS)
-@pytest.mark.parametrize("phase", harness.PHASES)
+@pytest.mark.parametrize("phase,fault,launcher", [
+    (phase, fault, launcher) for phase in harness.PHASES for fault in harness.PHASE_FAULTS
+    for launcher in harness.PHASE_LAUNCHERS if fault in harness.phase_faults(launcher)])
 def test_a_fault_at_a_phase_names_the_culprit_and_ends_the_job(phase, fault, launcher, tmp_path,
-                                                               capsys):
+                                                               capsys, request):
     if launcher == "mpi" and not harness.mpirun_available():
         pytest.skip("mpirun is not installed")
     if not LONG and (phase, fault, launcher) not in PHASE_SHORT_ROUND:
         pytest.skip(_LONG_ONLY)
+    spark = request.getfixturevalue("spark") if launcher in harness.SPARK_LAUNCHERS else None
     seeds = harness.run_seeds(SEED, f"{launcher}@{phase}", fault, RUNS)
-    harness.check_round((harness.run(seed, launcher, fault, tmp_path / str(i), phase=phase)
+    harness.check_round((harness.run(seed, launcher, fault, tmp_path / str(i), spark=spark,
+                                     phase=phase)
                          for i, seed in enumerate(seeds)), capsys)

@@ -189,6 +189,72 @@ def main(steps: int = 0) -> int:
     return rank
 
 
+def main_in(env: dict) -> int:
+    """`main` with `env` added to this rank's environment first: the entry point for launchers
+    that forward no environment of the caller's (``HorovodRunner``, ``TorchDistributor``)."""
+    os.environ.update(env)
+    return main()
+
+
+def torch_main(env: dict) -> int:
+    """The same loop written with torch.distributed and DDP, as a ``TorchDistributor`` user would
+    (`env` added to the environment first): per step an all_reduce, a DDP step, an all_gather and
+    a broadcast_object_list. The ``raise`` fault at a step is the program's own; so are the
+    phase faults, at the same phases as `main` (``init``: right after ``init_process_group``;
+    ``broadcast``: as DDP's wrap broadcasts rank 0's parameters; ``shutdown``: at
+    ``destroy_process_group``)."""
+    os.environ.update(env)
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    steps = int(os.environ.get("CHAOS_STEPS", "400"))
+    fault = os.environ.get("CHAOS_FAULT", "")
+    fault_rank = int(os.environ.get("CHAOS_RANK", "-1"))
+    fault_step = int(os.environ.get("CHAOS_STEP", "-1"))
+    phase = os.environ.get("CHAOS_PHASE", "step")
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    print(f"chaos-pid rank={rank} pid={os.getpid()}", flush=True)
+    if phase == "init" and rank == fault_rank:
+        strike(rank, fault, "right after init_process_group")
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    if phase == "broadcast" and rank == fault_rank:
+        strike(rank, fault, "as DDP's first broadcast starts")
+    model = DistributedDataParallel(module)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    folder = os.environ.get("CHAOS_DIR")
+    checkpoint = os.path.join(folder, "checkpoint.pt") if folder else None
+    for step in range(steps):
+        if phase == "last" and rank == fault_rank and step == steps - 1:
+            strike(rank, fault, "in the last step")
+        if phase == "step" and fault == "raise" and rank == fault_rank and step == fault_step:
+            strike(rank, fault, f"at step {step}")
+        total = torch.ones(4) * rank
+        dist.all_reduce(total)
+        optimizer.zero_grad()
+        model(torch.randn(32, 8)).pow(2).mean().backward()
+        optimizer.step()
+        gathered = [torch.zeros(2) for _ in range(size)]
+        dist.all_gather(gathered, torch.full((2,), float(rank)))
+        config = [{"step": step}]
+        dist.broadcast_object_list(config, src=0)
+        assert config[0]["step"] == step
+        print(f"step {step} rank {rank} sum {float(total[0]):.1f}", flush=True)
+        if checkpoint and step % CHECKPOINT_EVERY == CHECKPOINT_EVERY - 1:
+            at_fault = phase == "checkpoint" and step == fault_step
+            if rank == 0:
+                _save(module, checkpoint, rank, fault if at_fault and fault_rank == 0 else "")
+            elif at_fault and rank == fault_rank:
+                strike(rank, fault, "while rank 0 writes a checkpoint")
+        time.sleep(0.01)
+    if phase == "shutdown" and rank == fault_rank:
+        strike(rank, fault, "at destroy_process_group()")
+    dist.destroy_process_group()
+    return rank
+
+
 def _save(model, path: str, rank: int, fault: str) -> None:
     """Rank 0's checkpoint (torch.save to a new file, then renamed over the last); with `fault`,
     rank 0 strikes halfway through writing it."""
