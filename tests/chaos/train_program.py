@@ -33,6 +33,8 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 #: Where a phase fault strikes (see the module); ``step``: the harness's faults at a chosen step.
 PHASES = ("init", "broadcast", "checkpoint", "last", "shutdown")
@@ -49,6 +51,42 @@ def strike(rank: int, fault: str, where: str) -> None:
     if fault == "raise":
         raise ChaosError(f"chaos: rank {rank} raises {where}")
     os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What this run injects, from the ``CHAOS_*`` variables (see the module)."""
+
+    fault: str
+    rank: int
+    step: int
+    phase: str
+    steps: int
+    checkpoint: Optional[str]  # where rank 0 saves (the phase runs': none without CHAOS_DIR)
+
+    @classmethod
+    def from_env(cls) -> "Plan":
+        folder = os.environ.get("CHAOS_DIR")
+        return cls(os.environ.get("CHAOS_FAULT", ""), int(os.environ.get("CHAOS_RANK", "-1")),
+                   int(os.environ.get("CHAOS_STEP", "-1")), os.environ.get("CHAOS_PHASE", "step"),
+                   int(os.environ.get("CHAOS_STEPS", "400")),
+                   os.path.join(folder, "checkpoint.pt") if folder else None)
+
+    def at(self, phase: str, rank: int, where: str) -> None:
+        """Strike here if this is the run's phase and `rank` its target."""
+        if self.phase == phase and rank == self.rank:
+            strike(rank, self.fault, where)
+
+    def after_step(self, step: int, rank: int, model) -> None:
+        """Every `CHECKPOINT_EVERY` steps rank 0 saves `model`; at the checkpoint phase's step the
+        target strikes (rank 0 halfway through the file, another rank as rank 0 starts it)."""
+        if not self.checkpoint or step % CHECKPOINT_EVERY != CHECKPOINT_EVERY - 1:
+            return
+        at_fault = self.phase == "checkpoint" and step == self.step
+        if rank == 0:
+            _save(model, self.checkpoint, rank, self.fault if at_fault and self.rank == 0 else "")
+        elif at_fault and rank == self.rank:
+            strike(rank, self.fault, "while rank 0 writes a checkpoint")
 
 
 def _strike_in_init(fault: str, target: int) -> None:
@@ -130,18 +168,14 @@ def close_connections_to_a_peer(pids: list, me: int) -> int:
     return -1
 
 
-def main(steps: int = 0) -> int:
+def main() -> int:
     import torch
 
     import horovod.torch as hvd
 
-    steps = steps or int(os.environ.get("CHAOS_STEPS", "400"))
-    fault = os.environ.get("CHAOS_FAULT", "")
-    fault_rank = int(os.environ.get("CHAOS_RANK", "-1"))
-    fault_step = int(os.environ.get("CHAOS_STEP", "-1"))
-    phase = os.environ.get("CHAOS_PHASE", "step")
-    if phase == "init":
-        _strike_in_init(fault, fault_rank)
+    plan = Plan.from_env()
+    if plan.phase == "init":
+        _strike_in_init(plan.fault, plan.rank)
     hvd.init()
     rank = hvd.rank()
     print(f"chaos-pid rank={rank} pid={os.getpid()}", flush=True)
@@ -150,19 +184,15 @@ def main(steps: int = 0) -> int:
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                          named_parameters=model.named_parameters())
-    if phase == "broadcast" and rank == fault_rank:
-        strike(rank, fault, "as the first broadcast starts")
+    plan.at("broadcast", rank, "as the first broadcast starts")
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    folder = os.environ.get("CHAOS_DIR")  # (the phase runs': no checkpoints without it)
-    checkpoint = os.path.join(folder, "checkpoint.pt") if folder else None
-    for step in range(steps):
-        if phase == "last" and rank == fault_rank and step == steps - 1:
-            strike(rank, fault, "in the last step")
-        if phase == "step" and rank == fault_rank and step == fault_step:
-            if fault == "raise":
-                print(f"chaos-fault rank={rank} peer=-1 t={time.time():.6f}", flush=True)
-                raise ChaosError(f"chaos: rank {rank} raises at step {step}")
-            if fault == "close":
+    for step in range(plan.steps):
+        if step == plan.steps - 1:
+            plan.at("last", rank, "in the last step")
+        if plan.phase == "step" and rank == plan.rank and step == plan.step:
+            if plan.fault == "raise":
+                strike(rank, plan.fault, f"at step {step}")
+            if plan.fault == "close":
                 close_connections_to_a_peer(pids, rank)
         total = hvd.allreduce(torch.ones(4) * rank, name="sum")
         x = torch.randn(32, 8)
@@ -176,15 +206,9 @@ def main(steps: int = 0) -> int:
         hvd.synchronize(handle)
         assert config["step"] == step and gathered.numel() == 2 * hvd.size()
         print(f"step {step} rank {rank} sum {float(total[0]):.1f}", flush=True)
-        if checkpoint and step % CHECKPOINT_EVERY == CHECKPOINT_EVERY - 1:
-            at_fault = phase == "checkpoint" and step == fault_step
-            if rank == 0:
-                _save(model, checkpoint, rank, fault if at_fault and fault_rank == 0 else "")
-            elif at_fault and rank == fault_rank:
-                strike(rank, fault, "while rank 0 writes a checkpoint")
+        plan.after_step(step, rank, model)
         time.sleep(0.01)
-    if phase == "shutdown" and rank == fault_rank:
-        strike(rank, fault, "at hvd.shutdown()")
+    plan.at("shutdown", rank, "at hvd.shutdown()")
     hvd.shutdown()
     return rank
 
@@ -208,29 +232,21 @@ def torch_main(env: dict) -> int:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    steps = int(os.environ.get("CHAOS_STEPS", "400"))
-    fault = os.environ.get("CHAOS_FAULT", "")
-    fault_rank = int(os.environ.get("CHAOS_RANK", "-1"))
-    fault_step = int(os.environ.get("CHAOS_STEP", "-1"))
-    phase = os.environ.get("CHAOS_PHASE", "step")
+    plan = Plan.from_env()
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     print(f"chaos-pid rank={rank} pid={os.getpid()}", flush=True)
-    if phase == "init" and rank == fault_rank:
-        strike(rank, fault, "right after init_process_group")
+    plan.at("init", rank, "right after init_process_group")
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    if phase == "broadcast" and rank == fault_rank:
-        strike(rank, fault, "as DDP's first broadcast starts")
+    plan.at("broadcast", rank, "as DDP's first broadcast starts")
     model = DistributedDataParallel(module)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    folder = os.environ.get("CHAOS_DIR")
-    checkpoint = os.path.join(folder, "checkpoint.pt") if folder else None
-    for step in range(steps):
-        if phase == "last" and rank == fault_rank and step == steps - 1:
-            strike(rank, fault, "in the last step")
-        if phase == "step" and fault == "raise" and rank == fault_rank and step == fault_step:
-            strike(rank, fault, f"at step {step}")
+    for step in range(plan.steps):
+        if step == plan.steps - 1:
+            plan.at("last", rank, "in the last step")
+        if plan.fault == "raise" and step == plan.step:
+            plan.at("step", rank, f"at step {step}")
         total = torch.ones(4) * rank
         dist.all_reduce(total)
         optimizer.zero_grad()
@@ -242,15 +258,9 @@ def torch_main(env: dict) -> int:
         dist.broadcast_object_list(config, src=0)
         assert config[0]["step"] == step
         print(f"step {step} rank {rank} sum {float(total[0]):.1f}", flush=True)
-        if checkpoint and step % CHECKPOINT_EVERY == CHECKPOINT_EVERY - 1:
-            at_fault = phase == "checkpoint" and step == fault_step
-            if rank == 0:
-                _save(module, checkpoint, rank, fault if at_fault and fault_rank == 0 else "")
-            elif at_fault and rank == fault_rank:
-                strike(rank, fault, "while rank 0 writes a checkpoint")
+        plan.after_step(step, rank, module)
         time.sleep(0.01)
-    if phase == "shutdown" and rank == fault_rank:
-        strike(rank, fault, "at destroy_process_group()")
+    plan.at("shutdown", rank, "at destroy_process_group()")
     dist.destroy_process_group()
     return rank
 

@@ -184,25 +184,30 @@ def executor_jvm_of(pid: int) -> int:
     raise RuntimeError("not under a Spark executor")
 
 
+def join_the_job(api: str = "horovod") -> tuple:
+    """In a rank: join the job on Horovod's API or (``api="torch"``) torch.distributed's, whose
+    transport errors name no peer; return (rank, an allreduce of one tensor)."""
+    if api == "torch":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        return dist.get_rank(), dist.all_reduce
+    import horovod.torch as hvd
+
+    hvd.init()
+    return hvd.rank(), lambda tensor: hvd.allreduce(tensor, name="step")
+
+
 def lose_the_executor_at_step_5(lost: str, api: str = "horovod") -> int:
-    """A rank program for the lost-executor tests, on Horovod's API or (``api="torch"``) on
-    torch.distributed's, whose transport errors name no peer: an allreduce every 20 ms; at step 5
-    rank 1 SIGKILLs its executor's JVM (noting the time in the file `lost`) and dies with it."""
+    """A rank program for the lost-executor tests (`join_the_job`): an allreduce every 20 ms; at
+    step 5 rank 1 SIGKILLs its executor's JVM (noting the time in the file `lost`) and dies with
+    it."""
     import signal
     import time
 
     import torch
 
-    if api == "torch":
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo")
-        rank, allreduce = dist.get_rank(), dist.all_reduce
-    else:
-        import horovod.torch as hvd
-
-        hvd.init()
-        rank, allreduce = hvd.rank(), lambda tensor: hvd.allreduce(tensor, name="step")
+    rank, allreduce = join_the_job(api)
     for step in range(400):
         allreduce(torch.ones(1))
         if step == 5 and rank == 1:

@@ -27,16 +27,20 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
+import spark_clusters  # noqa: E402
 from spark_clusters import (  # noqa: E402
-    FAST_JVM_OPTS, EnvPatch, mirror_spark_home, start_session, stop_session, wait_port,
+    FAST_JVM_OPTS, EnvPatch, join_the_job, mirror_spark_home, start_session, stop_session,
+    wait_port,
 )
 
 import cloudpickle  # noqa: E402
 import procs  # noqa: E402
 from tiers import CI  # noqa: E402
 
-# The executors cannot import this test module: its functions and classes travel by value.
+# The executors cannot import this test module or spark_clusters: their functions and classes
+# travel by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(spark_clusters)
 
 DRIVER = "10.78.0.254"  # this machine on the cluster bridge (scripts/cluster.sh)
 CORES = 2
@@ -222,16 +226,7 @@ def _train_until_lost(folder, api="horovod", steps=3000):
 
     import torch
 
-    if api == "torch":
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo")
-        rank, allreduce = dist.get_rank(), dist.all_reduce
-    else:
-        import horovod.torch as hvd
-
-        hvd.init()
-        rank, allreduce = hvd.rank(), lambda tensor: hvd.allreduce(tensor, name="step")
+    rank, allreduce = join_the_job(api)
     for step in range(steps):
         allreduce(torch.ones(1))
         if step == 5:
