@@ -631,7 +631,7 @@ class Job:
                 return None
             rank, reason = self._silent_rank
             return self._rank_failed(self._states[rank], reason)
-        verdicts = {s.rank: self._classify(s) for s in failed}
+        verdicts = {s.rank: self._classify(s, self._stopped_running) for s in failed}
         outcome = None
         # when a knock-on first named each rank frozen: a rank that failed after that (mpirun
         # continues a stopped rank and kills it with SIGTERM when other ranks exit, at times
@@ -720,9 +720,11 @@ class Job:
         return f"stopped responding: {who} failed waiting for it in a collective"
 
     @classmethod
-    def _classify(cls, state: WorkerRecord) -> Verdict:
-        """Cause or knock-on of which rank (`classify_failure`), for a failed worker."""
-        code = cls._exit_code(state)
+    def _classify(cls, state: WorkerRecord, stopped: Collection[int] = ()) -> Verdict:
+        """Cause or knock-on of which rank (`classify_failure`), for a failed worker. The exit
+        status of a worker in `stopped` (still running when the driver stopped the job, e.g. in
+        its teardown after its report) is the driver's doing, not how it failed."""
+        code = cls._exit_code(state, stopped)
         message = cls._reported(state)[1] if "knock_on" not in (state.error or {}) else None
         return classify_failure(state.error, message, code)
 

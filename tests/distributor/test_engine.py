@@ -201,6 +201,18 @@ def _record(rank: int, error: dict | None = None, returncode: int | None = None)
     return record
 
 
+def test_a_knock_on_stopped_by_the_driver_stays_a_knock_on():
+    """A rank that reported gloo's error for a peer that died (no typed report: a plain torch
+    program) and was still tearing down when the driver stopped it exits by the driver's SIGTERM;
+    that status is not how it failed (a lost Spark Python worker's rank lost the naming to it)."""
+    gloo = {"exc_type": "RuntimeError", "exc_message": "[pair.cc:553] Connection closed by peer "
+                                                        "[127.0.0.1]:15272"}
+    stopped = _record(0, dict(gloo), returncode=-15)
+    assert engine.Job._classify(stopped, stopped=[0]) == engine.Verdict(cause=False)
+    # died by a signal before the driver stopped anything: a cause
+    assert engine.Job._classify(stopped) == engine.Verdict(cause=True)
+
+
 def test_the_wait_for_a_failed_rank_to_exit_is_bounded_by_failed_exit_seconds():
     """`Job._settled`, the rule the test above runs: once a cause has reported, the driver waits
     for the failed ranks to exit, at most FAILED_EXIT_SECONDS (a rank hung in its exit must not
