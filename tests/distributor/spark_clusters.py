@@ -172,16 +172,28 @@ def stop_session(spark) -> None:
         SparkContext._jvm = None
 
 
-def executor_jvm_of(pid: int) -> int:
-    """The executor JVM (CoarseGrainedExecutorBackend) that process `pid` runs under (called in
-    a rank, which SIGKILLs it to lose its executor)."""
+def _ancestor_with(pid: int, word: bytes) -> int:
+    """The nearest process above `pid` whose command line holds `word`."""
     while pid > 1:
         with open(f"/proc/{pid}/stat") as stat:
             pid = int(stat.read().rsplit(")", 1)[1].split()[1])
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            if b"CoarseGrainedExecutorBackend" in cmdline.read():
+            if word in cmdline.read():
                 return pid
-    raise RuntimeError("not under a Spark executor")
+    raise RuntimeError(f"no process above with {word.decode()!r} in its command line")
+
+
+def executor_jvm_of(pid: int) -> int:
+    """The executor JVM (CoarseGrainedExecutorBackend) that process `pid` runs under (called in
+    a rank, which SIGKILLs it to lose its executor)."""
+    return _ancestor_with(pid, b"CoarseGrainedExecutorBackend")
+
+
+def python_worker_of(pid: int) -> int:
+    """The Spark Python worker that process `pid` runs under: the nearest process above it with
+    PySpark's daemon's command line, which the workers it forks keep (called in a rank, which
+    SIGKILLs it to lose its task's Python worker)."""
+    return _ancestor_with(pid, b"pyspark.daemon")
 
 
 def join_the_job(api: str = "horovod") -> tuple:

@@ -1,11 +1,14 @@
 """horovod.spark.torch TorchEstimator / TorchModel on a real local[2] Spark: fit and transform
 with vector and array columns, validation by fraction and by column, sample weights, resume
-from a checkpoint, and the bad inputs that must fail before any rank starts."""
+from a checkpoint, a rank's Spark Python worker lost mid-fit, and the bad inputs that must fail
+before any rank starts."""
 from __future__ import annotations
 
 import io
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -14,15 +17,19 @@ pytest.importorskip("pyarrow", reason="the Spark estimators need pyarrow: pip in
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
-from spark_clusters import shared_session  # noqa: E402
+import spark_clusters  # noqa: E402
+from spark_clusters import python_worker_of, shared_session  # noqa: E402
+from procs import ranks_with  # noqa: E402
 
 from horovod.spark.common.backend import Backend, SparkBackend  # noqa: E402
 from horovod.spark.common.store import FilesystemStore, LocalStore, Store  # noqa: E402
 
 import cloudpickle  # noqa: E402
 
-# The ranks cannot import this test module: its model class travels by value.
+# The ranks cannot import this test module or spark_clusters: their model classes and helpers
+# travel by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(spark_clusters)
 
 
 # One worker runs the files that share this session one after another (tests/scheduling.py).
@@ -344,6 +351,50 @@ def test_transform_unpickles_the_model_once_per_python_worker(spark):
     loads = [r["y__output"] for r in model.transform(df).collect()]
     # 16 tasks on Spark's reused Python workers (2 at a time): each worker unpickled it once.
     assert len(loads) == 64 and set(loads) == {1.0}
+
+
+class LosesItsPythonWorker(TwoInputs):
+    """In rank 1, the 5th forward SIGKILLs the Spark Python worker whose task runs the rank
+    (noting the time in the file `lost`): the rank goes with it."""
+
+    def __init__(self, lost):
+        super().__init__()
+        self.lost, self.calls = lost, 0
+
+    def forward(self, vec, arr):
+        import os
+        import signal
+        import time
+
+        self.calls += 1
+        if os.environ.get("RANK") == "1" and self.calls == 5:  # (RANK: set in the ranks only)
+            with open(self.lost, "w") as handle:
+                handle.write(str(time.time()))
+            os.kill(python_worker_of(os.getpid()), signal.SIGKILL)
+            time.sleep(60)  # dies with it
+        return super().forward(vec, arr)
+
+
+def test_a_lost_python_worker_ends_a_fit_naming_its_rank(spark, tmp_path):
+    """Rank 1's Spark Python worker is SIGKILLed mid-fit: fit() raises within the chaos tier's
+    crash bound (10 s), naming rank 1 as lost, and no rank is left."""
+    from distributor import RankFailedError
+
+    lost, marker = tmp_path / "lost", f"HOROVOD_TEST_MARKER_{uuid.uuid4().hex}"
+    model = LosesItsPythonWorker(str(lost))
+    est = estimator(Store.create(str(tmp_path / "store")), model=model,
+                    optimizer=torch.optim.SGD(model.parameters(), lr=0.2), epochs=20,
+                    backend=SparkBackend(num_proc=2, env={"HOROVOD_TEST_MARKER": marker}))
+    with pytest.raises(RankFailedError) as info:
+        est.fit(linear_df(spark))
+    seconds = time.time() - float(lost.read_text())
+    first = str(info.value).splitlines()[0]
+    assert info.value.rank == 1 and "was lost" in first, str(info.value)[-3000:]
+    assert seconds < 10, (seconds, first)
+    deadline = time.monotonic() + 30
+    while ranks_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ranks_with(marker) == [], "a rank outlived the fit"
 
 
 class RecordingBackend(Backend):
