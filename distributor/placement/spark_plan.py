@@ -92,17 +92,20 @@ def plan_ranks(
 ) -> List[List[RankSpec]]:
     """The ranks of every task, indexed by partition id.
 
-    Ranks follow partition order: task p runs ranks p*per_task ... p*per_task+per_task-1.
+    Ranks are numbered node by node, a node's ranks in partition order.
 
     `node_per="task"` (the default, as PySpark's TorchDistributor does: one torchrun node per
-    task): each task is a node, NODE_RANK is its partition id, LOCAL_RANK counts the task's own
-    ranks, and CUDA_VISIBLE_DEVICES holds the task's GPUs, so `cuda:LOCAL_RANK` is this rank's GPU
-    and Lightning's `devices=ranks_per_task, num_nodes=tasks` matches even when several
-    executors share a machine.
+    task): each task is a node, so task p runs ranks p*per_task ... p*per_task+per_task-1;
+    NODE_RANK is its partition id, LOCAL_RANK counts the task's own ranks, and
+    CUDA_VISIBLE_DEVICES holds the task's GPUs, so `cuda:LOCAL_RANK` is this rank's GPU and
+    Lightning's `devices=ranks_per_task, num_nodes=tasks` matches even when several executors
+    share a machine.
 
-    `node_per="host"`: tasks on the same host form one node; LOCAL_RANK counts that host's ranks
-    in rank order, NODE_RANK numbers hosts by first appearance, and every rank of a host sees the
-    GPUs of all the host's tasks in local-rank order, so `cuda:LOCAL_RANK` is still its own GPU.
+    `node_per="host"`: tasks on the same host form one node, numbered by first appearance
+    (NODE_RANK); a host's ranks are consecutive, as Horovod numbers them and as mpirun over the
+    nodes in that order places them (`MpirunLauncher.task_hosts`); LOCAL_RANK counts them, and
+    every rank of a host sees the GPUs of all the host's tasks in local-rank order, so
+    `cuda:LOCAL_RANK` is still its own GPU.
     """
     if node_per not in (NODE_PER_TASK, NODE_PER_HOST):
         raise ValueError(f"node_per must be {NODE_PER_TASK!r} or {NODE_PER_HOST!r}, got {node_per!r}")
@@ -121,12 +124,15 @@ def plan_ranks(
         node_index.setdefault(key, len(node_index))
         node_gpus.setdefault(key, []).extend(slot.gpus[:per_task] if use_gpu else ("",) * per_task)
     next_local: Dict[str, int] = {key: 0 for key in node_index}
+    first_rank: Dict[str, int] = {}
+    for key in node_index:  # in node order
+        first_rank[key] = sum(len(node_gpus[k]) for k in first_rank)
     plan: List[List[RankSpec]] = []
-    for partition, key in enumerate(keys):
+    for key in keys:
         specs = []
-        for i in range(per_task):
+        for _ in range(per_task):
             specs.append(RankSpec(
-                rank=partition * per_task + i,
+                rank=first_rank[key] + next_local[key],
                 world_size=world,
                 local_rank=next_local[key],
                 local_world_size=len(node_gpus[key]),

@@ -79,13 +79,26 @@ def test_one_rank_per_task_each_task_is_a_node_in_partition_order():
     ]
 
 
-def test_node_per_host_counts_local_ranks_per_host_in_rank_order():
+def test_node_per_host_numbers_a_hosts_ranks_consecutively_as_mpirun_places_them():
+    """Host b's tasks (partitions 0 and 2) get ranks 0 and 1, host a's rank 2: the order in
+    which one mpirun over the nodes (`MpirunLauncher.task_hosts`, --map-by slot) numbers them, so
+    the rank a process reports is the rank its task was planned to host."""
+    from distributor.launchers.mpirun import MpirunLauncher
+    from distributor.launchers.remote_shell import task_index
+
     slots = [TaskSlot("b", 1), TaskSlot("a", 2), TaskSlot("b", 3)]
-    assert _table(plan_ranks(slots, 1, use_gpu=False, node_per="host")) == [
-        [(0, 0, 2, 0, 2, 3, ())],  # host b: node 0, ranks 0 and 2
-        [(1, 0, 1, 1, 2, 3, ())],  # host a: node 1
-        [(2, 1, 2, 0, 2, 3, ())],
+    plan = plan_ranks(slots, 1, use_gpu=False, node_per="host")
+    assert _table(plan) == [
+        [(0, 0, 2, 0, 2, 3, ())],  # host b: node 0, ranks 0 and 1
+        [(2, 0, 1, 1, 2, 3, ())],  # host a: node 1, rank 2
+        [(1, 1, 2, 0, 2, 3, ())],
     ]
+    mpi_rank, placed = 0, {}
+    for host_task, count in MpirunLauncher.task_hosts(plan):
+        for _ in range(count):
+            placed[mpi_rank] = slots[task_index(host_task)].host
+            mpi_rank += 1
+    assert placed == {spec.rank: slots[p].host for p, specs in enumerate(plan) for spec in specs}
 
 
 def test_multi_gpu_tasks_run_one_rank_per_gpu_and_see_their_task_gpus():
