@@ -34,9 +34,20 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from spark_clusters import SPARK_TEST_ENV, SUBMIT_ARGS, mirror_spark_home, shared_session  # noqa: E402
 from tf_support import write_mnist_libsvm  # noqa: E402
+from tiers import CI  # noqa: E402
 
 from horovod.spark.common.backend import Backend, SparkBackend  # noqa: E402
 from horovod.spark.common.store import Store  # noqa: E402
+
+
+def flavors(ci: str):
+    """Parametrize `flavor` with Keras 3 and tf-keras; CI runs `ci`'s only, the long round both
+    (docs/testing.md)."""
+    return pytest.mark.parametrize("flavor", [
+        pytest.param(name, marks=() if name == ci else pytest.mark.skipif(CI, reason=(
+            f"the long round's: CI runs this one under {ci} (each Keras once in this file), "
+            "without CI=true both run")))
+        for name in ("keras3", "tf_keras")])
 
 UPSTREAM = Path(os.environ.get(
     "HOROVOD_UPSTREAM_DIR", Path(__file__).resolve().parents[3] / "shared" / "upstream" / "horovod-0.28.1"
@@ -164,7 +175,7 @@ def test_bad_inputs_fail_before_training(spark, tmp_path):
 
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not EXAMPLE.is_file(), reason=f"Horovod's upstream example is not at {EXAMPLE}")
-@pytest.mark.parametrize("flavor", ["keras3", "tf_keras"])
+@flavors(ci="tf_keras")
 def test_upstream_keras_spark_mnist_example_runs_unchanged(tmp_path, flavor):
     """Under Keras 3 and under tf-keras (``TF_USE_LEGACY_KERAS=1``, as Keras 2 users run it): the
     driver builds and serializes the model with one, the ranks and ``transform`` load it with the
@@ -208,7 +219,7 @@ def test_upstream_keras_spark_mnist_example_runs_unchanged(tmp_path, flavor):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("flavor", ["keras3", "tf_keras"])
+@flavors(ci="keras3")
 def test_fit_again_on_a_run_with_a_checkpoint_resumes_weights_and_optimizer_state(spark, tmp_path,
                                                                                    flavor):
     """Horovod's Keras estimator restores the checkpointed model with its optimizer: 2 epochs, then

@@ -44,7 +44,10 @@ about 2 minutes (4 on busy cores):
   they have shown what the test checks: the loss fallen (and for the elastic one, the recovery
   and two epochs after it); exit status, last step and checkpoints are checked in the full run;
 - their second launches through horovod.run and the Keras 3 half of the stock-TensorFlow-2
-  check run in the full version only.
+  check run in the full version only;
+- a script that runs under both Keras runs under one of them (`both_keras`): Keras 3 for the
+  Keras synthetic benchmark and the elastic MNIST through horovod.run, tf-keras for the Keras
+  MNIST and its elastic version.
 """
 from __future__ import annotations
 
@@ -85,7 +88,8 @@ KERAS3 = {"TF_USE_LEGACY_KERAS": "0"}
 LEGACY = {"TF_USE_LEGACY_KERAS": "1"}
 #: Every other script runs under both. Under tf-keras a Sequential with no input shape (the MNIST
 #: scripts') has no weights until its first batch; Keras 3 builds it before training.
-BOTH_KERAS = pytest.mark.parametrize("keras", [KERAS3, LEGACY], ids=["keras3", "tf_keras"])
+#: The short version runs each such script under one of them (`both_keras(short=...)`), Keras 3
+#: for some and tf-keras for others, so that both run a plain and an elastic script.
 
 pytestmark = [
     pytest.mark.skipif(not TF2.is_dir(), reason=f"Horovod's upstream files are not at {UPSTREAM} "
@@ -100,6 +104,15 @@ SHORT = os.environ.get("HOROVOD_COMPAT_EXAMPLES_SHORT", "1" if CI else "0") == "
 full_only = pytest.mark.skipif(SHORT, reason=(
     "slow, not broken: runs in the full version only (CI runs the short one; "
     "HOROVOD_COMPAT_EXAMPLES_SHORT=0 runs it anywhere), see the module docstring"))
+
+
+def both_keras(short: str):
+    """Parametrize `keras` with Keras 3 and tf-keras; the short version runs only `short`'s."""
+    return pytest.mark.parametrize("keras", [
+        pytest.param(env, id=name, marks=() if name == short else pytest.mark.skipif(SHORT, reason=(
+            f"the short version runs this script under {short} only; the full version under both "
+            "(HOROVOD_COMPAT_EXAMPLES_SHORT=0), see the module docstring")))
+        for name, env in (("keras3", KERAS3), ("tf_keras", LEGACY))])
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -213,7 +226,7 @@ def _check_tensorflow2_keras_mnist(out: str, tmp_path: Path, epochs: int = 24) -
         assert len(saved) == 24, saved
 
 
-@BOTH_KERAS
+@both_keras(short="tf_keras")
 @pytest.mark.timeout(600)
 def test_tensorflow2_keras_mnist_under_horovodrun(tmp_path, small_env, keras):
     stop = r"^\[0\]<std(?:out|err)>:Epoch 5/24\s*$" if SHORT else None
@@ -223,7 +236,7 @@ def test_tensorflow2_keras_mnist_under_horovodrun(tmp_path, small_env, keras):
 
 
 @full_only
-@BOTH_KERAS
+@both_keras(short="tf_keras")
 @pytest.mark.timeout(600)
 def test_tensorflow2_keras_mnist_through_horovod_run(tmp_path, small_env, keras):
     done = _launch([sys.executable, str(TF2 / "tensorflow2_keras_mnist.py"), "2", "localhost:2",
@@ -259,7 +272,7 @@ def test_tensorflow2_synthetic_benchmark(tmp_path):
     assert "Running warmup..." in rank_lines(done.output, 0)
 
 
-@BOTH_KERAS
+@both_keras(short="keras3")
 @pytest.mark.timeout(300)
 def test_tensorflow2_keras_synthetic_benchmark(tmp_path, keras):
     done = _launch([*HOROVODRUN, sys.executable,
@@ -417,7 +430,7 @@ def test_tensorflow2_mnist_elastic_stops_under_keras3_at_its_first_reset(tmp_pat
         done.tail()
 
 
-@BOTH_KERAS
+@both_keras(short="keras3")
 @pytest.mark.timeout(480)
 def test_tensorflow2_mnist_elastic_through_horovod_run(tmp_path, small_env, keras):
     """``python tensorflow2_mnist_elastic.py 2 1 2 localhost:2``: horovod.run(main, num_proc=2,
@@ -432,7 +445,7 @@ def test_tensorflow2_mnist_elastic_through_horovod_run(tmp_path, small_env, kera
     assert (tmp_path / "checkpoints-1.index").is_file(), sorted(os.listdir(tmp_path))
 
 
-@BOTH_KERAS
+@both_keras(short="tf_keras")
 @pytest.mark.timeout(600)
 def test_tensorflow2_keras_mnist_elastic_survives_a_killed_worker(tmp_path, small_env, keras):
     # short: stopped once the restarted fit has done 2 epochs
