@@ -6,7 +6,8 @@ Horovod entry points the ranks of one executor are one host's local ranks, as Ho
 them; TorchDistributor keeps PySpark's one node per task).
 
 Losses, last: hc2's executor JVM SIGKILLed under horovod.spark.run, HorovodRunner(np=4) and
-TorchDistributor (the job ends within 10 s naming a rank of hc2; CI), and hc2 cut off the network (the job ends within the frozen bound +
+TorchDistributor (the job ends within 10 s naming a rank of hc2; CI runs HorovodRunner's), and
+hc2 cut off the network (the job ends within the frozen bound +
 40 s naming a rank of hc2; the long round).
 
 The Spark processes stay on the hosts for the module; at its end the session is stopped and each
@@ -297,7 +298,11 @@ def _left(pids, timeout=30.0):
     return [p for p in pids if procs.alive(p)]
 
 
-@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+@pytest.mark.parametrize("launcher", [
+    pytest.param(name, marks=() if name == "HorovodRunner" else pytest.mark.skipif(CI, reason=(
+        "the long round's: CI loses an executor on a host under HorovodRunner (one mpirun over "
+        "both hosts' tasks), and a Python worker under every Spark launcher (tests/chaos)")))
+    for name in LAUNCHERS])
 def test_a_lost_executor_on_a_host_ends_the_job_naming_one_of_its_ranks(spark_on_hosts, launcher,
                                                                         tmp_path):
     """hc2's executor JVM is SIGKILLed mid-training (its Python workers, fork servers and ranks
