@@ -98,7 +98,7 @@ def test_pytorch_spark_mnist_on_local_2(tmp_path):
 def test_pytorch_spark_mnist_on_a_local_cluster(tmp_path):
     """The same script with its executors in JVMs of their own. Its training is the local[2]
     run's (which checks that it learns): here only that it runs to its end, its checkpoint and its
-    intermediate data where Horovod puts them, so a smaller data set and fewer, larger steps (84
-    per rank instead of 675: 2,000 rows, batches of 32, 3 epochs)."""
-    run_example(tmp_path, ["--master", "local-cluster[2,1,1024]", "--num-proc", "2"], rows=2000,
-                epochs=3, batch_size=32)
+    intermediate data where Horovod puts them, so a smaller data set and fewer, larger steps (16
+    per rank instead of 675: 1,000 rows, batches of 32, 1 epoch)."""
+    run_example(tmp_path, ["--master", "local-cluster[2,1,1024]", "--num-proc", "2"], rows=1000,
+                epochs=1, batch_size=32)
