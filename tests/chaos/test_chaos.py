@@ -114,17 +114,33 @@ def test_a_spark_launcher_names_the_culprit_and_ends_the_job(spark, launcher, fa
     _round(launcher, fault, tmp_path, capsys, spark=spark)
 
 
-@pytest.mark.parametrize("phase,fault,launcher", [
-    (phase, fault, launcher) for phase in harness.PHASES for fault in harness.PHASE_FAULTS
-    for launcher in harness.PHASE_LAUNCHERS if fault in harness.phase_faults(launcher)])
-def test_a_fault_at_a_phase_names_the_culprit_and_ends_the_job(phase, fault, launcher, tmp_path,
-                                                               capsys, request):
+def _phase_cases(*launchers: str) -> list:
+    return [(phase, fault, launcher) for phase in harness.PHASES for fault in harness.PHASE_FAULTS
+            for launcher in launchers if fault in harness.phase_faults(launcher)]
+
+
+def _phase_round(phase, fault, launcher, tmp_path, capsys, spark=None):
     if launcher == "mpi" and not harness.mpirun_available():
         pytest.skip("mpirun is not installed")
     if not LONG and (phase, fault, launcher) not in PHASE_SHORT_ROUND:
         pytest.skip(_LONG_ONLY)
-    spark = request.getfixturevalue("spark") if launcher in harness.SPARK_LAUNCHERS else None
     seeds = harness.run_seeds(SEED, f"{launcher}@{phase}", fault, RUNS)
     harness.check_round((harness.run(seed, launcher, fault, tmp_path / str(i), spark=spark,
                                      phase=phase)
                          for i, seed in enumerate(seeds)), capsys)
+
+
+@pytest.mark.parametrize("phase,fault,launcher", _phase_cases(
+    *(launcher for launcher in harness.PHASE_LAUNCHERS if launcher not in harness.SPARK_LAUNCHERS)))
+def test_a_fault_at_a_phase_names_the_culprit_and_ends_the_job(phase, fault, launcher, tmp_path,
+                                                               capsys):
+    _phase_round(phase, fault, launcher, tmp_path, capsys)
+
+
+# (the Spark session is a fixture of the test, set up before it: a test that started it in its
+# body would count the session's JVM as a process it left behind)
+@pytest.mark.parametrize("phase,fault,launcher", _phase_cases(
+    *(launcher for launcher in harness.PHASE_LAUNCHERS if launcher in harness.SPARK_LAUNCHERS)))
+def test_a_fault_at_a_phase_under_a_spark_launcher_names_the_culprit_and_ends_the_job(
+        spark, phase, fault, launcher, tmp_path, capsys):
+    _phase_round(phase, fault, launcher, tmp_path, capsys, spark)
