@@ -25,8 +25,7 @@ to the driver's exit); ``python tests/chaos/harness.py LAUNCHER FAULT SEED`` rer
 Phase faults (`harness.run_phase`): a rank of a fixed-size job strikes itself (``kill``, ``raise``,
 ``stop``) at a phase it reaches -- ``init``, ``broadcast``, ``checkpoint``, ``last``, ``shutdown`` --
 under ``horovodrun`` (shared memory), ``tcp`` (``horovodrun``, shared memory off), ``function``,
-``mpi``, ``spark``, ``runner`` and ``distributor`` (no ``stop``); ``python tests/chaos/harness.py LAUNCHER FAULT SEED --phase PHASE`` reruns one. The
-short round runs `PHASE_SHORT_ROUND`: every phase, every fault and every launcher at least once.
+``mpi``, ``spark``, ``runner`` and ``distributor`` (no ``stop``); ``python tests/chaos/harness.py LAUNCHER FAULT SEED --phase PHASE`` reruns one.
 
 The short round (``CHAOS_RUNS`` unset or 1, CI's form, about 3 minutes) runs one run of each case
 in `SHORT_ROUND` and `PHASE_SHORT_ROUND`, and skips the others, saying so: mid-step, a closed
