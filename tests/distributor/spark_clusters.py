@@ -231,6 +231,56 @@ def lose_the_executor_at_step_5(lost: str, api: str = "horovod") -> int:
     return rank
 
 
+def elastic_train(marker, steps, executor_of=None, victim=1, world=2):
+    """(w - 1)^2 on every worker, so the averaged gradient does not depend on the world size: after
+    S committed steps from w = 0 with lr 0.1, w = 1 - 0.8**S exactly when each step counted once.
+    The first worker to reach step 5 as rank `victim` SIGKILLs itself once (`marker` records it),
+    or with `executor_of` (`executor_jvm_of`, passed as an argument so that it travels by value)
+    its executor's JVM, and every worker of that executor with it; the loop goes on past `steps`
+    until the replacements are back in the world (size `world`), for at most 150 s (then the
+    test's size check fails instead of the job running until the test's timeout)."""
+    import os
+    import signal
+    import socket
+    import time
+
+    import torch
+
+    import horovod.torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    print(f"joined as rank {hvd.rank()} of {hvd.size()}", flush=True)
+    model = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    resets = []
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+    give_up = time.monotonic() + 150
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < steps or (hvd.size() < world and time.monotonic() < give_up):
+            if state.step == 5 and hvd.rank() == victim and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(executor_of(os.getpid()) if executor_of else os.getpid(),
+                        signal.SIGKILL)
+                time.sleep(60)  # dies with its executor
+            opt.zero_grad()
+            ((model.weight - 1.0) ** 2).sum().backward()
+            opt.step()
+            state.step += 1
+            state.commit()
+            time.sleep(0.02)
+        return state.step, hvd.size(), model.weight.item()
+
+    step, size, weight = train(state)
+    return {"step": step, "size": size, "weight": weight, "rank": hvd.rank(), "resets": resets,
+            "host": socket.gethostname()}
+
+
 def descendants(pid: int) -> List[int]:
     """Every live descendant of `pid` (from /proc)."""
     children: Dict[int, List[int]] = {}

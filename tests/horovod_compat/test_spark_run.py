@@ -12,7 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
 from spark_clusters import (  # noqa: E402
-    LOCAL_CLUSTER, executor_jvm_of, lose_the_executor_at_step_5, no_active_jobs, shared_session,
+    LOCAL_CLUSTER, elastic_train, executor_jvm_of, lose_the_executor_at_step_5, no_active_jobs,
+    shared_session,
 )
 
 import horovod.spark  # noqa: E402
@@ -143,54 +144,6 @@ def test_run_elastic_has_horovods_signature_and_checks_its_arguments_before_any_
             pytest.raises(ValueError, match="smaller than min_num_proc=3"):
         horovod.spark.run_elastic(fail_on_rank_1, num_proc=2, min_np=3)
     assert _jobs_submitted(spark) == before, "a bad argument must fail before any Spark job"
-
-
-def elastic_train(marker, steps, executor_of=None):
-    """(w - 1)^2 on every worker, so the averaged gradient does not depend on the world size: after
-    S committed steps from w = 0 with lr 0.1, w = 1 - 0.8**S exactly when each step counted once.
-    The first worker to reach step 5 as rank 1 SIGKILLs itself once (`marker` records it), or
-    with `executor_of` (spark_clusters.executor_jvm_of, passed as an argument so that it travels
-    by value) its executor's JVM; the loop goes on past `steps` until the replacement is
-    back in the world (size 2), for at most 150 s (then the test's size check fails instead of
-    the job running until the test's timeout)."""
-    import os
-    import signal
-    import time
-
-    import torch
-
-    import horovod.torch as hvd
-
-    torch.set_num_threads(1)
-    hvd.init()
-    print(f"joined as rank {hvd.rank()} of {hvd.size()}", flush=True)
-    model = torch.nn.Linear(1, 1, bias=False)
-    torch.nn.init.zeros_(model.weight)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters())
-    state = hvd.elastic.TorchState(model, opt, step=0)
-    resets = []
-    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
-    give_up = time.monotonic() + 150
-
-    @hvd.elastic.run
-    def train(state):
-        while state.step < steps or (hvd.size() < 2 and time.monotonic() < give_up):
-            if state.step == 5 and hvd.rank() == 1 and not os.path.exists(marker):
-                open(marker, "w").close()
-                os.kill(executor_of(os.getpid()) if executor_of else os.getpid(),
-                        signal.SIGKILL)
-                time.sleep(60)  # dies with its executor
-            opt.zero_grad()
-            ((model.weight - 1.0) ** 2).sum().backward()
-            opt.step()
-            state.step += 1
-            state.commit()
-            time.sleep(0.02)
-        return state.step, hvd.size(), model.weight.item()
-
-    step, size, weight = train(state)
-    return {"step": step, "size": size, "weight": weight, "rank": hvd.rank(), "resets": resets}
 
 
 def test_run_elastic_replaces_a_killed_worker_inside_its_task_and_the_result_is_right(
