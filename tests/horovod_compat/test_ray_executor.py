@@ -18,6 +18,7 @@ import ray
 import ray.cloudpickle
 
 import horovod.ray as hvd_ray
+from tiers import CI
 from horovod.ray import BaseHorovodWorker, ElasticRayExecutor, RayExecutor
 
 # the functions below travel to the actors by value (this file is not importable there)
@@ -282,7 +283,11 @@ def _cpus_back(seconds: float = 20.0) -> bool:
     return ray.available_resources().get("CPU") == CPUS
 
 
-@pytest.mark.parametrize("how", ["process", "actor"])
+@pytest.mark.parametrize("how", [
+    pytest.param("process", marks=pytest.mark.skipif(CI, reason=(
+        "the long round's: CI loses the rank's actor (its Ray worker process, the rank inside it "
+        "with it), the same replacement path"))),
+    "actor"])
 def test_an_elastic_job_replaces_a_lost_worker_and_goes_on(cluster, tmp_path, capfd, caplog, how):
     """Rank 1's process (or its actor: the node's Ray worker process) is SIGKILLed at batch 7:
     rank 0 restores the commit of batch 5 and goes on, a replacement starts on the node and

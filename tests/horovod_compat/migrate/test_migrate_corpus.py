@@ -37,7 +37,8 @@ REPRESENTATIVE = [
     "a06_grad_accum.py",            # backward_passes_per_step -> DDP + no_sync()
     "a07_gan.py",                   # two models, two optimizers, prefixed names
     "a08_checkpoint_resume.py",     # resume: optimizer state broadcast after a load
-    "a12_multitask_heads.py",       # a head without gradient on odd steps (DDP would refuse)
+    "a12_multitask_heads.py",       # a head without gradient on odd steps (DDP would refuse; the
+    #                                 same named difference as d03_moe_top1.py's experts)
     "b03_optional_horovod.py",      # try/except import, state broadcast before the wrap
     "b07_elastic_state.py",         # hvd.elastic.run + TorchState
     "b08_async_metrics.py",         # allreduce_async / poll / synchronize
@@ -46,7 +47,6 @@ REPRESENTATIVE = [
     "b12_process_sets.py",          # add_process_set / process_set= / remove_process_set
     "c04_optim_factory.py",         # DistributedOptimizer(opt, **kwargs)
     "c12_simclr_allgather.py",      # differentiable allgather inside the loss
-    "d03_moe_top1.py",              # an expert picked per batch: parameters without gradient
     "d05_finetune_frozen.py",       # frozen backbone, two LR groups, 2 passes per step
     "u03_model_passed.py",          # `import horovod.torch` used as horovod.torch.NAME
     "v01_hf_trainer.py",            # synchronize()/skip_synchronize() on the optimizer under another name

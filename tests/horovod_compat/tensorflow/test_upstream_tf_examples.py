@@ -39,12 +39,17 @@ SIGKILLed from outside once training has logged: the job must recover and finish
 The whole module takes about 6 minutes on 2 idle cores (15 on busy ones). CI (CI=true; or
 HOROVOD_COMPAT_EXAMPLES_SHORT=1, and =0 for the full version anywhere) runs a short version,
 about 2 minutes (4 on busy cores):
-- the three long scripts (tensorflow2_mnist.py's 5 000 steps, tensorflow2_keras_mnist.py's and
-  its elastic version's 24 epochs) are stopped (SIGTERM to the job, nothing left running) once
-  they have shown what the test checks: the loss fallen (and for the elastic one, the recovery
-  and two epochs after it); exit status, last step and checkpoints are checked in the full run;
-- their second launches through horovod.run and the Keras 3 half of the stock-TensorFlow-2
-  check run in the full version only;
+- the two long Keras scripts (tensorflow2_keras_mnist.py's and its elastic version's 24 epochs)
+  are stopped (SIGTERM to the job, nothing left running) once they have shown what the test
+  checks: the loss fallen (and for the elastic one, the recovery and two epochs after it); exit
+  status, last epoch and checkpoints are checked in the full run;
+- tensorflow2_mnist.py (5 000 steps) runs in the full version only: its training step (a
+  DistributedGradientTape in a tf.function, broadcast_variables after the first step) is
+  tensorflow2_synthetic_benchmark.py's, and its rank-0 checkpoint tensorflow2_mnist_elastic.py's;
+  so does examples/keras/keras_mnist_advanced.py (keras_mnist.py runs horovod.keras in the same
+  TF1 + Keras 2 environment, and stops on stock TensorFlow 2 as it does);
+- the second launches through horovod.run and the Keras 3 half of the stock-TensorFlow-2 check
+  run in the full version only;
 - a script that runs under both Keras runs under one of them (`both_keras`): Keras 3 for the
   Keras synthetic benchmark and the elastic MNIST through horovod.run, tf-keras for the Keras
   MNIST and its elastic version.
@@ -194,6 +199,8 @@ def _check_tensorflow2_mnist(out: str, tmp_path: Path, steps: int = 5000) -> Non
         assert (tmp_path / "checkpoints-1.index").is_file(), sorted(os.listdir(tmp_path))
 
 
+@full_only  # the short version runs its training step in tensorflow2_synthetic_benchmark.py and its
+#             checkpoint in tensorflow2_mnist_elastic.py (below)
 @pytest.mark.timeout(600)
 def test_tensorflow2_mnist_under_horovodrun(tmp_path, small_env):
     stop = r"^\[0\]<std(?:out|err)>:Step #300\s" if SHORT else None
@@ -319,7 +326,9 @@ STOCK_TF2_STOPS = {
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("script", sorted(KERAS_EXAMPLES))
+@pytest.mark.parametrize("script", [
+    pytest.param(name, marks=() if name == "keras_mnist.py" else full_only)
+    for name in sorted(KERAS_EXAMPLES)])
 def test_keras_examples_stop_at_tensorflow1_api_on_stock_tensorflow2(script, tmp_path, mnist28_env):
     """Upstream's examples/keras are TensorFlow 1 + standalone Keras 2 code: on TensorFlow 2, with
     either Keras, keras_mnist.py stops at ``tf.ConfigProto()`` right after ``hvd.init()`` and
@@ -361,6 +370,7 @@ def test_keras_mnist_in_its_tensorflow1_keras2_environment(tmp_path, mnist28_env
     assert saved == [f"checkpoint-{e}.h5" for e in range(1, 7)], saved
 
 
+@full_only  # the short version runs horovod.keras in this environment with keras_mnist.py (above)
 @pytest.mark.timeout(300)
 def test_keras_mnist_advanced_in_its_tensorflow1_keras2_environment(tmp_path, mnist28_env):
     if importlib.util.find_spec("scipy") is None:
