@@ -257,14 +257,15 @@ def elastic_train(marker, steps, executor_of=None, victim=1, world=2):
                                    named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, opt, step=0)
     resets = []
-    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+    state.register_reset_callbacks([lambda: resets.append((hvd.size(), time.time()))])
     give_up = time.monotonic() + 150
 
     @hvd.elastic.run
     def train(state):
         while state.step < steps or (hvd.size() < world and time.monotonic() < give_up):
             if state.step == 5 and hvd.rank() == victim and not os.path.exists(marker):
-                open(marker, "w").close()
+                with open(marker, "w") as f:
+                    f.write(str(time.time()))
                 os.kill(executor_of(os.getpid()) if executor_of else os.getpid(),
                         signal.SIGKILL)
                 time.sleep(60)  # dies with its executor

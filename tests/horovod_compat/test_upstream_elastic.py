@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "distributor"))
 from spark_clusters import descendants  # noqa: E402
 import procs  # noqa: E402
 from test_upstream_mnist import UPSTREAM, example_imports, write_mnist  # noqa: E402,F401 - fixture
+from tiers import CI  # noqa: E402
 
 ELASTIC = UPSTREAM / "examples" / "elastic" / "pytorch"
 MNIST = ELASTIC / "pytorch_mnist_elastic.py"
@@ -101,6 +102,9 @@ def test_mnist_elastic_survives_a_killed_worker(tmp_path, example_imports):
     assert re.search(r"\[0\]<std(?:out|err)>:Test set: Average loss: \d+\.\d+, Accuracy: \d+\.\d+%", out), out[-3000:]
 
 
+@pytest.mark.skipif(CI, reason=(
+    "the long round's: CI kills a worker of the elastic MNIST (above), and runs this script "
+    "unchanged on the shim in migrate/test_migrate_upstream.py"))
 def test_synthetic_benchmark_elastic_survives_a_killed_worker(tmp_path, example_imports):
     argv = [*HOROVODRUN, sys.executable, str(SYNTHETIC), "--model", "squeezenet1_1",
             "--batch-size", "2", "--num-warmup-batches", "2", "--num-batches-per-iter", "2",

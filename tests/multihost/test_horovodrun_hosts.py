@@ -121,6 +121,9 @@ def test_horovodrun_with_a_hostfile_and_a_network_interface_every_host_has(clust
     _check_across_hosts(_results(done), one_host_reference, cluster)
 
 
+@pytest.mark.skipif(CI, reason=(
+    "the long round's: CI runs the TCP ring on one host (torch/test_mesh.py's ring allreduce) and "
+    "every other horovodrun option across the hosts"))
 def test_flat_ring_when_hierarchical_allreduce_is_off(cluster, tmp_path, one_host_reference):
     done = _horovodrun(tmp_path, "-np", "4", "-H", cluster.spec(2),
                        "--no-hierarchical-allreduce")

@@ -141,6 +141,10 @@ def _benchmark_report(lines):
     return [re.sub(r"\d+\.\d+", "#", line) for line in lines if line.strip()]
 
 
+@pytest.mark.skipif(CI, reason=(
+    "the long round's: CI runs the elastic synthetic benchmark's rewrite against the unchanged "
+    "script (below), which has this script's rewrites; this one comes out native in CI "
+    "(test_upstream_script_becomes_native)"))
 def test_pytorch_synthetic_benchmark_rewritten_reports_like_the_unchanged_script(tmp_path):
     """Throughput is a timing, so the log is compared with its figures masked. With
     --fp16-allreduce the rewritten script registers DDP's fp16 hook at run time (the plain

@@ -68,7 +68,7 @@ KERAS_TESTS = ("test_horovod_syncbn_cpu", "test_partial_distributed_gradient_tap
 
 #: CI's short form of a file (the long round, scripts/upstream_conformance.sh, runs every test):
 #: its slowest tests, each with the faster tests that run the same op and path in CI. Together
-#: 64 of test_tensorflow.py's 108 s of tests on 2 idle cores (graph mode re-extends TensorFlow's
+#: 60 of test_tensorflow.py's 108 s of tests on 2 idle cores (graph mode re-extends TensorFlow's
 #: session graph for each of their dtype x dimension cases; measured 2026-12-02).
 CI_LONG_ROUND_ONLY: Dict[str, Dict[str, str]] = {
     "test_tensorflow.py": {
@@ -92,10 +92,14 @@ CI_LONG_ROUND_ONLY: Dict[str, Dict[str, str]] = {
             "test_horovod_grouped_allreduce_mixed_indexed_slices_cpu, "
             "test_horovod_allreduce_indexed_slices_average_cpu"),
     },
-    "test_tensorflow_process_sets.py": {
-        "test_horovod_grouped_allgather_cpu_process_sets": (
-            "test_horovod_allgather_cpu_process_sets, test_horovod_grouped_allreduce_cpu_process_sets"),
-    },
+}
+
+#: Whole files CI leaves to the long round, and what runs their paths in CI.
+CI_LONG_ROUND_FILES: Dict[str, str] = {
+    "test_tensorflow_process_sets.py": (
+        "CI runs TensorFlow ops on process sets in test_tensorflow_binding.py (binding_program.py) "
+        "and test_keras_binding.py (check_process_set), and every op on process sets through the "
+        "same core in tests/horovod_compat/torch/test_process_sets.py"),
 }
 
 LAUNCH_TIMEOUT = 1500
@@ -108,6 +112,10 @@ MAX_EXTRA_FAILURES = 5
 
 @pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None,
                     reason="tf-keras is not installed (scripts/bootstrap.sh installs it for the tests)")
+@pytest.mark.skipif(CI, reason=(
+    "the long round's: it proves UNSUPPORTED's 'passes under tf-keras'; CI runs the binding's Keras "
+    "paths under tf-keras in test_keras_binding.py[tf_keras] and Horovod's test_keras.py and "
+    "test_tensorflow_keras.py (below)"))
 @pytest.mark.timeout(600)
 def test_keras_tests_of_test_tensorflow_pass_under_tf_keras(tmp_path):
     """All of them, in one launch (``-k (A)or(B)or(C)``: the script splits PYTEST_ARGS at spaces)."""
@@ -147,7 +155,9 @@ def test_the_allow_list_names_the_scripts_files_and_gives_reasons():
                     reason="TensorFlow is not installed (pip install horovod-compat[tensorflow], or the "
                            "test extra)")
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 180)
-@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.skipif(CI and name in CI_LONG_ROUND_FILES, reason=(
+        f"the long round's: {CI_LONG_ROUND_FILES.get(name)}"))) for name in FILES])
 def test_whole_upstream_file_in_one_horovodrun_launch(name, tmp_path):
     test_file = PARALLEL / name
     if not test_file.is_file():

@@ -38,21 +38,21 @@ SIGKILLed from outside once training has logged: the job must recover and finish
 
 The whole module takes about 6 minutes on 2 idle cores (15 on busy ones). CI (CI=true; or
 HOROVOD_COMPAT_EXAMPLES_SHORT=1, and =0 for the full version anywhere) runs a short version,
-about 2 minutes (4 on busy cores):
-- the two long Keras scripts (tensorflow2_keras_mnist.py's and its elastic version's 24 epochs)
-  are stopped (SIGTERM to the job, nothing left running) once they have shown what the test
-  checks: the loss fallen (and for the elastic one, the recovery and two epochs after it); exit
-  status, last epoch and checkpoints are checked in the full run;
-- tensorflow2_mnist.py (5 000 steps) runs in the full version only: its training step (a
-  DistributedGradientTape in a tf.function, broadcast_variables after the first step) is
-  tensorflow2_synthetic_benchmark.py's, and its rank-0 checkpoint tensorflow2_mnist_elastic.py's;
-  so does examples/keras/keras_mnist_advanced.py (keras_mnist.py runs horovod.keras in the same
-  TF1 + Keras 2 environment, and stops on stock TensorFlow 2 as it does);
-- the second launches through horovod.run and the Keras 3 half of the stock-TensorFlow-2 check
-  run in the full version only;
-- a script that runs under both Keras runs under one of them (`both_keras`): Keras 3 for the
-  Keras synthetic benchmark and the elastic MNIST through horovod.run, tf-keras for the Keras
-  MNIST and its elastic version.
+five launches (about 3 minutes of a busy 2-core machine):
+- tensorflow2_synthetic_benchmark.py (a DistributedGradientTape in a tf.function,
+  broadcast_variables after the first step: tensorflow2_mnist.py's training step), under tf-keras;
+- tensorflow2_keras_mnist.py under tf-keras, stopped (SIGTERM to the job, nothing left running)
+  once it has shown what the test checks: the loss fallen, the warmup's learning rate;
+- the elastic examples: tensorflow2_mnist_elastic.py with a worker killed (tf-keras) and through
+  horovod.run (Keras 3), tensorflow2_keras_mnist_elastic.py with a worker killed (tf-keras),
+  stopped after the recovery and two epochs;
+- the full version adds tensorflow2_mnist.py (5 000 steps: the training step above, the
+  elastic MNIST's rank-0 checkpoint), tensorflow2_keras_synthetic_benchmark.py (Keras 3's fit with
+  DistributedOptimizer: test_keras_binding.py and Horovod's test_tensorflow2_keras.py run it in
+  CI), the examples/keras scripts in their TF1 + Keras 2 environment and on stock TensorFlow 2
+  (horovod.keras: test_keras_binding.py and Horovod's test_keras.py in CI), every script under
+  both Keras, the second launches through horovod.run, and full lengths (exit status, last
+  step or epoch, every checkpoint).
 """
 from __future__ import annotations
 
@@ -279,6 +279,8 @@ def test_tensorflow2_synthetic_benchmark(tmp_path):
     assert "Running warmup..." in rank_lines(done.output, 0)
 
 
+@full_only  # (Keras 3's fit with DistributedOptimizer runs in CI in test_keras_binding.py and
+#             Horovod's test_tensorflow2_keras.py; the TF2 synthetic benchmark above in CI)
 @both_keras(short="keras3")
 @pytest.mark.timeout(300)
 def test_tensorflow2_keras_synthetic_benchmark(tmp_path, keras):
@@ -326,9 +328,8 @@ STOCK_TF2_STOPS = {
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("script", [
-    pytest.param(name, marks=() if name == "keras_mnist.py" else full_only)
-    for name in sorted(KERAS_EXAMPLES)])
+@full_only
+@pytest.mark.parametrize("script", sorted(KERAS_EXAMPLES))
 def test_keras_examples_stop_at_tensorflow1_api_on_stock_tensorflow2(script, tmp_path, mnist28_env):
     """Upstream's examples/keras are TensorFlow 1 + standalone Keras 2 code: on TensorFlow 2, with
     either Keras, keras_mnist.py stops at ``tf.ConfigProto()`` right after ``hvd.init()`` and
@@ -348,6 +349,7 @@ def test_keras_examples_stop_at_tensorflow1_api_on_stock_tensorflow2(script, tmp
                          r"[^\n]*?" + line, done.output), done.tail()
 
 
+@full_only  # (horovod.keras runs in CI in test_keras_binding.py and Horovod's test_keras.py)
 @pytest.mark.timeout(300)
 def test_keras_mnist_in_its_tensorflow1_keras2_environment(tmp_path, mnist28_env):
     env = tf1_keras2_env(tmp_path / "data", mnist28_env)
@@ -370,7 +372,7 @@ def test_keras_mnist_in_its_tensorflow1_keras2_environment(tmp_path, mnist28_env
     assert saved == [f"checkpoint-{e}.h5" for e in range(1, 7)], saved
 
 
-@full_only  # the short version runs horovod.keras in this environment with keras_mnist.py (above)
+@full_only
 @pytest.mark.timeout(300)
 def test_keras_mnist_advanced_in_its_tensorflow1_keras2_environment(tmp_path, mnist28_env):
     if importlib.util.find_spec("scipy") is None:
