@@ -100,6 +100,14 @@ CI_LONG_ROUND_FILES: Dict[str, str] = {
         "CI runs TensorFlow ops on process sets in test_tensorflow_binding.py (binding_program.py) "
         "and test_keras_binding.py (check_process_set), and every op on process sets through the "
         "same core in tests/horovod_compat/torch/test_process_sets.py"),
+    # TF1-only files: under TensorFlow 2 every test skips itself (as upstream), so CI would only
+    # see them import
+    "test_tensorflow_keras.py": (
+        "every test of it is TF1-only and skips itself under TensorFlow 2 (as upstream); "
+        "test_keras_binding.py imports and runs horovod.tensorflow.keras in CI"),
+    "test_keras.py": (
+        "every test of it is TF1-only and skips itself under TensorFlow 2 (as upstream); "
+        "test_keras_binding.py imports and runs horovod.keras in CI"),
 }
 
 LAUNCH_TIMEOUT = 1500
@@ -114,8 +122,8 @@ MAX_EXTRA_FAILURES = 5
                     reason="tf-keras is not installed (scripts/bootstrap.sh installs it for the tests)")
 @pytest.mark.skipif(CI, reason=(
     "the long round's: it proves UNSUPPORTED's 'passes under tf-keras'; CI runs the binding's Keras "
-    "paths under tf-keras in test_keras_binding.py[tf_keras] and Horovod's test_keras.py and "
-    "test_tensorflow_keras.py (below)"))
+    "paths under tf-keras in test_keras_binding.py[tf_keras] and Horovod's "
+    "test_tensorflow2_keras.py (below)"))
 @pytest.mark.timeout(600)
 def test_keras_tests_of_test_tensorflow_pass_under_tf_keras(tmp_path):
     """All of them, in one launch (``-k (A)or(B)or(C)``: the script splits PYTEST_ARGS at spaces)."""

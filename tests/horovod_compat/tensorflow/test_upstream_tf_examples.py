@@ -50,7 +50,7 @@ five launches (about 3 minutes of a busy 2-core machine):
   elastic MNIST's rank-0 checkpoint), tensorflow2_keras_synthetic_benchmark.py (Keras 3's fit with
   DistributedOptimizer: test_keras_binding.py and Horovod's test_tensorflow2_keras.py run it in
   CI), the examples/keras scripts in their TF1 + Keras 2 environment and on stock TensorFlow 2
-  (horovod.keras: test_keras_binding.py and Horovod's test_keras.py in CI), every script under
+  (horovod.keras: test_keras_binding.py in CI), every script under
   both Keras, the second launches through horovod.run, and full lengths (exit status, last
   step or epoch, every checkpoint).
 """
@@ -349,7 +349,7 @@ def test_keras_examples_stop_at_tensorflow1_api_on_stock_tensorflow2(script, tmp
                          r"[^\n]*?" + line, done.output), done.tail()
 
 
-@full_only  # (horovod.keras runs in CI in test_keras_binding.py and Horovod's test_keras.py)
+@full_only  # (horovod.keras runs in CI in test_keras_binding.py)
 @pytest.mark.timeout(300)
 def test_keras_mnist_in_its_tensorflow1_keras2_environment(tmp_path, mnist28_env):
     env = tf1_keras2_env(tmp_path / "data", mnist28_env)
