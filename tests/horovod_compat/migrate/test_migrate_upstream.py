@@ -246,11 +246,12 @@ IMAGENET_SCRIPTS = ("examples/pytorch/pytorch_imagenet_resnet50.py",
                     "examples/elastic/pytorch/pytorch_imagenet_resnet50_elastic.py")
 
 
-@pytest.mark.parametrize("script", [
-    pytest.param(IMAGENET_SCRIPTS[0], marks=pytest.mark.skipif(
-        CI, reason="CI runs the elastic script, which has every rewrite "
-        "of the plain one and its commits; run without CI=true for both")),
-    IMAGENET_SCRIPTS[1]], ids=["plain", "elastic"])
+@pytest.mark.skipif(CI, reason=(
+    "the long round's (ResNet-50: about 45 s of a busy 2-core machine): both scripts come out native "
+    "in CI (test_upstream_script_becomes_native), and CI runs their rewrites against the originals "
+    "in smaller programs: no_sync() for --batches-per-allreduce (the corpus's a06_grad_accum.py), "
+    "the elastic state and commits (the elastic MNIST below)"))
+@pytest.mark.parametrize("script", IMAGENET_SCRIPTS, ids=["plain", "elastic"])
 def test_pytorch_imagenet_resnet50_rewritten_trains_like_the_unchanged_script_on_the_shim(tmp_path, script):
     """ResNet-50 on a tiny synthetic ImageFolder, 1 epoch, 2 sub-batches per step
     (--batches-per-allreduce 2: the no_sync() rewrite; the elastic script also commits every batch):
