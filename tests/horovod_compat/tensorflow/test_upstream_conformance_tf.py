@@ -3,7 +3,8 @@
 For every file of scripts/upstream_conformance.sh's TENSORFLOW_FILES (test_tensorflow.py,
 test_tensorflow2_keras.py, test_tensorflow_keras.py, test_keras.py, test_tensorflow_process_sets.py)
 this runs ``scripts/upstream_conformance.sh --framework tensorflow --runs 1 FILE`` (in CI less the
-few slow tests of CI_LONG_ROUND_ONLY, whose ops faster tests run): the script picks
+slow tests of CI_LONG_ROUND_ONLY, whose ops faster tests run, and less the files of
+CI_LONG_ROUND_FILES, each with where CI runs its paths): the script picks
 the Keras the file runs under (its LEGACY_KERAS_FILES run with TF_USE_LEGACY_KERAS=1, the others
 under Keras 3). Each file must run to its end on both ranks with no rank dying and no hang, and the
 tests that fail must be exactly those that UNSUPPORTED lists for it, each with its reason — no more
