@@ -29,8 +29,9 @@ under ``horovodrun`` (shared memory), ``tcp`` (``horovodrun``, shared memory off
 
 The short round (``CHAOS_RUNS`` unset or 1, CI's form, about 3 minutes) runs one run of each case
 in `SHORT_ROUND` and `PHASE_SHORT_ROUND`, and skips the others, saying so: mid-step, a closed
-connection under ``horovodrun``, a raise under ``horovod.run``, a SIGKILL under ``mpi`` and a lost
-Python worker under ``horovod.spark.run``; the elastic job's two issue-41 reproducers
+connection under ``horovodrun``, a raise under ``horovod.run`` and a lost Python worker under
+``horovod.spark.run`` (a SIGKILL under ``mpi`` is the long round's: the phase faults kill an ``mpi``
+rank at the last step); the elastic job's two issue-41 reproducers
 (``broadcast`` with rank 1 late, the hang; ``init``, the lost commit) and a death while a
 replacement joins; and the phase faults, which between them hit every phase, fault and launcher.
 A long round runs every case ``CHAOS_RUNS`` times, every target chosen by the seed. The lost host is in
@@ -51,7 +52,6 @@ LONG = RUNS > 1
 SHORT_ROUND = {
     ("horovodrun", "close"): {},
     ("function", "raise"): {},
-    ("mpi", "kill"): {},
     ("elastic", "broadcast"): {"target": 2},  # rank 1 is late: it waits on rank 0, gone
     ("elastic", "init"): {},
     ("elastic", "joining"): {},
@@ -66,6 +66,21 @@ PHASE_SHORT_ROUND = (("init", "stop", "horovodrun"), ("broadcast", "kill", "tcp"
                      ("checkpoint", "kill", "spark"), ("init", "raise", "runner"),
                      ("shutdown", "kill", "distributor"))
 _LONG_ONLY = "the long round's (CHAOS_RUNS=N > 1 runs every case); the short round keeps CI short"
+
+
+def test_the_short_round_hits_every_phase_fault_and_launcher():
+    """Issue 41's CI form: every phase (mid-step being SHORT_ROUND's), every fault and every
+    launcher at least once between the two tables."""
+    mid_step = [(launcher, fault) for launcher, fault in SHORT_ROUND if launcher != "elastic"]
+    assert {phase for phase, _, _ in PHASE_SHORT_ROUND} == set(harness.PHASES) and mid_step
+    faults = {fault for _, fault in mid_step} | {fault for _, fault, _ in PHASE_SHORT_ROUND}
+    assert faults >= set(harness.FAULTS) | set(harness.PHASE_FAULTS) | set(harness.SPARK_FAULTS)
+    launchers = {launcher for launcher, _ in SHORT_ROUND} | {launcher for _, _, launcher in PHASE_SHORT_ROUND}
+    assert launchers >= set(harness.LAUNCHERS) | set(harness.PHASE_LAUNCHERS) | {"elastic"}
+    for launcher, fault in SHORT_ROUND:
+        assert fault in harness.CASES[launcher], (launcher, fault)
+    for phase, fault, launcher in PHASE_SHORT_ROUND:
+        assert fault in harness.phase_faults(launcher), (phase, fault, launcher)
 
 
 def _cases(*launchers: str) -> list:
