@@ -9,13 +9,17 @@ behaviour (optimizer_hooks.py).
 
 The proof is deliberately narrow, and says why it fails:
 
-* every forward call passes only the input (``model(x)``): extra arguments usually choose what
-  runs (``model(x, tasks=("cls",))``);
+* every forward call passes only the input (``model(x)``), or only positional inputs to a class
+  of this file (``model(users, items)``, below): a keyword usually chooses what runs
+  (``model(x, tasks=("cls",))``), and so may an extra argument where the rewriter cannot read the
+  forward;
 * the model is built from ``torch.nn`` layers (``nn.Sequential(nn.Linear(...), ...)``), a known
-  single-output torchvision architecture, or a class of this file whose ``forward(self, x)`` is
-  straight-line code (no branches, loops, comprehensions, ``with`` blocks, early returns, or
-  submodules picked at run time from ``self.experts[i]`` / ``getattr``) that uses every submodule
-  and parameter its ``__init__`` assigns, recursively for the file's own classes among them.
+  single-output torchvision architecture, or a class of this file whose ``forward(self, x, ...)``
+  takes plain positional inputs and is straight-line code (no branches, loops, comprehensions,
+  short-circuit ``and``/``or``, ``with`` blocks, early returns, or submodules picked at run time
+  from ``self.experts[i]`` / ``getattr``), so that no input can choose what runs, and uses every
+  submodule and parameter its ``__init__`` assigns, recursively for the file's own classes among
+  them.
 """
 from __future__ import annotations
 
@@ -34,7 +38,8 @@ _SAME_MODULE = {"cuda", "cpu", "to", "half", "float", "double", "bfloat16", "tra
 _TORCHVISION = ("resnet", "resnext", "wide_resnet", "vgg", "alexnet", "mobilenet", "densenet",
                 "squeezenet", "shufflenet", "efficientnet", "regnet", "convnext", "mnasnet")
 _BRANCHING = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.IfExp, ast.ListComp,
-              ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda, ast.With, ast.AsyncWith)
+              ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda, ast.With, ast.AsyncWith,
+              ast.BoolOp)
 
 
 def _classes(module_code: str) -> Dict[str, ast.ClassDef]:
@@ -67,8 +72,8 @@ def _class_reason(name: str, classes: Dict[str, ast.ClassDef], seen: Set[str]) -
     if forward is None:
         return f"`{name}` has no forward() of its own"
     args = forward.args
-    if len(args.args) != 2 or args.vararg or args.kwarg or args.kwonlyargs or args.defaults:
-        return f"`{name}.forward` takes more than the input"
+    if len(args.args) < 2 or args.vararg or args.kwarg or args.kwonlyargs or args.defaults:
+        return f"`{name}.forward` takes more than plain positional inputs"
     for stmt in forward.body[:-1]:
         if any(isinstance(n, ast.Return) for n in ast.walk(stmt)):
             return f"`{name}.forward` returns early"
@@ -99,11 +104,17 @@ def _class_reason(name: str, classes: Dict[str, ast.ClassDef], seen: Set[str]) -
     return None
 
 
-def _builder_reason(value: cst.BaseExpression, classes: Dict[str, ast.ClassDef], seen: Set[str]) -> Optional[str]:
-    """Why the module `value` builds may leave a parameter without a gradient; None if it cannot."""
+def _built(value: cst.BaseExpression) -> cst.BaseExpression:
+    """`value` less the calls that return the same module: ``Net().to(device)`` -> ``Net()``."""
     while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
             and value.func.attr.value in _SAME_MODULE:
         value = value.func.value
+    return value
+
+
+def _builder_reason(value: cst.BaseExpression, classes: Dict[str, ast.ClassDef], seen: Set[str]) -> Optional[str]:
+    """Why the module `value` builds may leave a parameter without a gradient; None if it cannot."""
+    value = _built(value)
     if not isinstance(value, cst.Call):
         return f"`{code_of(value).strip()}` is not a model built here"
     func = code_of(value.func).strip()
@@ -128,12 +139,14 @@ def every_parameter_used(model: str, values: Iterable[cst.BaseExpression], forwa
                          lines: Dict[cst.Call, int], module_code: str) -> Optional[str]:
     """None when every parameter of `model` (bound to `values`, called as `forward_calls`) gets a
     gradient on every step; otherwise why that cannot be proven (the DDP rewrite's TODO reason)."""
+    classes = _classes(module_code)
+    own_class = all(isinstance(v, cst.Call) and code_of(_built(v).func).strip() in classes for v in values)
     for call in forward_calls:
-        if len(call.args) != 1 or call.args[0].keyword is not None or call.args[0].star:
+        if not call.args or any(a.keyword is not None or a.star for a in call.args) \
+                or len(call.args) > 1 and not own_class:
             return (f"`{model}(...)` at line {lines[call]} passes more than the input, which may choose "
                     "what runs: DDP refuses a step that leaves a parameter without a gradient "
                     "(Horovod averaged a zero gradient for it)")
-    classes = _classes(module_code)
     for value in values:
         reason = _builder_reason(value, classes, set())
         if reason:
