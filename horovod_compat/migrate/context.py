@@ -36,6 +36,8 @@ IMPORT_FOR_NAME: Dict[str, str] = {
     "replicate": "from torch.distributed._composable import replicate",
     "functools": "import functools",
     "contextlib": "import contextlib",
+    # hvd.join() after a DDP-wrapped model's training loop -> the loop under DDP's Join
+    "Join": "from torch.distributed.algorithms.join import Join",
     # HorovodRunner -> PySpark's own TorchDistributor (it needs an active SparkSession, which a
     # Databricks notebook has; this project's distributor.TorchDistributor, same API, does not)
     "TorchDistributor": "from pyspark.ml.torch.distributor import TorchDistributor",

@@ -116,6 +116,7 @@ _CANONICAL: Dict[str, Tuple[str, ...]] = {
     "default_hooks": ("torch.distributed.algorithms.ddp_comm_hooks.default_hooks",),
     "functools": ("functools",),
     "contextlib": ("contextlib",),
+    "Join": ("torch.distributed.algorithms.join.Join", "torch.distributed.algorithms.Join"),
     "replicate": ("torch.distributed._composable.replicate",),
     "elastic_launch": ("torch.distributed.launcher.api.elastic_launch",),
     "TorchDistributor": ("pyspark.ml.torch.distributor.TorchDistributor",

@@ -77,6 +77,7 @@ USED: Tuple[Tuple[str, str, str], ...] = (
     ("register_comm_hook, default_hooks.fp16_compress_hook", r"fp16_compress_hook", "1.8"),
     ("default_hooks.fp16_compress_wrapper", r"fp16_compress_wrapper", "1.9"),
     ("Tensor.register_post_accumulate_grad_hook", r"register_post_accumulate_grad_hook", "2.1"),
+    ("torch.distributed.algorithms.join.Join", r"\bJoin\(\[", "1.10"),
     ("torch.distributed._composable.replicate", r"_composable import replicate", "2.1"),
     # (the DDP wrap's hooks go on `ddp_<model>`; any other receiver is a replicated module)
     ("register_comm_hook on a replicated module", r"^\s*(?!ddp_)[\w.]+\.register_comm_hook\(", "2.13"),

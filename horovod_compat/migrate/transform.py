@@ -126,7 +126,7 @@ class HorovodTransformer(cst.CSTTransformer):
         self.frames.append(_Frame(simple=True))
         if node in self.plan.comments:
             self.frames[-1].comments.append(self.plan.comments[node])
-        if node in self.plan.remove:
+        if node in self.plan.remove or node in self.plan.substitute:
             return False  # the whole statement goes; rewriting inside it would only add noise
         if len(node.body) == 1 and isinstance(node.body[0], cst.Expr) and isinstance(node.body[0].value, cst.Call):
             call = node.body[0].value
@@ -158,6 +158,10 @@ class HorovodTransformer(cst.CSTTransformer):
                 replacement.append(updated_node.with_changes(leading_lines=[]))  # (its comments go first)
             for call, wrap in before:
                 self.ctx.rewrite(self._line(call), "hvd.DistributedOptimizer", wrap.note)
+        elif original_node in self.plan.substitute:
+            outcome = self.plan.substitute[original_node]
+            self.ctx.rewrite(line, "hvd.join", outcome.note)
+            replacement = list(outcome.node)
         elif original_node in self.plan.replace:
             outcome = self.plan.replace[original_node]
             self.ctx.rewrite(line, "hvd.DistributedOptimizer", outcome.note)
@@ -221,7 +225,24 @@ class HorovodTransformer(cst.CSTTransformer):
             return cst.FlattenSentinel(body)
         return updated_node
 
-    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
+    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> Union[cst.For, cst.With]:
+        return self._joined(original_node, self._accumulated(original_node, updated_node))
+
+    def leave_While(self, original_node: cst.While, updated_node: cst.While) -> Union[cst.While, cst.With]:
+        return self._joined(original_node, updated_node)
+
+    def _joined(self, original_node: Union[cst.For, cst.While], updated_node: Union[cst.For, cst.While]
+                ) -> Union[cst.For, cst.While, cst.With]:
+        """A loop that hvd.join() ended, under ``with Join([ddp_model]):``."""
+        if original_node not in self.plan.join_loops:
+            return updated_node
+        item = cst.parse_expression(f"Join([{self.plan.join_loops[original_node]}])")
+        self.ctx.rewrite(self._line(original_node), "hvd.join",
+                         "the loop runs under DDP's Join: a rank out of data stands in with zeros, as under hvd.join()")
+        return cst.With(items=[cst.WithItem(item=item)], leading_lines=updated_node.leading_lines,
+                        body=cst.IndentedBlock(body=[updated_node.with_changes(leading_lines=[])]))
+
+    def _accumulated(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
         if original_node not in self.plan.accumulate or not isinstance(updated_node.body, cst.IndentedBlock):
             return updated_node
         accumulation, ddp_name = self.plan.accumulate[original_node]

@@ -30,6 +30,10 @@ It also removes what DDP makes redundant: ``opt.synchronize()``, ``with opt.skip
 (DDP gradients are already averaged after ``backward()``), and a ``broadcast_parameters`` of ``M``
 from rank 0 placed right next to the wrap (DDP broadcasts parameters and buffers from rank 0 when
 it is built).
+
+``hvd.join()`` right after the training loop that runs the wrapped model becomes DDP's ``Join``
+around that loop (`_plan_join`: only where that loop calls no other collective, which Join would
+not shadow).
 """
 from __future__ import annotations
 
@@ -80,6 +84,10 @@ class OptimizerPlan:
     inplace: Dict[cst.Call, "inplace.InPlace"] = dataclasses.field(default_factory=dict)
     #: A comment to put above a statement: a difference from Horovod named at its line.
     comments: Dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
+    #: Training loops that hvd.join() ended -> the DDP module of ``with Join([...]):`` around them.
+    join_loops: Dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
+    #: Statements replaced whole (``last = hvd.join()``), with the report's note.
+    substitute: Dict[cst.SimpleStatementLine, Rewritten] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -528,9 +536,9 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
         facts.module_code)
     if unproven:
         return unproven
-    if ctx.shared.calls_join:
-        return ("the program calls hvd.join(): its joined ranks stand in for the native optimizer's "
-                "reductions (DDP would need its Join context manager around the training loop)")
+    join = _plan_join(stmt, forward_calls, facts, ctx) if ctx.shared.calls_join else None
+    if isinstance(join, str):
+        return join
     reads = _reads_to_name(facts, _has_synchronize(scope, target.value, facts), f"`{target.value}.synchronize()`")
     if isinstance(reads, str):
         return reads
@@ -570,6 +578,8 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     if notes:
         note += "; " + "; ".join(notes)
     note += _name_reads(reads, plan)
+    if join is not None:
+        note += "; " + join.apply(ddp_name, plan, ctx)
     plan.constants.update(options.constants)
     plan.replace[stmt] = Rewritten(statements, note)
     plan.rename.update(renames)
@@ -580,6 +590,117 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     return None
 
 
+
+
+@dataclasses.dataclass
+class _Join:
+    """``hvd.join()`` right after the training loop that the wrapped model's forward passes run
+    in: the loop goes under DDP's ``Join`` context manager, which does what Horovod's join did for
+    the gradients (a rank out of data stands in with zeros, and the average still divides by the
+    whole world size: Join's default ``divide_by_initial_world_size=True``)."""
+
+    loop: cst.CSTNode
+    statement: cst.SimpleStatementLine
+    #: the name ``hvd.join()``'s value is assigned to, if it is
+    target: Optional[str]
+
+    def apply(self, ddp_name: str, plan: OptimizerPlan, ctx: RewriteContext) -> str:
+        """Plan the rewrite; the report's words for it."""
+        plan.join_loops[self.loop] = ddp_name
+        ctx.need(HVD, "Join")
+        ctx.shared.calls_join = False  # no rank is left out of a collective after the Join block
+        done = "hvd.join() -> `with Join([%s]):` around the training loop before it" % ddp_name
+        if self.target is None:
+            plan.remove[self.statement] = "removed: " + done
+            return done
+        plan.substitute[self.statement] = Rewritten(
+            [cst.parse_statement(f"{self.target} = -1  # {JOIN_VALUE}\n")],
+            f"-> {self.target} = -1: {JOIN_VALUE}")
+        return done + f" ({self.target} = -1: {JOIN_VALUE})"
+
+
+#: The difference named where ``x = hvd.join()`` was.
+JOIN_VALUE = "DDP's Join does not tell which rank joined last (Horovod's hvd.join() returned it)"
+
+
+def _plan_join(wrap: cst.SimpleStatementLine, forward_calls: Sequence[cst.Call], facts: _Facts,
+               ctx: RewriteContext) -> Union[_Join, str]:
+    """The ``hvd.join()`` of a program whose DistributedOptimizer becomes a DDP wrap, as a
+    `_Join`; or why DDP's Join cannot take its place. It can where the file has one
+    DistributedOptimizer and one ``hvd.join()``, a statement of its own right after a loop (in
+    the wrap's function, after the wrap) that runs the model's forward passes and no other
+    collective: Join shadows DDP's own gradient averaging only, so a collective of the program's
+    in the loop would wait forever for the ranks that joined."""
+    calls = [node for node in facts.parents if isinstance(node, cst.Call)]
+    joins = [c for c in calls if hvd_attr_name(c.func, ctx.hvd_aliases) == "join"]
+    optimizers = [c for c in calls if hvd_attr_name(c.func, ctx.hvd_aliases) == "DistributedOptimizer"]
+    if not joins:
+        return ("hvd.join() is called in another cell or file, whose loop DDP's Join context manager "
+                "would have to cover")
+    if len(joins) > 1 or len(optimizers) > 1:
+        return ("the program calls hvd.join() more than once or has several DistributedOptimizers "
+                "(DDP's Join context manager would have to cover each model's loop)")
+    join = joins[0]
+    line = facts.positions[join].start.line
+    holder = facts.parents.get(join)
+    statement = facts.parents.get(holder)
+    target = None
+    if isinstance(holder, cst.Assign) and len(holder.targets) == 1 and isinstance(holder.targets[0].target, cst.Name):
+        target = holder.targets[0].target.value
+    elif not isinstance(holder, cst.Expr):
+        statement = None
+    if join.args or not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+        return (f"hvd.join() at line {line} is not a statement of its own without arguments, which "
+                "DDP's Join context manager around the training loop could replace")
+    block = facts.parents.get(statement)
+    body = list(getattr(block, "body", ()))
+    at = next((i for i, node in enumerate(body) if node is statement), 0)
+    loop = body[at - 1] if at > 0 else None
+    if not isinstance(loop, (cst.For, cst.While)) or loop.orelse is not None \
+            or isinstance(loop, cst.For) and loop.asynchronous is not None:
+        return (f"hvd.join() at line {line} does not follow the training loop it ends (DDP's Join "
+                "context manager goes around that loop)")
+    if _function_of(loop, facts) is not _function_of(wrap, facts) or _start(facts, loop) < _start(facts, wrap):
+        return f"the loop that hvd.join() at line {line} ends is not after the wrap in its function"
+    if not any(_inside(facts, call, loop) for call in forward_calls):
+        return f"the loop that hvd.join() at line {line} ends runs no forward pass of the model"
+    # what runs in the loop: its own code and, transitively, the functions of this file it calls
+    functions = {f.name.value: f for f in facts.parents if isinstance(f, cst.FunctionDef)}
+    running, todo = [loop], [loop]
+    while todo:
+        node = todo.pop()
+        for call in calls:
+            func = call.func.attr if isinstance(call.func, cst.Attribute) else call.func
+            callee = functions.get(func.value) if isinstance(func, cst.Name) else None
+            if callee is not None and callee not in running and _inside(facts, call, node):
+                running.append(callee)
+                todo.append(callee)
+    for node in running:
+        where = "in the loop that hvd.join() ends" if node is loop else \
+            f"in {node.name.value}(), which the loop that hvd.join() ends calls"
+        for call in calls:
+            name = hvd_attr_name(call.func, ctx.hvd_aliases)
+            if name is not None and _COLLECTIVE.match(name) and _inside(facts, call, node):
+                return (f"hvd.{name}() at line {facts.positions[call].start.line} runs {where}: DDP's Join "
+                        "stands in for DDP's gradient averaging only, so the ranks still in the loop would "
+                        "wait for the joined ones there")
+        code = "\n".join(facts.module_code.splitlines()[
+            facts.positions[node].start.line - 1:facts.positions[node].end.line])
+        if re.search(r"\bdist\.|torch\.distributed\b", code):
+            return (f"torch.distributed is called {where}: DDP's Join stands in for DDP's gradient "
+                    "averaging only")
+    return _Join(loop, statement, target)
+
+
+#: Horovod calls that wait for the other ranks (rank(), size() and the like do not).
+_COLLECTIVE = re.compile(r"(?:grouped_)?(?:allreduce|allgather|broadcast|alltoall|reducescatter)|barrier$|"
+                         r"join$|synchronize$|poll$|elastic\.")
+
+
+def _function_of(node: cst.CSTNode, facts: _Facts) -> Optional[cst.CSTNode]:
+    while node in facts.parents and not isinstance(node, (cst.FunctionDef, cst.Module)):
+        node = facts.parents[node]
+    return node
 
 
 def _before_the_wrap(call: cst.Call, stmt: cst.CSTNode, options: _Options, facts: _Facts,
@@ -721,7 +842,7 @@ def _plan_in_place(call: cst.Call, facts: _Facts, ctx: RewriteContext, plan: Opt
     if options.error:
         return options.error
     if ctx.shared.calls_join:
-        return "the program calls hvd.join() (DDP would need its Join context manager)"
+        return "the program calls hvd.join(), which only a DDP wrap can take (with DDP's Join)"
     uses = _optimizer_uses_by_text(call, facts, only_one)
     if isinstance(uses, str):
         return uses

@@ -43,7 +43,7 @@ REPRESENTATIVE = [
     "b03_optional_horovod.py",      # try/except import, state broadcast before the wrap
     "b07_elastic_state.py",         # hvd.elastic.run + TorchState
     "b08_async_metrics.py",         # allreduce_async / poll / synchronize
-    "b09_uneven_join.py",           # uneven batches + hvd.join()
+    "b09_uneven_join.py",           # uneven batches + hvd.join() -> the loop under DDP's Join
     "b11_reduce_op_table.py",       # reduce ops kept in a table
     "b12_process_sets.py",          # add_process_set / process_set= / remove_process_set
     "c04_optim_factory.py",         # DistributedOptimizer(opt, **kwargs)
@@ -59,7 +59,6 @@ REPRESENTATIVE = [
 #: The programs whose DistributedOptimizer torch's data parallelism cannot take (neither DDP nor
 #: replicate() in place), and why: native only with --emulate (_native_distributed_optimizer).
 EMULATED = {
-    "b09_uneven_join.py": "hvd.join() (DDP would need its Join context manager)",
     "c04_optim_factory.py": "the options come as **kwargs",
 }
 
