@@ -18,6 +18,7 @@ import math
 import pickle
 import queue
 import re
+import signal
 import sys
 import threading
 import time
@@ -110,7 +111,10 @@ def classify_failure(error: Optional[dict], message: Optional[str],
                      exit_code: Optional[int]) -> Verdict:
     """The one place that decides whether a failure is a cause or a knock-on: the typed fields of
     the worker's report (``knock_on``, ``peer``, ``frozen``) when it has them; else a death by a
-    signal is a cause, and an error is a knock-on when its `message` reads as one (`is_knock_on`)."""
+    signal is a cause, and an error is a knock-on when its `message` reads as one (`is_knock_on`).
+    A worker that raised a knock-on error and was then ended by a request to stop (SIGTERM,
+    SIGINT, SIGHUP: Spark cancelling the rest of a barrier stage, a launcher's teardown) failed as
+    a knock-on: the stop came after, and because of, its failure."""
     error = error or {}
     if "knock_on" in error:
         if not error["knock_on"]:
@@ -118,9 +122,14 @@ def classify_failure(error: Optional[dict], message: Optional[str],
         peer = error.get("peer")
         return Verdict(cause=False, peer=peer if isinstance(peer, int) and not isinstance(peer, bool) else None,
                        frozen=bool(error.get("frozen")), typed=True)
-    if error.get("signal") or (exit_code is not None and exit_code < 0):
+    signal_number = error.get("signal") or (-exit_code if exit_code is not None and exit_code < 0 else None)
+    if signal_number and not (signal_number in _STOP_SIGNALS and is_knock_on(message)):
         return Verdict(cause=True)
     return Verdict(cause=not is_knock_on(message))
+
+
+#: Signals that ask a process to stop (and that a rank's teardown after its failure may receive).
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def strip_torch_rank_prefix(line: str) -> str:

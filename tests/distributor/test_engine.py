@@ -209,8 +209,11 @@ def test_a_knock_on_stopped_by_the_driver_stays_a_knock_on():
                                                         "[127.0.0.1]:15272"}
     stopped = _record(0, dict(gloo), returncode=-15)
     assert engine.Job._classify(stopped, stopped=[0]) == engine.Verdict(cause=False)
-    # died by a signal before the driver stopped anything: a cause
-    assert engine.Job._classify(stopped) == engine.Verdict(cause=True)
+    # stopped by someone else (Spark cancelling the rest of the barrier stage): a knock-on still
+    # (on the simulated hosts, a lost Python worker's rank lost the naming to such a rank)
+    assert engine.Job._classify(stopped) == engine.Verdict(cause=False)
+    # killed outright before the driver stopped anything: a cause
+    assert engine.Job._classify(_record(0, dict(gloo), returncode=-9)) == engine.Verdict(cause=True)
 
 
 def test_the_wait_for_a_failed_rank_to_exit_is_bounded_by_failed_exit_seconds():
@@ -463,6 +466,11 @@ def test_classify_failure_prefers_the_typed_report_over_the_text():
     assert classify_failure({}, left, 1) == Verdict(False)  # no typed report: the text decides
     assert classify_failure({}, "bad batch", 1) == Verdict(True)
     assert classify_failure({"signal": 9}, left, 137).cause and classify_failure(None, None, -9).cause
+    # a knock-on error, then a stop (Spark cancelling the barrier stage's other tasks): a knock-on
+    closed = "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.78.0.2]:24198"
+    assert classify_failure({"signal": 15}, closed, -15) == Verdict(False)
+    assert classify_failure({}, closed, -15) == Verdict(False)
+    assert classify_failure({"signal": 15}, "bad batch", -15).cause and classify_failure({}, None, -15).cause
 
 
 class _PeerLeft(RuntimeError):
