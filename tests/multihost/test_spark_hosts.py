@@ -6,7 +6,9 @@ Horovod entry points the ranks of one executor are one host's local ranks, as Ho
 them; TorchDistributor keeps PySpark's one node per task).
 
 Losses, last: hc2's executor JVM SIGKILLed under horovod.spark.run, HorovodRunner(np=4) and
-TorchDistributor (the job ends within 10 s naming a rank of hc2; CI runs HorovodRunner's), an
+TorchDistributor (the job ends within 10 s naming a rank of hc2; CI runs HorovodRunner's), the
+Spark Python worker of a rank on hc2 SIGKILLed under each of them (the job ends within 10 s naming
+a rank that ran under it; the long round), an
 elastic job (horovod.spark.run_elastic) losing a host's executor and going on exactly-once with its
 replacements (the long round), and hc2 cut off the network (the job ends within the frozen bound +
 40 s naming a rank of hc2; the long round).
@@ -332,6 +334,40 @@ def test_a_lost_executor_on_a_host_ends_the_job_naming_one_of_its_ranks(spark_on
     assert seconds < 10, (seconds, first)
     print(f"\n{launcher}, lost executor on {cluster.hosts[1][0]}: the job ended {seconds:.2f} s "
           f"after the kill: {first}")
+    assert _left(pids) == [], "a rank outlived the job"
+
+
+@pytest.mark.skipif(CI, reason=(
+    "the long round's: CI loses a Python worker under every Spark launcher on one machine "
+    "(tests/chaos: the 'worker' fault) and an executor on a host under HorovodRunner (above)"))
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_a_lost_python_worker_on_a_host_ends_the_job_naming_a_rank_it_ran(spark_on_hosts, launcher,
+                                                                          tmp_path):
+    """The Spark Python worker of a rank on hc2 is SIGKILLed mid-training (its executor JVM lives
+    on): the launcher raises within 10 s naming a rank that ran under that worker as lost (under
+    HorovodRunner the host's first task's worker runs the daemon of all the host's ranks), and no
+    rank is left on either host."""
+    from distributor import RankFailedError
+
+    cluster, session = spark_on_hosts
+    lost_with = []
+
+    def kill_a_python_worker(host):
+        ranks = {int(p.name.split("-")[1]): int(p.read_text().split()[1])
+                 for p in (tmp_path / "ranks").iterdir() if p.read_text().split()[0] == host}
+        worker = spark_clusters.python_worker_of(ranks[min(ranks)])
+        lost_with.extend(sorted(rank for rank, pid in ranks.items() if worker in procs.ancestors(pid)))
+        os.kill(worker, signal.SIGKILL)
+
+    error, seconds, on_lost, pids = _lose_while_training(cluster, session, tmp_path,
+                                                         kill_a_python_worker, launcher)
+    assert isinstance(error, RankFailedError), error
+    first = str(error).splitlines()[0]
+    assert lost_with and set(lost_with) <= set(on_lost), (lost_with, on_lost)
+    assert error.rank in lost_with, (lost_with, str(error)[-3000:])
+    assert seconds < 10, (seconds, first)
+    print(f"\n{launcher}, lost Python worker on {cluster.hosts[1][0]} (ranks {lost_with}): the job "
+          f"ended {seconds:.2f} s after the kill: {first}")
     assert _left(pids) == [], "a rank outlived the job"
 
 
