@@ -244,13 +244,16 @@ def _is_user_module(module: types.ModuleType) -> bool:
 @contextlib.contextmanager
 def _by_value(fn: Any, *more: Any) -> Iterator[None]:
     """Pickle by value the user modules of `fn` and of any function among `more` (the call's
-    arguments: a front end may wrap the user's function and pass it as an argument)."""
+    arguments: a front end may wrap the user's function and pass it as an argument). A module the
+    caller registered itself (``cloudpickle.register_pickle_by_value``) stays registered after."""
     registered = []
+    already = cloudpickle.list_registry_pickle_by_value()
     for obj in (fn, *more):
         if obj is not fn and not isinstance(obj, types.FunctionType):
             continue
         module = sys.modules.get(getattr(obj, "__module__", None) or "")
-        if module is None or module in registered or not _is_user_module(module):
+        if module is None or module in registered or module.__name__ in already \
+                or not _is_user_module(module):
             continue
         try:
             cloudpickle.register_pickle_by_value(module)

@@ -102,6 +102,28 @@ def test_function_from_a_module_file_the_ranks_cannot_read(tmp_path):
     assert "divides by zero on rank 1" in out and "ZeroDivisionError" in out
 
 
+def test_a_module_the_caller_registered_by_value_stays_registered(tmp_path, monkeypatch):
+    """The payload pickles a user module's functions by value for the call only, and leaves
+    cloudpickle's registry as it found it: a module the caller registered itself (as the Spark
+    host tests register their helpers, whose functions go to executors that cannot import them)
+    stays registered after a call whose function comes from it (once, its next job's ranks could
+    not unpickle it: "No module named 'spark_clusters'")."""
+    for name in ("mine_registered", "mine_not"):
+        (tmp_path / f"{name}.py").write_text("def train():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import mine_not
+    import mine_registered
+
+    cloudpickle.register_pickle_by_value(mine_registered)
+    try:
+        for module in (mine_registered, mine_not):
+            dumps_function(module.train, (), {})
+        assert "mine_registered" in cloudpickle.list_registry_pickle_by_value()
+        assert "mine_not" not in cloudpickle.list_registry_pickle_by_value()
+    finally:
+        cloudpickle.unregister_pickle_by_value(mine_registered)
+
+
 def test_function_defined_in_a_scripts_main(tmp_path):
     script = tmp_path / "train_main.py"
     script.write_text(textwrap.dedent("""\
