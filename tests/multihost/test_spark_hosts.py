@@ -8,7 +8,8 @@ them; TorchDistributor keeps PySpark's one node per task).
 Losses, last: hc2's executor JVM SIGKILLed under horovod.spark.run, HorovodRunner(np=4) and
 TorchDistributor (the job ends within 10 s naming a rank of hc2; CI runs HorovodRunner's), the
 Spark Python worker of a rank on hc2 SIGKILLed under each of them (the job ends within 10 s naming
-a rank that ran under it; the long round), an
+a rank that ran under it; the long round), a TorchEstimator fit losing a host's executor (fit()
+raises within 10 s naming a rank of that host; the long round), an
 elastic job (horovod.spark.run_elastic) losing a host's executor and going on exactly-once with its
 replacements (the long round), and hc2 cut off the network (the job ends within the frozen bound +
 40 s naming a rank of hc2; the long round).
@@ -335,6 +336,80 @@ def test_a_lost_executor_on_a_host_ends_the_job_naming_one_of_its_ranks(spark_on
     print(f"\n{launcher}, lost executor on {cluster.hosts[1][0]}: the job ended {seconds:.2f} s "
           f"after the kill: {first}")
     assert _left(pids) == [], "a rank outlived the job"
+
+
+@pytest.mark.skipif(CI, reason=(
+    "the long round's: CI loses a Python worker in a TorchEstimator fit on one machine "
+    "(tests/horovod_compat/test_spark_estimator.py) and an executor on a host under HorovodRunner "
+    "(above), which the fit's horovod.spark.run shares"))
+def test_a_lost_executor_on_a_host_ends_a_torch_estimator_fit_naming_one_of_its_ranks(spark_on_hosts,
+                                                                                      tmp_path):
+    """A TorchEstimator fit on 4 ranks across both hosts: rank 3's 20th forward SIGKILLs its
+    executor JVM (its host's ranks go with it). fit() raises within 10 s, naming a rank of that
+    host as lost, and no rank is left on either host."""
+    import torch
+    from pyspark.ml.linalg import Vectors
+
+    import horovod.spark.torch as hvd_torch
+    from distributor import RankFailedError
+    from horovod.spark.common.backend import SparkBackend
+    from horovod.spark.common.store import Store
+
+    _, spark = spark_on_hosts
+    _both_executors(spark)
+    folder, tag = tmp_path / "ranks", f"HOROVOD_TEST_MARKER_{uuid.uuid4().hex}"
+    folder.mkdir()
+
+    class LosesItsExecutor(torch.nn.Linear):
+        """Each rank notes its host at its first forward; rank 3's 20th forward SIGKILLs the
+        executor JVM its task runs in (noting the time)."""
+
+        def __init__(self, folder):
+            super().__init__(2, 1)
+            self.folder, self.calls = folder, 0
+
+        def forward(self, x):
+            import os
+            import signal
+            import socket
+            import time
+
+            self.calls += 1
+            rank = os.environ.get("RANK")  # (set in the ranks only)
+            if rank is not None and self.calls == 1:
+                with open(os.path.join(self.folder, f"rank-{rank}"), "w") as handle:
+                    handle.write(socket.gethostname())
+            if rank == "3" and self.calls == 20:
+                with open(os.path.join(self.folder, "killed"), "w") as handle:
+                    handle.write(str(time.time()))
+                os.kill(executor_jvm_of(os.getpid()), signal.SIGKILL)
+                time.sleep(60)  # (goes with it)
+            return super().forward(x)
+
+    rows = [(Vectors.dense([(i % 7) / 7, (i % 5) / 5]), 2 * (i % 7) / 7 - (i % 5) / 5)
+            for i in range(400)]
+    torch.manual_seed(0)
+    model = LosesItsExecutor(str(folder))
+    estimator = hvd_torch.TorchEstimator(
+        backend=SparkBackend(num_proc=4, env={"HOROVOD_TEST_MARKER": tag}),
+        store=Store.create(str(tmp_path / "store")), model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1), loss=torch.nn.MSELoss(),
+        feature_cols=["x"], label_cols=["y"], label_shapes=[[-1, 1]], batch_size=16, epochs=30,
+        verbose=0, random_seed=1)
+    with pytest.raises(RankFailedError) as info:
+        estimator.fit(spark.createDataFrame(rows, ["x", "y"]))
+    seconds = time.time() - float((folder / "killed").read_text())
+    hosts = {int(p.name.split("-")[1]): p.read_text() for p in folder.glob("rank-*")}
+    on_lost = sorted(rank for rank, host in hosts.items() if host == hosts[3])
+    first = str(info.value).splitlines()[0]
+    assert info.value.rank in on_lost and "lost" in first, (hosts, str(info.value)[-3000:])
+    assert seconds < 10, (seconds, first)
+    print(f"\nTorchEstimator fit, lost executor on {hosts[3]} (ranks {on_lost}): fit() raised "
+          f"{seconds:.2f} s after the kill: {first}")
+    deadline = time.monotonic() + 30  # (no wait once they are gone)
+    while procs.ranks_with(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert procs.ranks_with(tag) == [], "a rank outlived the fit"
 
 
 @pytest.mark.skipif(CI, reason=(
