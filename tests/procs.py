@@ -86,6 +86,15 @@ def ranks_with(needle: str) -> List[int]:
     return [pid for pid in processes_with(needle) if "distributor.forkserver " not in cmdline(pid) + " "]
 
 
+def ranks_left_after(needle: str, timeout: float = 30.0) -> List[int]:
+    """`ranks_with(needle)` still alive after waiting up to `timeout` s for them to go (no wait
+    once they are gone): what a job left behind when it ended."""
+    deadline = time.monotonic() + timeout
+    while (left := ranks_with(needle)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
 def stop_warm_servers(needle: str) -> None:
     """SIGTERM, by PID, the warm fork servers whose environment contains `needle` (their ranks
     die with them), and wait up to 10 s for them to go."""

@@ -19,7 +19,7 @@ from spark_clusters import (  # noqa: E402
 import horovod.spark  # noqa: E402
 from distributor import LaunchValidationError, RankFailedError  # noqa: E402
 from horovod_compat.launch.output import KEPT_LINE, TRACEBACKS_DIR_VAR  # noqa: E402
-from procs import ranks_with  # noqa: E402
+from procs import ranks_left_after  # noqa: E402
 from tiers import CI  # noqa: E402
 
 
@@ -100,10 +100,7 @@ def test_a_failing_rank_reaches_the_driver_quickly_and_nothing_is_left(spark, mo
         path = last[len(prefix):]
         assert os.path.dirname(path) == os.environ[TRACEBACKS_DIR_VAR] and os.path.isfile(path)
     assert no_active_jobs(spark)
-    deadline = time.monotonic() + 60  # (no wait once they are gone)
-    while ranks_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ranks_with(marker) == [], "a rank outlived the job"
+    assert ranks_left_after(marker, timeout=60) == [], "a rank outlived the job"
 
 
 def test_more_ranks_than_slots_fails_before_submitting(spark):
@@ -166,10 +163,7 @@ def test_run_elastic_replaces_a_killed_worker_inside_its_task_and_the_result_is_
     # the replacement (worker 2, in the killed worker's task) joined the survivor as rank 1
     assert "[2]<stdout>:joined as rank 1 of 2" in out.getvalue(), out.getvalue()
     assert no_active_jobs(spark)  # (run_elastic returned after its Spark action did)
-    deadline = time.monotonic() + 60  # (no wait once they are gone)
-    while ranks_with(marker_env) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ranks_with(marker_env) == [], "a worker outlived the job"
+    assert ranks_left_after(marker_env, timeout=60) == [], "a worker outlived the job"
 
 
 @pytest.mark.skipif(CI, reason=(
@@ -209,7 +203,4 @@ def test_a_lost_executor_ends_a_fixed_size_job_naming_its_rank(spark, tmp_path):
     assert seconds < 10, (seconds, str(info.value).splitlines()[0])
     print(f"lost executor: the job ended {seconds:.2f} s after the kill: "
           f"{str(info.value).splitlines()[0]}")
-    deadline = time.monotonic() + 30  # (no wait once they are gone)
-    while ranks_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ranks_with(marker) == [], "a rank outlived the job"
+    assert ranks_left_after(marker) == [], "a rank outlived the job"
