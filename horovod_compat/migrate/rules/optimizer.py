@@ -698,6 +698,7 @@ _COLLECTIVE = re.compile(r"(?:grouped_)?(?:allreduce|allgather|broadcast|alltoal
 
 
 def _function_of(node: cst.CSTNode, facts: _Facts) -> Optional[cst.CSTNode]:
+    """The function `node` is in, else its module."""
     while node in facts.parents and not isinstance(node, (cst.FunctionDef, cst.Module)):
         node = facts.parents[node]
     return node
@@ -720,9 +721,7 @@ def _state_made_before(name: str, stmt: cst.CSTNode, facts: _Facts) -> bool:
     """True when optimizer `name` may have state before the wrap at `stmt` (a state broadcast, a
     load or a step of it on an earlier line: of the function that wraps it where `name` is a local
     name of that function, else of the module)."""
-    function = stmt
-    while function in facts.parents and not isinstance(function, cst.FunctionDef):
-        function = facts.parents[function]
+    function = _function_of(stmt, facts)
     scope = facts.scopes.get(stmt)
     local = scope is not None and isinstance(function, cst.FunctionDef) and bool(scope[name]) and all(
         a.scope is scope for a in scope[name])
