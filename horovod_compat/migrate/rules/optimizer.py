@@ -33,7 +33,9 @@ it is built).
 
 ``hvd.join()`` right after the training loop that runs the wrapped model becomes DDP's ``Join``
 around that loop (`_plan_join`: only where that loop calls no other collective, which Join would
-not shadow).
+not shadow). A join that ends a loop this file does not show (a base class's) becomes
+``dist.barrier()``, the equal-steps assumption named at its line (`_plan_barriers`), for the DDP
+wrap and the in-place rewrite alike.
 """
 from __future__ import annotations
 
@@ -86,7 +88,7 @@ class OptimizerPlan:
     comments: Dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
     #: Training loops that hvd.join() ended -> the DDP module of ``with Join([...]):`` around them.
     join_loops: Dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
-    #: Statements replaced whole (``last = hvd.join()``), with the report's note.
+    #: Statements replaced whole (``last = hvd.join()``, a join that becomes a barrier), with the report's note.
     substitute: Dict[cst.SimpleStatementLine, Rewritten] = dataclasses.field(default_factory=dict)
 
 
@@ -538,7 +540,10 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
         return unproven
     join = _plan_join(stmt, forward_calls, facts, ctx) if ctx.shared.calls_join else None
     if isinstance(join, str):
-        return join
+        barriers = _plan_barriers(facts, ctx)
+        if isinstance(barriers, str):
+            return join
+        join = barriers
     reads = _reads_to_name(facts, _has_synchronize(scope, target.value, facts), f"`{target.value}.synchronize()`")
     if isinstance(reads, str):
         return reads
@@ -621,6 +626,64 @@ class _Join:
 
 #: The difference named where ``x = hvd.join()`` was.
 JOIN_VALUE = "DDP's Join does not tell which rank joined last (Horovod's hvd.join() returned it)"
+#: The difference named where an ``hvd.join()`` whose loop this file does not show was.
+JOIN_BARRIER = ("was hvd.join(): assumes every rank ran as many steps (DDP needs that; Horovod's "
+                "join let a rank out of data stand in with zeros)")
+
+
+@dataclasses.dataclass
+class _Barriers:
+    """The ``hvd.join()`` statements of a file that does not show the loops they end (the loop is
+    a base class's, or the join is a framework's "wait for everyone"): each becomes
+    ``dist.barrier()``, the difference named at its line. DDP's Join would have to go around a
+    loop this file cannot reach, so the rewrite assumes what DDP needs anyway: every rank runs the
+    same number of steps. Then the ranks meet there and nothing else changes."""
+
+    statements: List[cst.SimpleStatementLine]
+
+    def apply(self, ddp_name: str, plan: OptimizerPlan, ctx: RewriteContext) -> str:
+        """Plan the rewrite; the report's words for it."""
+        ctx.need(HVD, "dist")
+        ctx.shared.calls_join = False  # no rank stands in for another: native collectives need no announce
+        for statement in self.statements:
+            plan.substitute[statement] = Rewritten(
+                [cst.parse_statement(f"dist.barrier()  # {JOIN_BARRIER}\n")], f"-> dist.barrier(): {JOIN_BARRIER}")
+        return f"hvd.join() -> dist.barrier() ({JOIN_BARRIER})"
+
+
+def _plan_barriers(facts: _Facts, ctx: RewriteContext) -> Union[_Barriers, str]:
+    """The program's ``hvd.join()`` calls as `_Barriers`, where none of them ends a loop this file
+    shows; else why not. Each must be a statement of its own whose value is not used; the function
+    it is in must run no loop before it, and the statement before it must not call a function of
+    this file that runs one (a loop in view goes under DDP's Join, `_plan_join`, or keeps its TODO:
+    a barrier would hang a rank that has more data)."""
+    calls = [node for node in facts.parents if isinstance(node, cst.Call)]
+    joins = [c for c in calls if hvd_attr_name(c.func, ctx.hvd_aliases) == "join"]
+    if not joins:
+        return ("hvd.join() is called in another cell or file, whose loop DDP's Join context manager "
+                "would have to cover")
+    statements = []
+    for join in joins:
+        line = facts.positions[join].start.line
+        holder = facts.parents.get(join)
+        statement = facts.parents.get(holder)
+        if not (isinstance(holder, cst.Expr) and isinstance(statement, cst.SimpleStatementLine)
+                and len(statement.body) == 1) or has_star_args(join) or len(join.args) > 1:
+            return f"hvd.join() at line {line} is not a statement of its own whose value goes unused"
+        function = _function_of(statement, facts)
+        loops = [node for node in facts.parents if isinstance(node, (cst.For, cst.While))
+                 and _function_of(node, facts) is function and _start(facts, node) < _start(facts, statement)]
+        block = list(getattr(facts.parents.get(statement), "body", ()))
+        at = next((i for i, node in enumerate(block) if node is statement), 0)
+        before = block[at - 1] if at > 0 else None
+        running = _functions_run(before, calls, facts) if before is not None else []
+        if loops or any(isinstance(n, (cst.For, cst.While)) and _function_of(n, facts) is f
+                        for f in running for n in facts.parents):
+            return (f"hvd.join() at line {line} ends a loop of this file that is not the wrapped "
+                    "model's training loop right before it (DDP's Join context manager must go around "
+                    "that loop)")
+        statements.append(statement)
+    return _Barriers(statements)
 
 
 def _plan_join(wrap: cst.SimpleStatementLine, forward_calls: Sequence[cst.Call], facts: _Facts,
@@ -665,17 +728,7 @@ def _plan_join(wrap: cst.SimpleStatementLine, forward_calls: Sequence[cst.Call],
     if not any(_inside(facts, call, loop) for call in forward_calls):
         return f"the loop that hvd.join() at line {line} ends runs no forward pass of the model"
     # what runs in the loop: its own code and, transitively, the functions of this file it calls
-    functions = {f.name.value: f for f in facts.parents if isinstance(f, cst.FunctionDef)}
-    running, todo = [loop], [loop]
-    while todo:
-        node = todo.pop()
-        for call in calls:
-            func = call.func.attr if isinstance(call.func, cst.Attribute) else call.func
-            callee = functions.get(func.value) if isinstance(func, cst.Name) else None
-            if callee is not None and callee not in running and _inside(facts, call, node):
-                running.append(callee)
-                todo.append(callee)
-    for node in running:
+    for node in [loop, *_functions_run(loop, calls, facts)]:
         where = "in the loop that hvd.join() ends" if node is loop else \
             f"in {node.name.value}(), which the loop that hvd.join() ends calls"
         for call in calls:
@@ -690,6 +743,26 @@ def _plan_join(wrap: cst.SimpleStatementLine, forward_calls: Sequence[cst.Call],
             return (f"torch.distributed is called {where}: DDP's Join stands in for DDP's gradient "
                     "averaging only")
     return _Join(loop, statement, target)
+
+
+def _functions_run(node: cst.CSTNode, calls: Sequence[cst.Call], facts: _Facts) -> List[cst.FunctionDef]:
+    """The functions of this file that `node` calls (by name or as a method of that name: every
+    function of that name, an override and what it overrides alike), and those they call in turn."""
+    functions: Dict[str, List[cst.FunctionDef]] = {}
+    for function in facts.parents:
+        if isinstance(function, cst.FunctionDef):
+            functions.setdefault(function.name.value, []).append(function)
+    running: List[cst.FunctionDef] = []
+    todo = [node]
+    while todo:
+        caller = todo.pop()
+        for call in calls:
+            func = call.func.attr if isinstance(call.func, cst.Attribute) else call.func
+            for callee in functions.get(func.value, ()) if isinstance(func, cst.Name) else ():
+                if callee not in running and _inside(facts, call, caller):
+                    running.append(callee)
+                    todo.append(callee)
+    return running
 
 
 #: Horovod calls that wait for the other ranks (rank(), size() and the like do not).
@@ -840,8 +913,9 @@ def _plan_in_place(call: cst.Call, facts: _Facts, ctx: RewriteContext, plan: Opt
     options = _check_options(call, ctx, facts)
     if options.error:
         return options.error
-    if ctx.shared.calls_join:
-        return "the program calls hvd.join(), which only a DDP wrap can take (with DDP's Join)"
+    barriers = _plan_barriers(facts, ctx) if ctx.shared.calls_join else None
+    if isinstance(barriers, str):
+        return f"the program calls hvd.join(), which only a DDP wrap can take (with DDP's Join): {barriers}"
     uses = _optimizer_uses_by_text(call, facts, only_one)
     if isinstance(uses, str):
         return uses
@@ -852,7 +926,10 @@ def _plan_in_place(call: cst.Call, facts: _Facts, ctx: RewriteContext, plan: Opt
     outcome = inplace.plan(call, facts, ctx, options, replicated, first)
     if isinstance(outcome, str):
         return outcome
-    plan.inplace[call] = dataclasses.replace(outcome, note=outcome.note + _name_reads(reads, plan))
+    note = outcome.note + _name_reads(reads, plan)
+    if barriers is not None:
+        note += "; " + barriers.apply("", plan, ctx)
+    plan.inplace[call] = dataclasses.replace(outcome, note=note)
     plan.constants.update(options.constants)
     plan.remove.update(uses.remove)
     plan.unwrap.update(uses.unwrap)
