@@ -111,8 +111,9 @@ def unsupported_import(stmt: Union[cst.Import, cst.ImportFrom]) -> Optional[str]
     module = dotted_name(stmt.module)
     if module == "horovod.torch.optimizer" and not isinstance(stmt.names, cst.ImportStar) \
             and any(dotted_name(a.name) == "_DistributedOptimizer" for a in stmt.names):
-        return ("Horovod's private _DistributedOptimizer has no native class to subclass: build the "
-                "optimizer with hvd.DistributedOptimizer (rewritten to plain torch.distributed) and "
+        return ("Horovod's private _DistributedOptimizer has no native class: as a type annotation, "
+                "write torch.optim.Optimizer (the migrated optimizer is the plain one); as a base class, "
+                "build the optimizer with hvd.DistributedOptimizer (rewritten to plain torch.distributed) and "
                 "put your override on a subclass of the base optimizer, or keep this file on horovod-compat")
     if module.startswith("horovod.") or (module == "horovod" and not isinstance(stmt.names, cst.ImportStar)
                                          and any(dotted_name(a.name) != "torch" or a.asname is None for a in stmt.names)):

@@ -394,3 +394,21 @@ def test_import_horovod_torch_without_alias_is_brought_over_only_when_every_use_
     result = migrate_source(other_use, "x.py")
     assert "import horovod.torch\n" in result.source and "horovod.torch.init()" in result.source
     assert [f.name for f in result.findings if f.kind is Kind.TODO] == ["import"], result.findings
+
+
+def test_the_private_distributed_optimizer_keeps_a_todo_whose_advice_fits_an_annotation_too():
+    """``from horovod.torch.optimizer import _DistributedOptimizer`` (ludwig's strategy uses it as a
+    type annotation only) stays with a TODO: the advice names both uses, the annotation's fix first."""
+    source = textwrap.dedent('''\
+        import horovod.torch as hvd
+        from horovod.torch.optimizer import _DistributedOptimizer
+
+
+        def wait(optimizer: _DistributedOptimizer):
+            optimizer.synchronize()
+        ''')
+    result = migrate_source(source, "x.py")
+    todo = [f.message for f in result.findings if f.kind is Kind.TODO and f.name == "import"]
+    assert len(todo) == 1 and "as a type annotation, write torch.optim.Optimizer" in todo[0], result.findings
+    assert "as a base class, build the optimizer with hvd.DistributedOptimizer" in todo[0]
+    assert "from horovod.torch.optimizer import _DistributedOptimizer\n" in result.source
