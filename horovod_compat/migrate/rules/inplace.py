@@ -12,7 +12,10 @@ in forward hooks), so every ``model(...)`` call, wherever it is made, averages t
   ``M.parameters()``, param groups (``[{"params": M.parameters()}, ...]``), ``list(A.parameters())
   + list(B.parameters())``, ``itertools.chain(...)`` or a filter over them (one model per module
   found, each a name or attribute chain); a raw tensor in the params (a learned temperature) is not
-  a module DDP can own, so it blocks the rewrite;
+  a module DDP can own, so it blocks the rewrite; ``named_parameters=R.method()``, a method of the
+  program's own whose body this file does not show, is taken to be the parameters of the one module
+  the program broadcasts (``hvd.broadcast_parameters(R.model.state_dict())``), and two lines before
+  the wrap check that at run time, stopping the program before its first step if it is wrong;
 * ``M.forward(...)`` bypasses the hooks, ``copy.deepcopy(M)`` after the wrap and ``torch.save(M)``
   (the whole module) fail on a replicated module: each blocks the rewrite;
 * the wrap runs once per module (``replicate`` refuses a second application, with an
@@ -89,6 +92,8 @@ class _Models:
     def __init__(self, scope: Optional[Scope], before_line: int, facts: Facts) -> None:
         self.scope, self.before_line, self.facts = scope, before_line, facts
         self.found: Dict[str, None] = {}
+        #: module -> the call whose parameters were taken to be its (`_broadcast_module`)
+        self.assumed: Dict[str, str] = {}
         self.problem: Optional[str] = None
 
     def fail(self, node: cst.CSTNode, why: str) -> None:
@@ -136,6 +141,11 @@ class _Models:
             value = self._bound_value(node)
             if value is not None:
                 return self.params(value, depth + 1)
+        module = _broadcast_module(node, self.facts.module_code)
+        if module is not None:
+            self.found[module] = None
+            self.assumed[module] = code_of(node).strip()
+            return
         self.fail(node, "is not a module's parameters() the rewriter can follow")
 
     def optimizer(self, node: cst.BaseExpression, depth: int = 0) -> None:
@@ -166,6 +176,28 @@ class _Models:
                 or self.facts.positions[assign].start.line >= self.before_line:
             return None
         return assign.value
+
+
+def _broadcast_module(node: cst.BaseExpression, code: str) -> Optional[str]:
+    """For ``named_parameters=R.method()`` (a method of the program's own, such as
+    ``model.get_named_parameters()``, whose body is in another file): the module M that the
+    program broadcasts, ``hvd.broadcast_parameters(M.state_dict(), ...)``, where M is R or under R
+    and the only such module. A Horovod program broadcasts the model it trains, so M is taken to
+    hold those parameters; the rewrite checks that at run time (`_ASSUMED_CHECK`)."""
+    if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and not node.args
+            and _is_module_expr(node.func.value)):
+        return None
+    owner = code_of(node.func.value).strip()
+    broadcast = set(re.findall(r"\.broadcast_parameters\(\s*([\w.]+)\.state_dict\(\)", code))
+    under = [m for m in broadcast if m == owner or m.startswith(owner + ".")]
+    return under[0] if len(broadcast) == 1 and len(under) == 1 else None
+
+
+#: Lines before the replicate() of a module whose parameters were taken from the program's
+#: broadcast (`_broadcast_module`): the assumption, checked.
+_ASSUMED_CHECK = (
+    "if not {{id(p) for _, p in {call}}} <= {{id(p) for p in {module}.parameters()}}:  # named_parameters={call}, taken to be {module}'s\n"
+    "    raise RuntimeError(\"{call} holds parameters outside {module}, which replicate() averages\")\n")
 
 
 def _comp_fors(node: Union[cst.ListComp, cst.GeneratorExp]) -> List[cst.CompFor]:
@@ -313,6 +345,8 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
     taken.update(dict.fromkeys(found, line))
     lines = list(first)
     for model in found:
+        if model in models.assumed:
+            lines.append(_ASSUMED_CHECK.format(call=models.assumed[model], module=model))
         adasum = options.adasum_comment()
         group = f", process_group={options.process_group}" if options.process_group else ""
         lines.append(f"replicate({model}, find_unused_parameters=True{group})  {_COMMENT}"
@@ -324,6 +358,9 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
     note = (f"-> replicate({', '.join(found)}) before this line, and the optimizer itself: every call of "
             f"{names} {reduces} its gradients in backward() (DDP in place); find_unused_parameters=True, "
             "so a parameter no rank used in a step keeps grad None where Horovod averaged zeros")
+    for model, call in models.assumed.items():
+        note += (f"; {call} taken to be `{model}`'s parameters (the module the program broadcasts), "
+                 "checked at run time")
     if options.notes:
         note += "; " + "; ".join(options.notes)
     return InPlace(stmt, lines, note)
