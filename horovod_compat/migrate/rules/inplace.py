@@ -24,7 +24,9 @@ in forward hooks), so every ``model(...)`` call, wherever it is made, averages t
   m.named_parameters()``: a new module each time, or that error at once), and a second wrap of
   the same name only after the name was bound to a new module;
 * options as in optimizer.py: fp16 compression -> DDP's fp16 comm hook; ``groups`` dropped;
-  Average only; ``backward_passes_per_step`` above 1, process sets, and ``**kwargs`` block it.
+  Average only; ``backward_passes_per_step=N`` averages on every ``backward()`` (the same
+  gradients up to rounding, N times the traffic: no loop in view to put ``no_sync()`` around);
+  ``**kwargs`` block it.
 
 Every parameter is not proven to get a gradient on every step, so the wrap passes
 ``find_unused_parameters=True`` (DDP refuses such a step without it); a parameter that no rank used
@@ -305,9 +307,6 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
         return "this torch has no torch.distributed._composable.replicate"
     if has_star_args(call):
         return "its options come as **kwargs, which the rewriter cannot read"
-    if options.passes != "1":
-        return (f"backward_passes_per_step={options.passes} on a model made data-parallel in place "
-                "is not rewritten yet")
     if (options.fp16 != "False" or options.sum) and not torch_api.has("replicate.register_comm_hook"):
         return "this torch's replicate() takes no comm hook (for fp16 compression or op=hvd.Sum)"
     stmt = _statement(call, facts)
@@ -344,12 +343,16 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
             return hazard
     taken.update(dict.fromkeys(found, line))
     lines = list(first)
+    # backward_passes_per_step=N: DDP averages on every backward() (nothing here shows the loop
+    # to put no_sync around), adding averaged gradients where Horovod averaged their sum: the
+    # same gradients, up to rounding, for N times the traffic (differences.md)
+    passes = "" if options.passes == "1" else f"; averages every backward() (Horovod: every {options.passes})"
     for model in found:
         if model in models.assumed:
             lines.append(_ASSUMED_CHECK.format(call=models.assumed[model], module=model))
         adasum = options.adasum_comment()
         group = f", process_group={options.process_group}" if options.process_group else ""
-        lines.append(f"replicate({model}, find_unused_parameters=True{group})  {_COMMENT}"
+        lines.append(f"replicate({model}, find_unused_parameters=True{group})  {_COMMENT}{passes}"
                      + (f"; {adasum}" if adasum else "") + "\n")
         lines += options.comm_hook_lines(model, ctx)
     ctx.need(HVD, "replicate")
@@ -358,6 +361,10 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
     note = (f"-> replicate({', '.join(found)}) before this line, and the optimizer itself: every call of "
             f"{names} {reduces} its gradients in backward() (DDP in place); find_unused_parameters=True, "
             "so a parameter no rank used in a step keeps grad None where Horovod averaged zeros")
+    if passes:
+        note += (f"; backward_passes_per_step={options.passes}: every backward() averages the gradients it adds "
+                 "(the rewrite writes no no_sync()), the same gradients up to rounding for "
+                 f"{options.passes} times the traffic")
     for model, call in models.assumed.items():
         note += (f"; {call} taken to be `{model}`'s parameters (the module the program broadcasts), "
                  "checked at run time")

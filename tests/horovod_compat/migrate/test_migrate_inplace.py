@@ -629,3 +629,42 @@ def test_a_wrapper_whose_parameters_are_its_models_prints_what_it_printed_under_
     assert done.returncode != 0 and "WRAP" not in done.stdout
     assert "RuntimeError: model.get_named_parameters() holds parameters outside model.model, which " \
         "replicate() averages" in done.stderr, done.stderr[-2000:]
+
+
+ACCUMULATING = SUM_PROGRAM.replace(", op=hvd.Sum)", ", backward_passes_per_step=2)").replace(
+    '''    for step in range(5):
+        x, y = torch.randn(6, 5, generator=gen), torch.randn(6, 1, generator=gen)
+        learner.opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(learner.net(x), y)
+        loss.backward()
+        learner.opt.step()
+''', '''    learner.opt.zero_grad()
+    for step in range(6):
+        x, y = torch.randn(6, 5, generator=gen), torch.randn(6, 1, generator=gen)
+        loss = torch.nn.functional.mse_loss(learner.net(x), y)
+        loss.backward()
+        if step % 2 == 1:
+            learner.opt.step()
+            learner.opt.zero_grad()
+''')
+
+
+def test_passes_per_step_in_place_average_every_backward_and_the_numbers_stay_up_to_rounding(tmp_path):
+    """``backward_passes_per_step=2`` on a replicated module: every ``backward()`` averages (DDP
+    adds the averaged gradients where Horovod averaged their sum), named at the line and in the
+    report; the native program prints the original's losses and weights to 1e-5."""
+    assert "backward_passes_per_step=2" in ACCUMULATING and "if step % 2 == 1:" in ACCUMULATING
+    result = migrate_source(ACCUMULATING, "original.py")
+    assert not_native([result.source], result.findings) is None
+    assert "replicate(self.net, find_unused_parameters=True)  # DDP in place; unused parameters keep grad None " \
+        "(Horovod: zeros); averages every backward() (Horovod: every 2)\n" in result.source
+    assert "backward_passes_per_step=2: every backward() averages" in optimizer_note(result)
+    original, native = tmp_path / "original.py", tmp_path / "native.py"
+    original.write_text(ACCUMULATING)
+    native.write_text(result.source)
+    line = r"SUM rank=(\d) (step=\d loss|final)=(\S+)"
+    want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original))
+    got = native_printed(native, 2, line)
+    assert len(want) == 14 and [w[:2] for w in want] == [g[:2] for g in got], (want, got)
+    assert all(abs(float(w[2]) - float(g[2])) <= 1e-5 * max(1.0, abs(float(w[2]))) for w, g in zip(want, got)), \
+        (want, got)
