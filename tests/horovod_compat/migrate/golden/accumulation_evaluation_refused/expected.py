@@ -1,9 +1,9 @@
 import torch
-import horovod.torch as hvd
 import atexit
 import gc
 import os
 import torch.distributed as dist
+from torch.distributed._composable import replicate
 
 if not dist.is_initialized():
     import torch.distributed.nn as dist_nn  # first, so that the group is freed at exit (troubleshooting.md)
@@ -16,12 +16,9 @@ if not dist.is_initialized():
     atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
 if torch.cuda.is_available():
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-hvd.init()
 model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-# TODO(horovod-compat): hvd.DistributedOptimizer: backward_passes_per_step=2: DDP needs `with ddp_model.no_sync():` around all but the last backward() of every group; the rewriter only does that for `for i, ... in enumerate(...)` with `if (i + 1) % 2 == 0: optimizer.step()` (the model's training forward calls are not all in one such loop); not in place either: backward_passes_per_step=2 on a model made data-parallel in place is not rewritten yet (--emulate writes _native_distributed_optimizer here instead: Horovod's averaging in the optimizer, the same numbers)
-optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                     backward_passes_per_step=2)
+replicate(model, find_unused_parameters=True)  # DDP in place; unused parameters keep grad None (Horovod: zeros); averages every backward() (Horovod: every 2)
 
 
 def train(loader):

@@ -1,9 +1,9 @@
 import torch
-import horovod.torch as hvd
 import atexit
 import gc
 import os
 import torch.distributed as dist
+from torch.distributed._composable import replicate
 
 
 class Trainer:
@@ -19,12 +19,9 @@ class Trainer:
             atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        hvd.init()
         self.model = model
         self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        # TODO(horovod-compat): hvd.DistributedOptimizer: the optimizer must be assigned to a plain name; not in place either: backward_passes_per_step=passes on a model made data-parallel in place is not rewritten yet (--emulate writes _native_distributed_optimizer here instead: Horovod's averaging in the optimizer, the same numbers)
-        self.optimizer = hvd.DistributedOptimizer(self.optimizer, named_parameters=model.named_parameters(),
-                                                  backward_passes_per_step=passes)
+        replicate(model, find_unused_parameters=True)  # DDP in place; unused parameters keep grad None (Horovod: zeros); averages every backward() (Horovod: every passes)
 
     def train(self, loader):
         for x, y in loader:

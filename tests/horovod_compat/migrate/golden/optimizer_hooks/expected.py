@@ -1,5 +1,6 @@
 """A trainer class holding model and optimizer, as real projects write it: the model travels, so
-no DDP wrap can be proven; the optimizer averages the gradients itself (gradient hooks)."""
+no DDP wrap can be proven, and its forward() is called directly, past the hooks of a replicated
+module; under --emulate the optimizer averages the gradients itself (gradient hooks)."""
 import torch
 import atexit
 import gc
@@ -192,7 +193,7 @@ class Net(torch.nn.Module):
 
 def evaluate(model, x):
     with torch.no_grad():
-        return model(x).mean().item()
+        return model.forward(x).mean().item()
 
 
 class Trainer:
