@@ -15,6 +15,7 @@ and keeps its TODO (``imports.unsupported_import``).
 """
 from __future__ import annotations
 
+import re
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
@@ -48,10 +49,14 @@ class _Plan(cst.CSTVisitor):
 
     METADATA_DEPENDENCIES = (ScopeProvider, ParentNodeProvider)
 
-    def __init__(self, hvd: str, elsewhere: Set[str]) -> None:
+    def __init__(self, hvd: str, elsewhere: Set[str], optimizer_class: Optional[str] = None) -> None:
         self.hvd = hvd
         self.elsewhere = elsewhere  # names used in the input's other units (notebook cells)
+        #: how this module spells torch's Optimizer class, if it imports it or torch
+        self.optimizer_class = optimizer_class
         self.uses: Dict[cst.CSTNode, Tuple[str, str]] = {}  # Name/Attribute node -> (module, X)
+        #: Name node -> the expression it becomes (a type annotation of Horovod's private class)
+        self.annotations: Dict[cst.Name, str] = {}
         self.dropped: Set[cst.ImportAlias] = set()
         #: import statements that lost an alias -> the module they import instead
         self.statements: Dict[cst.CSTNode, str] = {}
@@ -77,6 +82,24 @@ class _Plan(cst.CSTVisitor):
             self.uses[ref] = (module, exported)
         self.dropped.add(alias)
         self.statements[stmt] = module
+
+    def _annotation(self, stmt: cst.ImportFrom, alias: cst.ImportAlias) -> None:
+        """``from horovod.torch.optimizer import _DistributedOptimizer`` used only in type
+        annotations: each becomes torch's Optimizer, the class of the optimizer once migrated (a
+        base class keeps the import and its TODO: there is no native class to derive from)."""
+        bound = alias_bound(alias)
+        refs = self._references(stmt, bound) if bound and self.optimizer_class else None
+        if not refs:
+            return
+        for ref in refs:
+            node: Optional[cst.CSTNode] = ref
+            while node is not None and not isinstance(node, cst.Annotation):
+                node = self.get_metadata(ParentNodeProvider, node, None)
+            if node is None:
+                return  # used otherwise than in an annotation: leave it
+        self.annotations.update(dict.fromkeys(refs, self.optimizer_class))
+        self.dropped.add(alias)
+        self.statements[stmt] = HVD_MODULE
 
     def _submodule(self, stmt: Union[cst.Import, cst.ImportFrom], alias: cst.ImportAlias) -> None:
         bound = alias_bound(alias)
@@ -129,6 +152,8 @@ class _Plan(cst.CSTVisitor):
                 self._names_from(node, alias, name)
             elif module == EXCEPTIONS_MODULE and name == "HorovodInternalError":
                 self._names_from(node, alias, name)  # horovod.torch re-exports it
+            elif module == HVD_MODULE + ".optimizer" and name == "_DistributedOptimizer":
+                self._annotation(node, alias)
             elif module == "horovod" and name == "run":
                 self._names_from(node, alias, name, module="horovod")  # -> horovod.run(...)
 
@@ -153,6 +178,8 @@ class _Apply(cst.CSTTransformer):
         return cst.Attribute(cst.Name(self._bound(use[0])), cst.Name(use[1]))
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        if original_node in self.plan.annotations:
+            return cst.parse_expression(self.plan.annotations[original_node])
         use = self.plan.uses.get(original_node)
         return self._use(use) if use is not None else updated_node
 
@@ -205,7 +232,10 @@ def normalize(wrapper: MetadataWrapper, taken: Set[str], elsewhere: Set[str]) ->
     hvd`` (see the module docstring), in a wrapper: `wrapper` itself when nothing changes, so that
     the metadata resolved here serves the rewrite too. `taken`: names the input uses;
     `elsewhere`: names used in the input's other units, whose imports are left as they are."""
-    plan = _Plan(_hvd_name(wrapper.module, taken | elsewhere), elsewhere)
+    code = wrapper.module.code
+    optimizer_class = "Optimizer" if re.search(r"^from torch\.optim import [^#\n]*\bOptimizer\b(?! as)", code, re.M) \
+        else "torch.optim.Optimizer" if re.search(r"^import torch$", code, re.M) else None
+    plan = _Plan(_hvd_name(wrapper.module, taken | elsewhere), elsewhere, optimizer_class)
     wrapper.visit(plan)
     if not plan.dropped:
         return wrapper

@@ -396,17 +396,40 @@ def test_import_horovod_torch_without_alias_is_brought_over_only_when_every_use_
     assert [f.name for f in result.findings if f.kind is Kind.TODO] == ["import"], result.findings
 
 
-def test_the_private_distributed_optimizer_keeps_a_todo_whose_advice_fits_an_annotation_too():
-    """``from horovod.torch.optimizer import _DistributedOptimizer`` (ludwig's strategy uses it as a
-    type annotation only) stays with a TODO: the advice names both uses, the annotation's fix first."""
-    source = textwrap.dedent('''\
-        import horovod.torch as hvd
-        from horovod.torch.optimizer import _DistributedOptimizer
+
+PRIVATE_CLASS = textwrap.dedent('''\
+    import horovod.torch as hvd
+    from horovod.torch.optimizer import _DistributedOptimizer
 
 
-        def wait(optimizer: _DistributedOptimizer):
-            optimizer.synchronize()
-        ''')
+    def wait(optimizer: _DistributedOptimizer) -> "_DistributedOptimizer":
+        optimizer.synchronize()
+        return optimizer
+    ''')
+
+
+@pytest.mark.parametrize("torch_import, annotation", [
+    ("from torch.optim import Optimizer\n", "Optimizer"),
+    ("import torch\n", "torch.optim.Optimizer"),
+])
+def test_the_private_distributed_optimizer_as_an_annotation_becomes_torchs_optimizer(torch_import, annotation):
+    """ludwig's strategy imports Horovod's private _DistributedOptimizer only to annotate
+    parameters: the annotation becomes the class of the migrated (plain) optimizer."""
+    result = migrate_source(torch_import + PRIVATE_CLASS, "x.py")
+    assert not [f for f in result.findings if f.kind is Kind.TODO], result.findings
+    assert "horovod" not in result.source and "_DistributedOptimizer" not in result.source.replace(
+        '"_DistributedOptimizer"', "")
+    assert f"def wait(optimizer: {annotation})" in result.source, result.source
+
+
+@pytest.mark.parametrize("source", [
+    PRIVATE_CLASS,  # no torch import to spell torch's Optimizer with
+    "import torch\n" + PRIVATE_CLASS.replace("def wait(optimizer: _DistributedOptimizer)",
+                                              "class Mine(_DistributedOptimizer):\n    pass\n\n\ndef wait(optimizer)"),
+])
+def test_the_private_distributed_optimizer_otherwise_keeps_a_todo_whose_advice_fits_both_uses(source):
+    """As a base class (or where the file imports nothing of torch) the import stays, with a TODO
+    whose advice names both uses."""
     result = migrate_source(source, "x.py")
     todo = [f.message for f in result.findings if f.kind is Kind.TODO and f.name == "import"]
     assert len(todo) == 1 and "as a type annotation, write torch.optim.Optimizer" in todo[0], result.findings
