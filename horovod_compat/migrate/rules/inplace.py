@@ -247,18 +247,31 @@ def _end_of_function(stmt: cst.SimpleStatementLine, facts: Facts) -> int:
 _SELF_MOVES = "cuda|cpu|to|half|float|double|bfloat16|train|eval|requires_grad_"
 
 
+def _aliases(model: str, facts: Facts) -> List[str]:
+    """`model` and the names or attributes the file assigns it to (``self.model = model``): the
+    same module object under other names, which the checks below must see too."""
+    last = model.rsplit(".", 1)[-1]
+    found = [model]
+    for node in facts.positions:
+        if isinstance(node, cst.Assign) and code_of(node.value).strip() in (model, last):
+            found += [code_of(t.target).strip() for t in node.targets
+                      if _is_module_expr(t.target) and code_of(t.target).strip() not in found]
+    return found
+
+
 def _hazard(model: str, line: int, end: int, facts: Facts) -> Optional[str]:
     """What in the file would break on a replicated `model` (see the module docstring), for a wrap
     at `line` of a function (or module) that ends at line `end`."""
     code = facts.module_code
-    m = re.escape(model)
-    if re.search(rf"(?<![\w.]){m}\s*\.\s*forward\s*\(", code):
-        return f"`{model}.forward(...)` would bypass the data-parallel hooks"
     after = "\n".join(code.splitlines()[line:])
-    if re.search(rf"deepcopy\(\s*{m}\s*\)", after):
-        return f"`copy.deepcopy({model})` after the wrap fails on a replicated module (copy its state_dict instead)"
-    if re.search(rf"(?:torch\.save|pickle\.dumps?|cloudpickle\.dumps?)\(\s*{m}\s*[,)]", code):
-        return f"the whole module `{model}` is pickled, which fails once it is replicated (save its state_dict)"
+    for name in _aliases(model, facts):
+        m = re.escape(name)
+        if re.search(rf"(?<![\w.]){m}\s*\.\s*forward\s*\(", code):
+            return f"`{name}.forward(...)` would bypass the data-parallel hooks"
+        if re.search(rf"deepcopy\(\s*{m}\s*\)", after):
+            return f"`copy.deepcopy({name})` after the wrap fails on a replicated module (copy its state_dict instead)"
+        if re.search(rf"(?:torch\.save|pickle\.dumps?|cloudpickle\.dumps?)\(\s*{m}\s*[,)]", code):
+            return f"the whole module `{name}` is pickled, which fails once it is replicated (save its state_dict)"
     later = _rebound_after(model, line, end, facts)
     if later:
         return f"`{model}` is re-bound at line {later}, after the wrap"

@@ -176,6 +176,17 @@ def test_the_models_are_found_from_the_optimizers_parameters(params, models):
             opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
             other.synchronize()
         ''', "`other.synchronize()` at line"),
+    # the module under another name: a replicated module cannot be pickled whole
+    ('''
+        class Trainer:
+            def __init__(self, model):
+                self.model = model
+                self.opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                                    named_parameters=model.named_parameters())
+
+            def save(self, path):
+                torch.save(self.model, path)
+        ''', "the whole module `self.model` is pickled"),
 ])
 def test_what_replicate_cannot_cover_keeps_the_fallback_and_says_why(body, reason):
     result = migrate(body)
