@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
+from horovod_compat.migrate import migrate_source
 from warm import run_script_warm
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -54,3 +55,18 @@ def native_printed(script: Path, ranks: int, pattern: str, env: Optional[Dict[st
     return sorted(re.findall(pattern, "\n".join(lines)))
 
 
+
+
+def migrated_alike(tmp_path: Path, program: str, line: str, count: int):
+    """The migration of `program`, once its native form under the torchrun contract printed, on 2
+    ranks, the `count` lines matching `line` that the original printed under horovodrun (in
+    `tmp_path`, where the caller may have put the modules the program imports)."""
+    original = tmp_path / "original.py"
+    original.write_text(program)
+    result = migrate_source(program, "original.py")
+    native = tmp_path / "native.py"
+    native.write_text(result.source)
+    want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original))
+    assert len(want) == count, want
+    assert native_printed(native, 2, line) == want
+    return result

@@ -15,7 +15,7 @@ import pytest
 
 from horovod_compat.migrate import Kind, migrate_source, torch_api
 from horovod_compat.migrate.cli import not_native
-from migrate_runs import HOROVODRUN, native_printed, printed
+from migrate_runs import HOROVODRUN, migrated_alike, native_printed, printed
 
 REPLICATE = "from torch.distributed._composable import replicate"
 
@@ -33,20 +33,6 @@ def replicated(source: str) -> list:
 
 def optimizer_note(result) -> str:
     return next(f.message for f in result.findings if f.name == "hvd.DistributedOptimizer")
-
-
-def migrated_alike(tmp_path, program: str, line: str, count: int):
-    """The migration of `program`, once its native form under the torchrun contract printed, on 2
-    ranks, the `count` lines matching `line` that the original printed under horovodrun."""
-    original = tmp_path / "original.py"
-    original.write_text(program)
-    result = migrate_source(program, "original.py")
-    native = tmp_path / "native.py"
-    native.write_text(result.source)
-    want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original))
-    assert len(want) == count, want
-    assert native_printed(native, 2, line) == want
-    return result
 
 
 @pytest.fixture

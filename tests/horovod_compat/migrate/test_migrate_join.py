@@ -16,7 +16,7 @@ import pytest
 
 from horovod_compat.migrate import Kind, migrate_source
 from horovod_compat.migrate.cli import not_native
-from migrate_runs import HOROVODRUN, native_printed, printed
+from migrate_runs import HOROVODRUN, migrated_alike, native_printed, printed
 
 HEADER = "import torch\nimport torch.nn as nn\nimport horovod.torch as hvd\n\n"
 
@@ -238,14 +238,7 @@ def test_the_trainer_out_of_view_prints_what_the_original_printed(tmp_path):
     """Exact, every rank running as many steps: each step's loss and its average over the ranks,
     for 2 epochs, and the final weights."""
     (tmp_path / "base_trainer.py").write_text(BASE_TRAINER)
-    original = tmp_path / "original.py"
-    original.write_text(TRAINER)
-    native = tmp_path / "native.py"
-    native.write_text(migrate(TRAINER).source)
-    line = r"BASE rank=\d (?:epoch=\d step=\d loss=\S+ mean=\S+|final=\S+)"
-    want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original))
-    assert len(want) == 2 * (8 + 1), want
-    assert native_printed(native, 2, line) == want
+    migrated_alike(tmp_path, TRAINER, r"BASE rank=\d (?:epoch=\d step=\d loss=\S+ mean=\S+|final=\S+)", 2 * (8 + 1))
 
 
 @pytest.mark.parametrize("change", [
