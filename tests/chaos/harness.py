@@ -172,6 +172,15 @@ STOP_MARGIN = float(os.environ.get("CHAOS_STOP_MARGIN", str(GRACE)))
 LOST_MARGIN = float(os.environ.get("CHAOS_LOST_MARGIN", "40"))
 #: Seconds a whole run may take (start-up included) before it counts as hung.
 RUN_TIMEOUT = float(os.environ.get("CHAOS_RUN_TIMEOUT", "120"))
+
+
+def round_timeout(runs: int) -> float:
+    """pytest-timeout's bound for a test that runs a case `runs` times: each run has its own
+    bound (RUN_TIMEOUT, and the wait for what it left), so the test's grows with the round. The
+    suite's 300 s ended the long round's `stuck` and `resets` cases (10 runs of 30-60 s each)
+    though every run was right."""
+    return max(300.0, runs * (RUN_TIMEOUT + 30.0))
+
 #: Samples of the elastic program's data set (3 per step with 3 workers).
 ELASTIC_SAMPLES = int(os.environ.get("CHAOS_SAMPLES", "360"))
 MARKER_VAR = "CHAOS_MARKER"

@@ -48,6 +48,7 @@ from . import harness
 RUNS = int(os.environ.get("CHAOS_RUNS", "1"))
 SEED = int(os.environ.get("CHAOS_SEED", "0"))
 LONG = RUNS > 1
+pytestmark = pytest.mark.timeout(harness.round_timeout(RUNS))
 #: The short round's cases, each with what it overrides of its seed's choice.
 SHORT_ROUND = {
     ("horovodrun", "close"): {},
@@ -81,6 +82,14 @@ def test_the_short_round_hits_every_phase_fault_and_launcher():
         assert fault in harness.CASES[launcher], (launcher, fault)
     for phase, fault, launcher in PHASE_SHORT_ROUND:
         assert fault in harness.phase_faults(launcher), (phase, fault, launcher)
+
+
+def test_a_long_round_gives_each_of_its_runs_the_bound_of_one():
+    """A test runs its case RUNS times, each run bounded by harness.RUN_TIMEOUT: pytest-timeout's
+    bound must grow with the round (the suite's 300 s cut the long round's `stuck` and `resets`)."""
+    assert harness.round_timeout(1) == 300
+    assert harness.round_timeout(10) >= 10 * harness.RUN_TIMEOUT
+    assert pytestmark.name == "timeout" and pytestmark.args == (harness.round_timeout(RUNS),)
 
 
 def _cases(*launchers: str) -> list:

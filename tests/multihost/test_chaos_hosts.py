@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "chaos"))
 import harness  # noqa: E402
 
 RUNS = int(os.environ.get("CHAOS_RUNS", "1"))
+pytestmark = pytest.mark.timeout(harness.round_timeout(RUNS))
 SEED = int(os.environ.get("CHAOS_SEED", "0"))
 LAUNCHERS = ("mpi", "gloo")
 #: Seconds the lost host's launcher processes may take to end once its link is back up.
