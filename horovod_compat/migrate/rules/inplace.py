@@ -91,8 +91,10 @@ def _is_module_expr(node: cst.BaseExpression) -> bool:
 class _Models:
     """The modules whose parameters a parameter expression holds, or why they cannot be told."""
 
-    def __init__(self, scope: Optional[Scope], before_line: int, facts: Facts) -> None:
+    def __init__(self, scope: Optional[Scope], before_line: int, facts: Facts, named: bool) -> None:
         self.scope, self.before_line, self.facts = scope, before_line, facts
+        #: the expression is named_parameters= ((name, parameter) pairs), not an optimizer's params
+        self.named = named
         self.found: Dict[str, None] = {}
         #: module -> the call whose parameters were taken to be its (`_broadcast_module`)
         self.assumed: Dict[str, str] = {}
@@ -143,7 +145,7 @@ class _Models:
             value = self._bound_value(node)
             if value is not None:
                 return self.params(value, depth + 1)
-        module = _broadcast_module(node, self.facts.module_code)
+        module = _broadcast_module(node, self.facts.module_code) if self.named else None
         if module is not None:
             self.found[module] = None
             self.assumed[module] = code_of(node).strip()
@@ -330,8 +332,8 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
         return loops
     line = facts.positions[stmt].start.line
     kw, pos = keyword_args(call), positional_args(call)
-    models = _Models(facts.scopes.get(call), line, facts)
     named = kw["named_parameters"].value if "named_parameters" in kw else pos[1].value if len(pos) > 1 else None
+    models = _Models(facts.scopes.get(call), line, facts, named is not None)
     if named is not None:
         models.params(named)
     else:

@@ -606,6 +606,11 @@ def test_parameters_from_a_method_of_the_program_are_taken_from_the_module_it_br
     # the broadcast module is not the method's owner's
     (("model.model.state_dict()", "other.state_dict()"),
      "`model.get_named_parameters()` is not a module's parameters() the rewriter can follow"),
+    # no named_parameters=: the optimizer's own parameters from a method are not (name, parameter)
+    # pairs the check could read, and are not taken from the broadcast
+    (("hvd.DistributedOptimizer(optimizer, named_parameters=model.get_named_parameters())",
+      "hvd.DistributedOptimizer(torch.optim.SGD(model.get_parameters(), lr=0.1))"),
+     "`model.get_parameters()` is not a module's parameters() the rewriter can follow"),
 ])
 def test_parameters_from_a_method_without_one_broadcast_module_of_its_owner_keep_the_todo(change, reason):
     old, new = change
