@@ -631,6 +631,18 @@ JOIN_BARRIER = ("was hvd.join(): assumes every rank ran as many steps (DDP needs
                 "join let a rank out of data stand in with zeros)")
 
 
+#: Why no Join or barrier: the file has none of the program's hvd.join() calls.
+_JOIN_ELSEWHERE = ("hvd.join() is called in another cell or file, whose loop DDP's Join context manager "
+                   "would have to cover")
+
+
+def _statement_before(statement: cst.CSTNode, facts: _Facts) -> Optional[cst.CSTNode]:
+    """The statement right before `statement` in its block, or None where it comes first."""
+    block = list(getattr(facts.parents.get(statement), "body", ()))
+    at = next((i for i, node in enumerate(block) if node is statement), 0)
+    return block[at - 1] if at > 0 else None
+
+
 @dataclasses.dataclass
 class _Barriers:
     """The ``hvd.join()`` statements of a file that does not show the loops they end (the loop is
@@ -660,8 +672,7 @@ def _plan_barriers(facts: _Facts, ctx: RewriteContext) -> Union[_Barriers, str]:
     calls = [node for node in facts.parents if isinstance(node, cst.Call)]
     joins = [c for c in calls if hvd_attr_name(c.func, ctx.hvd_aliases) == "join"]
     if not joins:
-        return ("hvd.join() is called in another cell or file, whose loop DDP's Join context manager "
-                "would have to cover")
+        return _JOIN_ELSEWHERE
     statements = []
     for join in joins:
         line = facts.positions[join].start.line
@@ -673,9 +684,7 @@ def _plan_barriers(facts: _Facts, ctx: RewriteContext) -> Union[_Barriers, str]:
         function = _function_of(statement, facts)
         loops = [node for node in facts.parents if isinstance(node, (cst.For, cst.While))
                  and _function_of(node, facts) is function and _start(facts, node) < _start(facts, statement)]
-        block = list(getattr(facts.parents.get(statement), "body", ()))
-        at = next((i for i, node in enumerate(block) if node is statement), 0)
-        before = block[at - 1] if at > 0 else None
+        before = _statement_before(statement, facts)
         running = _functions_run(before, calls, facts) if before is not None else []
         if loops or any(isinstance(n, (cst.For, cst.While)) and _function_of(n, facts) is f
                         for f in running for n in facts.parents):
@@ -698,8 +707,7 @@ def _plan_join(wrap: cst.SimpleStatementLine, forward_calls: Sequence[cst.Call],
     joins = [c for c in calls if hvd_attr_name(c.func, ctx.hvd_aliases) == "join"]
     optimizers = [c for c in calls if hvd_attr_name(c.func, ctx.hvd_aliases) == "DistributedOptimizer"]
     if not joins:
-        return ("hvd.join() is called in another cell or file, whose loop DDP's Join context manager "
-                "would have to cover")
+        return _JOIN_ELSEWHERE
     if len(joins) > 1 or len(optimizers) > 1:
         return ("the program calls hvd.join() more than once or has several DistributedOptimizers "
                 "(DDP's Join context manager would have to cover each model's loop)")
@@ -715,10 +723,7 @@ def _plan_join(wrap: cst.SimpleStatementLine, forward_calls: Sequence[cst.Call],
     if join.args or not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
         return (f"hvd.join() at line {line} is not a statement of its own without arguments, which "
                 "DDP's Join context manager around the training loop could replace")
-    block = facts.parents.get(statement)
-    body = list(getattr(block, "body", ()))
-    at = next((i for i, node in enumerate(body) if node is statement), 0)
-    loop = body[at - 1] if at > 0 else None
+    loop = _statement_before(statement, facts)
     if not isinstance(loop, (cst.For, cst.While)) or loop.orelse is not None \
             or isinstance(loop, cst.For) and loop.asynchronous is not None:
         return (f"hvd.join() at line {line} does not follow the training loop it ends (DDP's Join "
