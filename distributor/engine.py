@@ -73,6 +73,7 @@ KNOCK_ON_MARKERS = (
     "connectFullMesh",
     "Socket closed",
     "recvBytes",
+    "Connection was likely closed",  # torch's store client: the process serving the store died
     "ECONNRESET",
     "peer closed",
     "left the job",

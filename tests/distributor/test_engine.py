@@ -216,6 +216,19 @@ def test_a_knock_on_stopped_by_the_driver_stays_a_knock_on():
     assert engine.Job._classify(_record(0, dict(gloo), returncode=-9)) == engine.Verdict(cause=True)
 
 
+def test_the_death_of_the_rank_that_served_the_store_reads_as_a_knock_on():
+    """A rank killed in ``hvd.init()`` took the c10d store it served with it; a peer still
+    setting up its groups failed with the store client's error, which says only that the
+    connection closed (the long chaos round's ``runner`` ``init`` ``kill``: rank 2 was named,
+    for rank 0's death). It is a knock-on, and the dead rank stays the cause."""
+    store = {"exc_type": "DistNetworkError",
+             "exc_message": "Failed to recv, got 0 bytes. Connection was likely closed. Did the "
+                            "remote server shutdown or crash?"}
+    assert engine.is_knock_on(store["exc_message"])
+    assert engine.Job._classify(_record(2, store, returncode=137)) == engine.Verdict(cause=False)
+    assert engine.Job._classify(_record(0, returncode=-9)) == engine.Verdict(cause=True)
+
+
 def test_the_wait_for_a_failed_rank_to_exit_is_bounded_by_failed_exit_seconds():
     """`Job._settled`, the rule the test above runs: once a cause has reported, the driver waits
     for the failed ranks to exit, at most FAILED_EXIT_SECONDS (a rank hung in its exit must not
