@@ -91,8 +91,10 @@ def _is_module_expr(node: cst.BaseExpression) -> bool:
 class _Models:
     """The modules whose parameters a parameter expression holds, or why they cannot be told."""
 
-    def __init__(self, scope: Optional[Scope], before_line: int, facts: Facts, named: bool) -> None:
-        self.scope, self.before_line, self.facts = scope, before_line, facts
+    def __init__(self, scope: Optional[Scope], wrap: cst.SimpleStatementLine, facts: Facts,
+                 named: bool) -> None:
+        self.scope, self.wrap, self.facts = scope, wrap, facts
+        self.before_line = facts.positions[wrap].start.line
         #: the expression is named_parameters= ((name, parameter) pairs), not an optimizer's params
         self.named = named
         self.found: Dict[str, None] = {}
@@ -168,18 +170,38 @@ class _Models:
                         "named_parameters=model.named_parameters() to DistributedOptimizer)")
 
     def _bound_value(self, name: cst.Name) -> Optional[cst.BaseExpression]:
-        """The value of the one ``name = value`` binding of `name` in this scope, before the wrap."""
+        """The value `name` holds at the wrap: that of its last ``name = value`` binding in this
+        scope before the wrap, when that binding's statement sits in a block around the wrap with
+        no loop or function between them (``optimizer = SGD(...)`` then ``optimizer =
+        hvd.DistributedOptimizer(optimizer)``, also inside ``if args.horovod:``). A later binding
+        in a branch, or one in a loop around the wrap, leaves it unknown."""
         if self.scope is None:
             return None
         bindings = [a for a in self.scope[name.value] if hasattr(a, "node")]
-        if len(bindings) != 1 or bindings[0].scope is not self.scope:
+        if not bindings or any(b.scope is not self.scope for b in bindings):
             return None
-        target = bindings[0].node
-        assign = self.facts.parents.get(self.facts.parents.get(target))
-        if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 \
-                or self.facts.positions[assign].start.line >= self.before_line:
+        parents, positions = self.facts.parents, self.facts.positions
+        assigns = [parents.get(parents.get(b.node)) for b in bindings]
+        before = [a for a in assigns if a is not None and a in positions
+                  and positions[a].start.line < self.before_line]
+        if not before or any(not isinstance(a, cst.Assign) for a in before):
+            return None
+        assign = max(before, key=lambda a: positions[a].start.line)
+        if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
+            return None
+        if len(bindings) > 1 and not self._encloses_wrap(parents.get(parents.get(assign))):
             return None
         return assign.value
+
+    def _encloses_wrap(self, block: Optional[cst.CSTNode]) -> bool:
+        """`block` (the body holding a binding) is the wrap's or one around it, with no loop or
+        function in between, so that the binding is the last one the wrap's line sees."""
+        node: Optional[cst.CSTNode] = self.wrap
+        while node is not None and node is not block:
+            if isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+                return False
+            node = self.facts.parents.get(node)
+        return node is not None
 
 
 def _broadcast_module(node: cst.BaseExpression, code: str) -> Optional[str]:
@@ -333,7 +355,7 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
     line = facts.positions[stmt].start.line
     kw, pos = keyword_args(call), positional_args(call)
     named = kw["named_parameters"].value if "named_parameters" in kw else pos[1].value if len(pos) > 1 else None
-    models = _Models(facts.scopes.get(call), line, facts, named is not None)
+    models = _Models(facts.scopes.get(call), stmt, facts, named is not None)
     if named is not None:
         models.params(named)
     else:

@@ -112,6 +112,57 @@ def test_the_models_are_found_from_the_optimizers_parameters(params, models):
     assert "    return opt\n" in result.source
 
 
+@pytest.mark.parametrize("body", [
+    # the most common form without named_parameters=: the optimizer's name re-bound to its wrap
+    '''
+        def train(config):
+            net = torch.nn.Linear(1, 1)
+            optimizer = torch.optim.SGD(
+                net.parameters(),
+                lr=config["lr"],
+            )
+            optimizer = hvd.DistributedOptimizer(optimizer)
+            return optimizer
+        ''',
+    # ... with the wrap under a flag, the optimizer built in the block around it
+    '''
+        def train(args):
+            net = torch.nn.Linear(1, 1)
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+            if args.horovod:
+                optimizer = hvd.DistributedOptimizer(optimizer)
+            return optimizer
+        ''',
+])
+def test_an_optimizer_re_bound_to_its_wrap_is_followed_to_its_model(body):
+    result = migrate(body)
+    assert replicated(result.source) == ["net"], result.source
+    assert "    return optimizer\n" in result.source and "hvd" not in result.source
+
+
+@pytest.mark.parametrize("body", [
+    '''
+        def train(args, net):
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+            if args.adam:
+                optimizer = torch.optim.Adam(args.model.parameters())
+            optimizer = hvd.DistributedOptimizer(optimizer)
+        ''',
+    '''
+        def train(args, net, epochs):
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+            for epoch in range(epochs):
+                optimizer = hvd.DistributedOptimizer(optimizer)
+        ''',
+])
+def test_an_optimizer_whose_value_at_the_wrap_is_not_one_binding_keeps_the_todo(body):
+    """A binding in a branch between (which of the two is wrapped?), or a wrap in a loop (the second
+    turn wraps the wrapped optimizer): the value at the wrap is not known."""
+    result = migrate(body)
+    assert not replicated(result.source)
+    assert "whose parameters the rewriter cannot follow" in optimizer_note(result), optimizer_note(result)
+
+
 @pytest.mark.parametrize("body, reason", [
     ('''
         def build(model, temperature):
