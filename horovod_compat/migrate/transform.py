@@ -352,6 +352,8 @@ class HorovodTransformer(cst.CSTTransformer):
             return sampler.rewrite_sampler(original_node, updated_node, self.ctx, line)
         name = hvd_attr_name(original_node.func, self.ctx.hvd_aliases)
         if name is None:
+            if _int_of_int(original_node, updated_node, self.ctx.hvd_aliases):
+                return updated_node.args[0].value
             unfollowed = flags.unfollowed_horovod_call(original_node)
             if unfollowed is not None:
                 self._flag(original_node, *unfollowed)
@@ -420,3 +422,14 @@ class HorovodTransformer(cst.CSTTransformer):
             self._flag(original_node, "HOROVOD_TIMELINE",
                        "has no effect without Horovod; record with torch.profiler instead (see the guide)")
         return updated_node
+
+
+def _int_of_int(original: cst.Call, updated: cst.Call, aliases) -> bool:
+    """``int(hvd.local_rank())`` whose argument became ``int(os.environ["LOCAL_RANK"])``: the
+    outer ``int()`` adds nothing, so the rewrite keeps one."""
+    if not (isinstance(updated.func, cst.Name) and updated.func.value == "int" and len(updated.args) == 1
+            and updated.args[0].keyword is None and not updated.args[0].star):
+        return False
+    before, after = original.args[0].value, updated.args[0].value
+    return (isinstance(before, cst.Call) and hvd_attr_name(before.func, aliases) is not None
+            and isinstance(after, cst.Call) and isinstance(after.func, cst.Name) and after.func.value == "int")

@@ -201,8 +201,22 @@ def _is_import_fallback(handler: cst.ExceptHandler) -> bool:
     return bool(names) and all(isinstance(n, cst.Name) and n.value in _IMPORT_ERRORS for n in names)
 
 
+def _checks_import(small: cst.BaseSmallStatement, names: Set[str]) -> bool:
+    """``assert hvd is not None[, message]``: the check, in a program whose Horovod import is
+    optional, that the import worked. It goes with the import (torch.distributed is part of
+    torch), so it is not a use of Horovod."""
+    if not (isinstance(small, cst.Assert) and isinstance(small.test, cst.Comparison)):
+        return False
+    test = small.test
+    return (isinstance(test.left, cst.Name) and test.left.value in names and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.IsNot)
+            and isinstance(test.comparisons[0].comparator, cst.Name)
+            and test.comparisons[0].comparator.value == "None")
+
+
 class _Remaining(cst.CSTVisitor):
-    """Count uses of given names outside import statements (and import-error fallbacks)."""
+    """Count uses of given names outside import statements (and import-error fallbacks, and checks
+    that the import worked)."""
 
     def __init__(self, names: Set[str]) -> None:
         self.names = names
@@ -210,6 +224,9 @@ class _Remaining(cst.CSTVisitor):
 
     def visit_ExceptHandler(self, node: cst.ExceptHandler) -> bool:
         return not _is_import_fallback(node)
+
+    def visit_Assert(self, node: cst.Assert) -> bool:
+        return not _checks_import(node, self.names)
 
     def visit_Import(self, node: cst.Import) -> bool:
         return False
@@ -288,6 +305,12 @@ class ImportFixer(cst.CSTTransformer):
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> Union[cst.SimpleStatementLine, cst.FlattenSentinel, cst.RemovalSentinel]:
+        removed = self._removed()
+        body = [small for small in updated_node.body if not _checks_import(small, removed)]
+        if len(body) != len(updated_node.body):
+            if not body:
+                return cst.RemoveFromParent()
+            updated_node = updated_node.with_changes(body=body)
         at_module = not self.block_stack
         families: List[str] = []
         new_body: List[cst.BaseSmallStatement] = []
@@ -330,12 +353,16 @@ class ImportFixer(cst.CSTTransformer):
             statements[0] = statements[0].with_changes(leading_lines=updated_node.leading_lines)
         return cst.FlattenSentinel(statements)
 
+    def _removed(self) -> Set[str]:
+        """The names of the Horovod modules whose imports go."""
+        return set().union(*(self.shared.aliases(f) for f in FAMILIES if self.plan.remove[f]))
+
     def leave_Try(self, original_node: cst.Try, updated_node: cst.Try
                   ) -> Union[cst.Try, cst.FlattenSentinel, cst.RemovalSentinel]:
         """``try: import horovod.torch as hvd / except ImportError: hvd = None`` whose Horovod
         import went: the native imports left in its body stand on their own (they are part of
         torch), and the fallback, which only bound removed names, goes with the try."""
-        removed = set().union(*(self.shared.aliases(f) for f in FAMILIES if self.plan.remove[f]))
+        removed = self._removed()
         if not removed or updated_node.orelse is not None or updated_node.finalbody is not None:
             return updated_node
         if not all(_is_import_fallback(h) and _only_binds(h.body, removed) for h in updated_node.handlers):

@@ -119,6 +119,7 @@ def main():
         atexit.register(gc.collect)  # runs first: dropped DDP modules release the group
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.set_num_threads(int(os.environ["LOCAL_WORLD_SIZE"]))  # one int() in the output
     total = _native_allreduce(torch.ones(1), "sum")
     print(f"rank {dist.get_rank()} total {total.item()}")
 
