@@ -283,6 +283,8 @@ class ImportFixer(cst.CSTTransformer):
         self.sites_seen: Set[str] = set()
         self.block_stack: List[Set[str]] = []
         self.stray_top: Set[str] = set()
+        #: the names of the Horovod modules whose imports go
+        self.removed: Set[str] = set().union(*(shared.aliases(f) for f in FAMILIES if plan.remove[f]))
 
     # Track names imported earlier in the current block (function bodies).
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
@@ -305,8 +307,7 @@ class ImportFixer(cst.CSTTransformer):
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> Union[cst.SimpleStatementLine, cst.FlattenSentinel, cst.RemovalSentinel]:
-        removed = self._removed()
-        body = [small for small in updated_node.body if not _checks_import(small, removed)]
+        body = [small for small in updated_node.body if not _checks_import(small, self.removed)]
         if len(body) != len(updated_node.body):
             if not body:
                 return cst.RemoveFromParent()
@@ -353,16 +354,12 @@ class ImportFixer(cst.CSTTransformer):
             statements[0] = statements[0].with_changes(leading_lines=updated_node.leading_lines)
         return cst.FlattenSentinel(statements)
 
-    def _removed(self) -> Set[str]:
-        """The names of the Horovod modules whose imports go."""
-        return set().union(*(self.shared.aliases(f) for f in FAMILIES if self.plan.remove[f]))
-
     def leave_Try(self, original_node: cst.Try, updated_node: cst.Try
                   ) -> Union[cst.Try, cst.FlattenSentinel, cst.RemovalSentinel]:
         """``try: import horovod.torch as hvd / except ImportError: hvd = None`` whose Horovod
         import went: the native imports left in its body stand on their own (they are part of
         torch), and the fallback, which only bound removed names, goes with the try."""
-        removed = self._removed()
+        removed = self.removed
         if not removed or updated_node.orelse is not None or updated_node.finalbody is not None:
             return updated_node
         if not all(_is_import_fallback(h) and _only_binds(h.body, removed) for h in updated_node.handlers):
