@@ -302,18 +302,37 @@ def _hazard(model: str, line: int, end: int, facts: Facts) -> Optional[str]:
     return None
 
 
+#: Calls that wrap a module and run it, hooks and all, on every call of the wrapper: ``model =
+#: torch.compile(model)`` after the wrap still trains the replicated module (checked under torchrun:
+#: tests/horovod_compat/migrate/test_migrate_inplace.py).
+_RUNS_MODULE = re.compile(r"(?:torch\.)?(?:nn\.)?(?:parallel\.)?(?:compile|DataParallel|SyncBatchNorm\.convert_sync_batchnorm)$")
+
+
+def _runs_module(value: cst.BaseExpression, names: List[str]) -> bool:
+    """`value` is one of `names` (the model or an alias), a call that returns the module itself
+    (``.cpu()``, `_SELF_MOVES`) on such a value, or a `_RUNS_MODULE` wrapper around one."""
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
+            and re.fullmatch(_SELF_MOVES, value.func.attr.value):
+        return _runs_module(value.func.value, names)
+    if isinstance(value, cst.Call) and _RUNS_MODULE.match(code_of(value.func).strip()) and value.args \
+            and value.args[0].keyword is None and value.args[0].star == "":
+        return _runs_module(value.args[0].value, names)
+    return code_of(value).strip() in names
+
+
 def _rebound_after(model: str, line: int, end: int, facts: Facts) -> Optional[int]:
     """The first line after `line` (to `end`) that assigns `model` another object (``model = ...``;
-    ``model = model.cpu()`` and the other calls that return the module itself keep it, and
-    ``f(model=model)`` is a keyword argument, not an assignment). A name bound with others
-    (``model, opt = build()``) starts a new model with its own optimizer, wrapped again if the
-    program trains it distributed."""
-    keeps = re.compile(rf"{re.escape(model)}\s*\.\s*(?:{_SELF_MOVES})\(")
+    ``model = model.cpu()`` and the other calls that return the module itself keep it, so do
+    ``torch.compile(model)``, ``DataParallel(model)`` and ``convert_sync_batchnorm(model)``, which
+    call it, and ``f(model=model)`` is a keyword argument, not an assignment). A name bound with
+    others (``model, opt = build()``) starts a new model with its own optimizer, wrapped again if
+    the program trains it distributed."""
+    names = _aliases(model, facts)
     found = []
     for node, where in facts.positions.items():
         if isinstance(node, cst.Assign) and line < where.start.line <= end \
                 and any(code_of(t.target).strip() == model for t in node.targets) \
-                and not keeps.match(code_of(node.value).strip()):
+                and not _runs_module(node.value, names):
             found.append(where.start.line)
     return min(found, default=None)
 
@@ -378,6 +397,8 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
         hazard = _hazard(model, line, _end_of_function(stmt, facts), facts)
         if hazard:
             return hazard
+    data_parallel = [name for model in found for name in _aliases(model, facts)
+                     if re.search(rf"(?<!\w)DataParallel\(\s*{re.escape(name)}\s*[,)]", facts.module_code)]
     taken.update(dict.fromkeys(found, line))
     lines = list(first)
     # backward_passes_per_step=N: DDP averages on every backward() (nothing here shows the loop
@@ -405,6 +426,10 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
     for model, call in models.assumed.items():
         note += (f"; {call} taken to be `{model}`'s parameters (the module the program broadcasts), "
                  "checked at run time")
+    if data_parallel:
+        note += (f"; `DataParallel({data_parallel[0]})` runs the replicated module: right on one device per "
+                 "process, but over several GPUs of one process DataParallel copies it, which replicate() "
+                 "does not support (use one process per GPU)")
     if options.notes:
         note += "; " + "; ".join(options.notes)
     return InPlace(stmt, lines, note)

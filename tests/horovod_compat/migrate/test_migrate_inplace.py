@@ -266,6 +266,30 @@ def test_the_model_passed_by_keyword_or_moved_after_the_wrap_is_not_a_re_binding
     assert replicated(result.source) == ["model"], optimizer_note(result)
 
 
+@pytest.mark.parametrize("rebind", [
+    "model = torch.compile(model)",
+    "original_model = model; model = torch.compile(original_model)",  # open_clip's main.py
+    "model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model).to('cpu')",
+    "model = torch.nn.DataParallel(model)",  # yolov5's train.py (one process, several GPUs)
+])
+def test_a_model_re_bound_to_a_wrapper_that_runs_it_stays_replicated(rebind):
+    """``torch.compile``, ``DataParallel`` and ``convert_sync_batchnorm`` call the module they are
+    given, hooks and all, so re-binding the name to them after the wrap keeps the replicated module
+    training; a re-binding to another module still blocks the rewrite."""
+    body = f'''
+    def main(model):
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())
+        {rebind}
+        train(model, opt)
+    '''
+    result = migrate(body)
+    assert replicated(result.source) == ["model"], optimizer_note(result)
+    assert ("several GPUs of one process" in optimizer_note(result)) == ("DataParallel" in rebind)
+    other = migrate(body.replace(rebind.split("; ")[-1], "model = torch.nn.Linear(2, 2)"))
+    assert replicated(other.source) == [] and "re-bound at line" in optimizer_note(other)
+
+
 def test_a_deepcopy_before_the_wrap_and_a_device_synchronize_do_not_block_it():
     result = migrate('''
         import copy
@@ -579,6 +603,44 @@ def test_models_wrapped_in_a_loop_print_the_numbers_they_printed_under_horovod(t
     losses and weights on both ranks."""
     result = migrated_alike(tmp_path, LOOP_PROGRAM, r"LOOP rank=\d (?:step=\d \w+ loss=\S+|final=\S+)", 18)
     assert replicated(result.source) == ["models[i][0]"] and not_native([result.source], result.findings) is None
+
+
+COMPILED = '''\
+import torch
+import horovod.torch as hvd
+
+
+def main():
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    original_model = model
+    model = torch.compile(original_model)
+    gen = torch.Generator().manual_seed(3 + hvd.rank())
+    for step in range(4):
+        optimizer.zero_grad()
+        loss = model(torch.randn(8, 4, generator=gen)).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        print(f"COMPILED rank={hvd.rank()} step={step} loss={loss.item():.6f}")
+    total = sum(p.double().sum().item() for p in original_model.parameters())
+    print(f"COMPILED rank={hvd.rank()} final={total:.6f}")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_model_compiled_after_the_wrap_prints_the_numbers_it_printed_under_horovod(tmp_path):
+    """open_clip's form: the wrap, then ``model = torch.compile(original_model)``. The compiled
+    module runs the replicated one's hooks, so the native program gives the original's losses and
+    weights on both ranks."""
+    result = migrated_alike(tmp_path, COMPILED, r"COMPILED rank=\d (?:step=\d loss=\S+|final=\S+)", 10)
+    assert replicated(result.source) == ["model"] and not_native([result.source], result.findings) is None
 
 
 #: A Keras-like wrapper of the program's (its class in another module, as in
