@@ -24,7 +24,9 @@ Code that reads or clips gradients (``p.grad``, ``clip_grad_norm_``) without cal
 ``opt.synchronize()`` first is placed by gradient_reads.py: after a ``step()`` it sees averaged
 gradients under both; between ``backward()`` and ``step()`` it ran, under Horovod, while their
 averaging was still in flight, and under DDP sees them averaged: the wrap goes ahead and a comment
-above the read names the difference; a read the rewriter cannot place is flagged.
+above the read names the difference; a read the rewriter cannot place (a method called from
+where it cannot follow) gets a comment that names both cases: the same gradients once the step
+ran, averaged already where Horovod's were in flight.
 
 It also removes what DDP makes redundant: ``opt.synchronize()``, ``with opt.skip_synchronize():``
 (DDP gradients are already averaged after ``backward()``), and a ``broadcast_parameters`` of ``M``
@@ -811,35 +813,44 @@ def _state_made_before(name: str, stmt: cst.CSTNode, facts: _Facts) -> bool:
 
 #: The comment above a statement that reads gradients after backward() and before step().
 _READ_COMMENT = "# DDP: the gradients are averaged here already (Horovod, without synchronize(): not yet)"
+#: The comment above a gradient read the rewriter cannot place before or after a step().
+_UNPLACED_COMMENT = "# DDP: gradients are averaged once backward() returns (Horovod: in step() or synchronize())"
 
 
 def _reads_to_name(facts: _Facts, synchronized: bool, sync: str) -> Union[str, List[Read]]:
-    """The gradient reads between a backward() and its step(), whose difference the rewrite names
-    at their lines, or why it cannot go ahead: a read that it cannot place (gradient_reads.py). A
-    program that calls `sync` (the optimizer's synchronize()) reads averaged gradients under
-    Horovod as under DDP."""
+    """The gradient reads that may sit between a backward() and its step(), whose difference the
+    rewrite names at their lines (gradient_reads.py), or why it cannot go ahead: a read outside any
+    statement, where no comment can go. A program that calls `sync` (the optimizer's
+    synchronize()) reads averaged gradients under Horovod as under DDP."""
     if synchronized:
         return []
     reads = [read for read in facts.gradient_reads if read.where is not Where.AFTER_STEP]
-    unplaced = [read for read in reads if read.where is Where.UNPROVEN]
-    if unplaced:
-        return (f"{GRADIENTS_READ} (`{unplaced[0].text}` at line {unplaced[0].line}), the rewriter cannot "
-                f"tell whether before or after step(), and {sync} is never called: before step(), "
-                "Horovod's averaging had not finished; under DDP it has (call synchronize() first, as "
-                "Horovod's docs advise, to read averaged gradients; --emulate keeps Horovod's order)")
+    bare = [read for read in reads if read.statement is None]
+    if bare:
+        return (f"{GRADIENTS_READ} (`{bare[0].text}` at line {bare[0].line}) outside a statement the "
+                f"rewriter can comment, and {sync} is never called (call synchronize() first, as "
+                "Horovod's docs advise; --emulate keeps Horovod's order)")
     return reads
 
 
 def _name_reads(reads: List[Read], plan: OptimizerPlan) -> str:
-    """Plan the comment above each read of `reads`; the report's words for them."""
+    """Plan the comment above each read of `reads`; the report's words for them. A read the
+    rewriter cannot place sees, under DDP, the averaged gradients wherever it runs after a
+    backward(); under Horovod, before step() it raced the averaging, after it saw the same."""
     for read in reads:
-        plan.comments[read.statement] = _READ_COMMENT
-    if not reads:
-        return ""
-    lines = ", ".join(str(line) for line in sorted({read.line for read in reads}))
-    return (f"; gradients read after backward() and before step() without synchronize() (line {lines}): "
-            "under DDP they are averaged there, as Horovod's docs ask (synchronize() first); under "
-            "Horovod the read raced the averaging (named at the line)")
+        plan.comments[read.statement] = _READ_COMMENT if read.where is Where.BETWEEN else _UNPLACED_COMMENT
+    between = ", ".join(str(line) for line in sorted({r.line for r in reads if r.where is Where.BETWEEN}))
+    unplaced = ", ".join(str(line) for line in sorted({r.line for r in reads if r.where is Where.UNPROVEN}))
+    note = ""
+    if between:
+        note += (f"; gradients read after backward() and before step() without synchronize() (line {between}): "
+                 "under DDP they are averaged there, as Horovod's docs ask (synchronize() first); under "
+                 "Horovod the read raced the averaging (named at the line)")
+    if unplaced:
+        note += (f"; gradients read where the rewriter cannot tell whether before or after step() (line "
+                 f"{unplaced}): under DDP averaged once backward() returns; under Horovod the same after "
+                 "step(), still in flight before it without synchronize() (named at the line)")
+    return note
 
 
 def _has_synchronize(scope: Scope, name: str, facts: _Facts) -> bool:

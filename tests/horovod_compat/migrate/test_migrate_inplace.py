@@ -290,6 +290,28 @@ def test_a_model_re_bound_to_a_wrapper_that_runs_it_stays_replicated(rebind):
     assert replicated(other.source) == [] and "re-bound at line" in optimizer_note(other)
 
 
+def test_a_gradient_read_the_rewriter_cannot_place_is_named_at_its_line():
+    """mala's trainer: gradients logged in a method reached from where the rewriter cannot follow.
+    After the step they are the same under DDP; before it, averaged where Horovod's were still in
+    flight: the comment above the read and the report say both, and the model is replicated."""
+    result = migrate('''
+        class Trainer:
+            def setup(self):
+                self.optimizer = hvd.DistributedOptimizer(self.optimizer,
+                                                          named_parameters=self.network.named_parameters())
+
+            def log(self, board):
+                for name, param in self.network.named_parameters():
+                    board.add_histogram(name, param.grad)
+        ''')
+    assert replicated(result.source) == ["self.network"], optimizer_note(result)
+    lines = result.source.splitlines()
+    read = next(i for i, line in enumerate(lines) if "param.grad" in line)
+    assert lines[read - 1].strip() == \
+        "# DDP: gradients are averaged once backward() returns (Horovod: in step() or synchronize())"
+    assert "cannot tell whether before or after step() (line 12)" in optimizer_note(result)
+
+
 def test_a_deepcopy_before_the_wrap_and_a_device_synchronize_do_not_block_it():
     result = migrate('''
         import copy
