@@ -962,6 +962,24 @@ def _statement_of(node: cst.CSTNode, facts: _Facts) -> Optional[cst.SimpleStatem
 _DEVICE_SYNC = re.compile(r"^(?:torch\.)?(?:cuda|mps|xpu|xm|torch_xla\.\w+)$|\.(?:cuda|mps|xpu)$")
 
 
+def _returned_to(target: Optional[str], assign: Optional[cst.CSTNode], facts: _Facts) -> Set[str]:
+    """The names bound to what the function around the wrap returns, when it returns the wrapped
+    optimizer (``return optimizer`` in ``def create_optimizer(self)``, then ``bert_optimizer =
+    self.create_optimizer(...)``, nlp-recipes' form): that optimizer under another name."""
+    function = _function_of(assign, facts) if assign is not None else None
+    if target is None or not isinstance(function, cst.FunctionDef):
+        return set()
+    returns = [n for n in facts.parents if isinstance(n, cst.Return) and n.value is not None
+               and _function_of(n, facts) is function]
+    if not returns or any(code_of(n.value).strip() != target for n in returns):
+        return set()
+    name = function.name.value
+    return {code_of(n.targets[0].target).strip() for n in facts.parents
+            if isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.value, cst.Call)
+            and (isinstance(n.value.func, cst.Name) and n.value.func.value == name
+                 or isinstance(n.value.func, cst.Attribute) and n.value.func.attr.value == name)}
+
+
 def _optimizer_uses_by_text(call: cst.Call, facts: _Facts, only_one: bool) -> Union["OptimizerPlan", str]:
     """The ``T.synchronize()`` statements to drop and ``with T.skip_synchronize():`` blocks to
     unwrap, where T is the target the wrapped optimizer is assigned to (a name or attribute
@@ -977,7 +995,8 @@ def _optimizer_uses_by_text(call: cst.Call, facts: _Facts, only_one: bool) -> Un
              if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and not node.args
              and node.func.attr.value in ("synchronize", "skip_synchronize")]
     names = {target} | ({code_of(node.func.value).strip() for node in calls
-                         if node.func.attr.value == "skip_synchronize"} if only_one else set())
+                         if node.func.attr.value == "skip_synchronize"} | _returned_to(target, assign, facts)
+                        if only_one else set())
     found = OptimizerPlan()
     for node in calls:
         receiver = code_of(node.func.value).strip()
