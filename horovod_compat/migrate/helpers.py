@@ -135,6 +135,16 @@ def _native_average(tensor):
         return total / dist.get_world_size()
     return torch.div(total, dist.get_world_size(), rounding_mode="trunc")
 ''',
+    # hvd.allreduce(tensor, op=hvd.Sum) (average=False), nothing else: torch's differentiable
+    # all_reduce, which sums into a new tensor
+    "_native_sum": '''
+def _native_sum(tensor):
+    """hvd.allreduce(tensor, op=hvd.Sum): the sum over all ranks, in a new tensor (differentiable,
+    as Horovod's)."""
+    import torch.distributed.nn.functional as dist_nn
+
+    return dist_nn.all_reduce(tensor)
+''',
     "_native_broadcast": '''
 def _native_broadcast(tensor, root_rank, inplace=False, process_set=None):
     """hvd.broadcast on torch.distributed: root_rank's values, in a new tensor (or in place).

@@ -106,6 +106,10 @@ def rewrite_allreduce(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome
         ctx.need_helper("_native_average")
         return Rewritten(cst.parse_expression(f"_native_average({code_of(pos[0].value)})"),
                          "-> the average over all ranks into a new tensor (integers truncate)")
+    if op == '"sum"' and not (options or is_async or inplace or ctx.shared.calls_join):
+        ctx.need_helper("_native_sum")
+        return Rewritten(cst.parse_expression(f"_native_sum({code_of(pos[0].value)})"),
+                         "-> the sum over all ranks into a new tensor")
     ctx.need_helper("_native_allreduce")
     if inplace:
         options.append("inplace=True")

@@ -15,6 +15,14 @@ def _native_average(tensor):
     return torch.div(total, dist.get_world_size(), rounding_mode="trunc")
 
 
+def _native_sum(tensor):
+    """hvd.allreduce(tensor, op=hvd.Sum): the sum over all ranks, in a new tensor (differentiable,
+    as Horovod's)."""
+    import torch.distributed.nn.functional as dist_nn
+
+    return dist_nn.all_reduce(tensor)
+
+
 def _native_wire_dtype(compression):
     """The dtype Horovod's compression sent tensors in: None (no compression), or float16 for
     hvd.Compression.fp16, which became DDP's default_hooks.fp16_compress_hook (bf16 likewise)."""
@@ -122,8 +130,8 @@ def metric_average(val, name):
 
 
 def report(correct, total, loss):
-    n_correct = _native_allreduce(torch.tensor(correct), "sum")
-    n_total = _native_allreduce(torch.tensor(total), "sum")
+    n_correct = _native_sum(torch.tensor(correct))
+    n_total = _native_sum(torch.tensor(total))
     worst = _native_allreduce(loss, "max")
     counts = torch.tensor([3, 4])
     _native_allreduce(counts, "average", inplace=True)  # integer average truncates, as in Horovod
