@@ -30,7 +30,11 @@ from libcst.metadata import CodeRange
 
 from horovod_compat.migrate.context import code_of
 
-_READ = re.compile(r"clip_grad_\w+|\.grad\b(?![_(])")  # (`.grad(`: torch.autograd.grad, a function)
+#: a clip_grad_* call (not its import, nor a variable named after it) or `.grad` (not `.grad(`:
+#: torch.autograd.grad, a function)
+_READ = re.compile(r"clip_grad_\w+(?=\s*\()|\.grad\b(?![_(])")
+#: After a clip_grad_* name: its call's first argument, a module's parameters()
+_CLIPPED = re.compile(r"\s*\(\s*([\w.]+)\.parameters\(\)")
 _STEP = re.compile(r"\w*opt\w*(?:\[[^\]\n]*\])?\.step\(|\.step\(\s*(?:self\.)?\w*opt")
 _BACKWARD = re.compile(r"\bbackward\(")
 #: A base class that makes a class an optimizer: ``Optimizer``, ``torch.optim.Optimizer``,
@@ -56,6 +60,9 @@ class Read:
     where: Where
     #: the statement the read is in (SimpleStatementLine or compound), for a comment above it
     statement: Optional[cst.CSTNode]
+    #: the module whose gradients a clip reads (``clip_grad_norm_(flow.parameters(), ...)``), where
+    #: it says; None for other reads
+    module: Optional[str] = None
 
 
 def gradient_reads(module_code: str, positions: Mapping[cst.CSTNode, CodeRange],
@@ -73,7 +80,8 @@ def gradient_reads(module_code: str, positions: Mapping[cst.CSTNode, CodeRange],
         around = [(end - start, start, n) for start, end, n in statements if start <= line <= end]
         statement = min(around, key=lambda t: (t[0], -t[1]))[2] if around else None
         where = _place(statement, parents, positions, module_code, 0) if statement is not None else Where.UNPROVEN
-        reads.append(Read(match.group(0), line, where, statement))
+        clipped = _CLIPPED.match(module_code, match.end())
+        reads.append(Read(match.group(0), line, where, statement, clipped.group(1) if clipped else None))
     return reads
 
 

@@ -59,6 +59,8 @@ class InPlace:
     statement: cst.SimpleStatementLine
     lines: List[str]
     note: str
+    #: the modules replicated, and the names the file gives them too (`_aliases`)
+    models: List[str] = dataclasses.field(default_factory=list)
 
 
 #: Calls that pass parameters through unchanged (``list(m.parameters())``, ``chain(a, b)``).
@@ -432,4 +434,4 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
                  "does not support (use one process per GPU)")
     if options.notes:
         note += "; " + "; ".join(options.notes)
-    return InPlace(stmt, lines, note)
+    return InPlace(stmt, lines, note, [name for model in found for name in _aliases(model, facts)])

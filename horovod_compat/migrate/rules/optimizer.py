@@ -584,7 +584,7 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
             note += f" when {options.fp16 or options.hook_name + ' is not None'}"
     if notes:
         note += "; " + "; ".join(notes)
-    note += _name_reads(reads, plan)
+    note += _name_reads(reads, plan, [model])
     if join is not None:
         note += "; " + join.apply(ddp_name, plan, ctx)
     plan.constants.update(options.constants)
@@ -667,10 +667,12 @@ class _Barriers:
 
 def _plan_barriers(facts: _Facts, ctx: RewriteContext) -> Union[_Barriers, str]:
     """The program's ``hvd.join()`` calls as `_Barriers`, where none of them ends a loop this file
-    shows; else why not. Each must be a statement of its own whose value is not used; the function
-    it is in must run no loop before it, and the statement before it must not call a function of
-    this file that runs one (a loop in view goes under DDP's Join, `_plan_join`, or keeps its TODO:
-    a barrier would hang a rank that has more data)."""
+    shows that runs a collective; else why not. Each must be a statement of its own whose value is
+    not used; the loops its function runs before it, and those of the functions of this file that
+    the statement before it calls, must run no collective and no ``backward()`` (such a loop goes
+    under DDP's Join, `_plan_join`, or keeps its TODO: a barrier would hang a rank that has more
+    data). A loop without one (features written to a file per rank, ffvqgan's) leaves no rank
+    waiting in a collective, so the barrier waits as the join did."""
     calls = [node for node in facts.parents if isinstance(node, cst.Call)]
     joins = [c for c in calls if hvd_attr_name(c.func, ctx.hvd_aliases) == "join"]
     if not joins:
@@ -688,11 +690,14 @@ def _plan_barriers(facts: _Facts, ctx: RewriteContext) -> Union[_Barriers, str]:
                  and _function_of(node, facts) is function and _start(facts, node) < _start(facts, statement)]
         before = _statement_before(statement, facts)
         running = _functions_run(before, calls, facts) if before is not None else []
-        if loops or any(isinstance(n, (cst.For, cst.While)) and _function_of(n, facts) is f
-                        for f in running for n in facts.parents):
-            return (f"hvd.join() at line {line} ends a loop of this file that is not the wrapped "
-                    "model's training loop right before it (DDP's Join context manager must go around "
-                    "that loop)")
+        loops += [n for f in running for n in facts.parents
+                  if isinstance(n, (cst.For, cst.While)) and _function_of(n, facts) is f]
+        for loop in loops:
+            collective = _collective_in(loop, f"the loop at line {facts.positions[loop].start.line}", calls, facts, ctx, True)
+            if collective:
+                return (f"hvd.join() at line {line} ends a loop of this file that is not the wrapped "
+                        f"model's training loop right before it ({collective}; DDP's Join context "
+                        "manager must go around that loop)")
         statements.append(statement)
     return _Barriers(statements)
 
@@ -734,22 +739,31 @@ def _plan_join(wrap: cst.SimpleStatementLine, forward_calls: Sequence[cst.Call],
         return f"the loop that hvd.join() at line {line} ends is not after the wrap in its function"
     if not any(_inside(facts, call, loop) for call in forward_calls):
         return f"the loop that hvd.join() at line {line} ends runs no forward pass of the model"
-    # what runs in the loop: its own code and, transitively, the functions of this file it calls
+    collective = _collective_in(loop, "the loop that hvd.join() ends", calls, facts, ctx, backward=False)
+    if collective:
+        return (f"{collective}: DDP's Join stands in for DDP's gradient averaging only, so the ranks still "
+                "in the loop would wait for the joined ones there")
+    return _Join(loop, statement, target)
+
+
+def _collective_in(loop: cst.CSTNode, what: str, calls: Sequence[cst.Call], facts: _Facts,
+                   ctx: RewriteContext, backward: bool) -> Optional[str]:
+    """The first collective that `loop` (called `what`) runs, in its own code or, transitively, in
+    the functions of this file it calls: a Horovod collective, torch.distributed, and with
+    `backward` a ``backward()`` (a data-parallel model's averaging); None where it runs none."""
     for node in [loop, *_functions_run(loop, calls, facts)]:
-        where = "in the loop that hvd.join() ends" if node is loop else \
-            f"in {node.name.value}(), which the loop that hvd.join() ends calls"
+        where = f"in {what}" if node is loop else f"in {node.name.value}(), which {what} calls"
         for call in calls:
             name = hvd_attr_name(call.func, ctx.hvd_aliases)
             if name is not None and _COLLECTIVE.match(name) and _inside(facts, call, node):
-                return (f"hvd.{name}() at line {facts.positions[call].start.line} runs {where}: DDP's Join "
-                        "stands in for DDP's gradient averaging only, so the ranks still in the loop would "
-                        "wait for the joined ones there")
+                return f"hvd.{name}() at line {facts.positions[call].start.line} runs {where}"
         code = "\n".join(facts.module_code.splitlines()[
             facts.positions[node].start.line - 1:facts.positions[node].end.line])
         if re.search(r"\bdist\.|torch\.distributed\b", code):
-            return (f"torch.distributed is called {where}: DDP's Join stands in for DDP's gradient "
-                    "averaging only")
-    return _Join(loop, statement, target)
+            return f"torch.distributed is called {where}"
+        if backward and re.search(r"\bbackward\(", code):
+            return f"backward() runs {where}"
+    return None
 
 
 def _functions_run(node: cst.CSTNode, calls: Sequence[cst.Call], facts: _Facts) -> List[cst.FunctionDef]:
@@ -833,10 +847,12 @@ def _reads_to_name(facts: _Facts, synchronized: bool, sync: str) -> Union[str, L
     return reads
 
 
-def _name_reads(reads: List[Read], plan: OptimizerPlan) -> str:
-    """Plan the comment above each read of `reads`; the report's words for them. A read the
-    rewriter cannot place sees, under DDP, the averaged gradients wherever it runs after a
-    backward(); under Horovod, before step() it raced the averaging, after it saw the same."""
+def _name_reads(reads: List[Read], plan: OptimizerPlan, models: Sequence[str]) -> str:
+    """Plan the comment above each read of `reads` (but a clip of a module other than `models`,
+    which this wrap leaves alone); the report's words for them. A read the rewriter cannot place
+    sees, under DDP, the averaged gradients wherever it runs after a backward(); under Horovod,
+    before step() it raced the averaging, after it saw the same."""
+    reads = [read for read in reads if read.module is None or read.module in models]
     for read in reads:
         plan.comments[read.statement] = _READ_COMMENT if read.where is Where.BETWEEN else _UNPLACED_COMMENT
     between = ", ".join(str(line) for line in sorted({r.line for r in reads if r.where is Where.BETWEEN}))
@@ -942,7 +958,7 @@ def _plan_in_place(call: cst.Call, facts: _Facts, ctx: RewriteContext, plan: Opt
     outcome = inplace.plan(call, facts, ctx, options, replicated, first)
     if isinstance(outcome, str):
         return outcome
-    note = outcome.note + _name_reads(reads, plan)
+    note = outcome.note + _name_reads(reads, plan, outcome.models)
     if barriers is not None:
         note += "; " + barriers.apply("", plan, ctx)
     plan.inplace[call] = dataclasses.replace(outcome, note=note)

@@ -35,8 +35,9 @@ def train(model, optimizer, scheduler, batches):
     ("scheduler.step()\n        g = model.weight.grad", "pass", [(".grad", Where.BETWEEN)]),
     # torch.autograd.grad is a function, not a read of .grad
     ("pass", "d = torch.autograd.grad(y, x)", []),
-    # a comment is not a read
+    # a comment is not a read, nor an import or a setting named after the function (ffvqgan's)
     ("# clip_grad_norm_(model.parameters(), 1.0)", "pass", []),
+    ("from torch.nn.utils import clip_grad_norm_", "clip_grad_norm = config.get('clip_grad_norm')", []),
 ])
 def test_a_read_in_the_training_loop(before, after, want):
     assert placed(LOOP.format(before=before, after=after)) == want
