@@ -254,3 +254,40 @@ def test_a_join_after_a_loop_in_view_is_no_barrier(change):
     result = migrate(TRAINER.replace(old, new))
     assert "dist.barrier()" not in result.source
     assert any("hvd.join() at line" in m and "ends a loop of this file" in m for m in todos(result)), todos(result)
+
+
+#: ffvqgan's form: each rank writes the features of its own share of the files in a loop that runs
+#: no collective, then hvd.join() waits for the others before rank 0 merges them.
+FEATURES = HEADER + textwrap.dedent('''\
+    def extract(paths, out):
+        mine = [p for i, p in enumerate(paths) if i % hvd.size() == hvd.rank()]
+        features = []
+        for path in mine:
+            features.append(torch.zeros(2))
+        torch.save(features, f"{out}_{hvd.rank()}")
+        hvd.join()
+
+
+    def train(model, batches):
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())
+        for x in batches:
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+    ''')
+
+
+@pytest.mark.parametrize("loop_body, barrier", [
+    ("features.append(torch.zeros(2))", True),
+    # a collective in the loop: a rank with more files would wait there for one that joined
+    ("features.append(hvd.allreduce(torch.zeros(2)))", False),
+    # so does a backward(): a data-parallel model's averaging
+    ("model(torch.zeros(2)).sum().backward()", False),
+])
+def test_a_join_after_a_loop_that_runs_no_collective_becomes_a_barrier(loop_body, barrier):
+    result = migrate(FEATURES.replace("features.append(torch.zeros(2))", loop_body))
+    assert ("\n    dist.barrier()  # was hvd.join()" in result.source) == barrier, todos(result)
+    assert ("replicate(model, " in result.source) == barrier
+    if not barrier:
+        assert any("hvd.join() at line 11 ends a loop of this file" in m for m in todos(result)), todos(result)
