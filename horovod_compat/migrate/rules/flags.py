@@ -71,8 +71,9 @@ def reason_for(name: str) -> str:
 
 #: Horovod-only optimizer calls, whatever the receiver is called.
 _HOROVOD_ONLY = ("DistributedOptimizer", "broadcast_optimizer_state")
-#: A module of Horovod's, named in a string.
-_MODULE_NAME = r"horovod(?:\.[A-Za-z_]\w*)+"
+#: A module of Horovod's, named in a string: one of Horovod 0.28's packages (not a file name such
+#: as a FileLock's "horovod.lock").
+_MODULE_NAME = r"horovod\.(?:torch|tensorflow|keras|_keras|spark|ray|mxnet|runner|common|data)(?:\.[A-Za-z_]\w*)*"
 #: Source text that may reach Horovod in one of those ways (engine.py's quick look at a file).
 REACHED_BY_OTHER_NAMES = re.compile(rf"\.(?:{'|'.join(_HOROVOD_ONLY)})\(|[\"']{_MODULE_NAME}[\"']")
 

@@ -6,6 +6,7 @@ from mylib import horovod_support
 
 # TODO(horovod-compat): 'horovod.torch': names Horovod's module in a string: code that imports it at run time (importlib.import_module, __import__) is not followed by the rewriter; import it as `import horovod.torch as hvd` where it is used, or migrate that code by hand
 BACKEND = "horovod.torch"
+LOCK = "horovod.lock"  # a FileLock's file name (synml's horovod-tutorial), not a module: no TODO
 
 
 class Backend:

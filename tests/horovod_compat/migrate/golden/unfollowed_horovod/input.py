@@ -5,6 +5,7 @@ import torch.distributed.optim
 from mylib import horovod_support
 
 BACKEND = "horovod.torch"
+LOCK = "horovod.lock"  # a FileLock's file name (synml's horovod-tutorial), not a module: no TODO
 
 
 class Backend:
