@@ -34,10 +34,12 @@ def alias_bound(alias: cst.ImportAlias) -> str:
 
 def _alias_family(stmt: Union[cst.Import, cst.ImportFrom], alias: cst.ImportAlias) -> Optional[str]:
     """HVD for ``import horovod.torch as X`` / ``from horovod import torch as X``; RUNNER for
-    ``from sparkdl import HorovodRunner``; HOROVOD for ``import horovod``; else None."""
+    ``from sparkdl import HorovodRunner``; HOROVOD for ``import horovod`` and for ``import
+    horovod.spark`` (it binds ``horovod`` too: ImportScan keeps its TODO where the file uses
+    ``horovod.spark``); else None."""
     name = dotted_name(alias.name)
     if isinstance(stmt, cst.Import):
-        if name == "horovod":
+        if name == "horovod" or _submodule_import(name, alias):
             return HOROVOD
         return HVD if name == "horovod.torch" and alias.asname is not None else None
     module = dotted_name(stmt.module) if stmt.module is not None else ""
@@ -48,6 +50,13 @@ def _alias_family(stmt: Union[cst.Import, cst.ImportFrom], alias: cst.ImportAlia
     if module in _RUNNER_MODULES and name == "HorovodRunner":
         return RUNNER
     return None
+
+
+def _submodule_import(name: str, alias: cst.ImportAlias) -> bool:
+    """``import horovod.X`` (not horovod.torch, nor another framework's binding), which binds the
+    name ``horovod``."""
+    return (name.startswith("horovod.") and alias.asname is None and name != "horovod.torch"
+            and not any(name == b or name.startswith(b + ".") for b in OTHER_FRAMEWORKS))
 
 
 #: Horovod's bindings of other frameworks than PyTorch, by module: the rewriter migrates
@@ -136,6 +145,10 @@ class ImportScan(cst.CSTVisitor):
         self.sites: Dict[str, Set[Optional[cst.FunctionDef]]] = {}
         #: alias -> the enclosing functions of each `alias.X` use
         self.uses: Dict[str, List[Tuple[cst.FunctionDef, ...]]] = {}
+        #: ``import horovod.X`` statements (their modules, the TODO if the file uses them)
+        self.submodules: List[Tuple[cst.Import, List[str], str]] = []
+        #: the dotted attribute chains the file uses that start with ``horovod.``
+        self.horovod_chains: Set[str] = set()
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.depth += 1
@@ -148,6 +161,18 @@ class ImportScan(cst.CSTVisitor):
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if isinstance(node.value, cst.Name):
             self.uses.setdefault(node.value.value, []).append(tuple(self.functions))
+        chain = dotted_name(node) if _is_dotted(node) else ""
+        if chain.startswith("horovod."):
+            self.horovod_chains.add(chain)
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        self._scan(node)
+        return False  # (its dotted names are no uses)
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        for stmt, modules, problem in self.submodules:
+            if any(c == m or c.startswith(m + ".") for c in self.horovod_chains for m in modules):
+                self.unsupported.append((stmt, problem))
 
     def stray(self) -> Set[str]:
         """The families with an ``alias.X`` use in no function that imports the alias, where no
@@ -170,7 +195,11 @@ class ImportScan(cst.CSTVisitor):
 
     def _scan(self, stmt: Union[cst.Import, cst.ImportFrom]) -> None:
         problem = unsupported_import(stmt)
-        if problem:
+        if problem and isinstance(stmt, cst.Import) and all(
+                _submodule_import(dotted_name(a.name), a) for a in stmt.names):
+            # ``import horovod.spark`` that nothing uses goes with the other Horovod imports
+            self.submodules.append((stmt, [dotted_name(a.name) for a in stmt.names], problem))
+        elif problem:
             self.unsupported.append((stmt, problem))
         if isinstance(stmt.names, cst.ImportStar):
             return
@@ -183,11 +212,14 @@ class ImportScan(cst.CSTVisitor):
             elif self.depth == 0:
                 self.shared.global_imports.add(bound)
 
-    def visit_Import(self, node: cst.Import) -> None:
-        self._scan(node)
-
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         self._scan(node)
+
+
+def _is_dotted(node: cst.BaseExpression) -> bool:
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return isinstance(node, cst.Name)
 
 
 _IMPORT_ERRORS = ("ImportError", "ModuleNotFoundError")

@@ -435,3 +435,19 @@ def test_the_private_distributed_optimizer_otherwise_keeps_a_todo_whose_advice_f
     assert len(todo) == 1 and "as a type annotation, write torch.optim.Optimizer" in todo[0], result.findings
     assert "as a base class, build the optimizer with hvd.DistributedOptimizer" in todo[0]
     assert "from horovod.torch.optimizer import _DistributedOptimizer\n" in result.source
+
+
+@pytest.mark.parametrize("use, todo", [
+    # a Databricks notebook's leftover import next to HorovodRunner (marshackVB's): it goes
+    ("", False),
+    # a use of horovod.spark keeps its TODO, and the import stays for it
+    ("results = horovod.spark.run(train, num_proc=2)\n", True),
+])
+def test_an_import_of_horovod_spark_that_nothing_uses_goes_with_the_others(use, todo):
+    source = ("import horovod.torch as hvd\nimport horovod.spark\n\n\ndef train():\n    hvd.init()\n    "
+              "return hvd.rank()\n\n\n" + use)
+    result = migrate_source(source, "notebook.py")
+    todos = [f for f in result.findings if f.kind is Kind.TODO]
+    assert ("import horovod.spark" in result.source) == todo
+    assert any(f.name == "import" and "`import horovod.spark`: not followed" in f.message for f in todos) == todo
+    assert "hvd." not in result.source and (not todos) == (not todo)
