@@ -147,7 +147,7 @@ class ImportScan(cst.CSTVisitor):
         self.uses: Dict[str, List[Tuple[cst.FunctionDef, ...]]] = {}
         #: ``import horovod.X`` statements (their modules, the TODO if the file uses them)
         self.submodules: List[Tuple[cst.Import, List[str], str]] = []
-        #: the dotted attribute chains the file uses that start with ``horovod.``
+        #: the attribute expressions the file uses that start with ``horovod.``
         self.horovod_chains: Set[str] = set()
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
@@ -161,9 +161,11 @@ class ImportScan(cst.CSTVisitor):
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if isinstance(node.value, cst.Name):
             self.uses.setdefault(node.value.value, []).append(tuple(self.functions))
-        chain = dotted_name(node) if _is_dotted(node) else ""
-        if chain.startswith("horovod."):
-            self.horovod_chains.add(chain)
+        root = node.value
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        if isinstance(root, cst.Name) and root.value == "horovod":
+            self.horovod_chains.add(dotted_name(node))
 
     def visit_Import(self, node: cst.Import) -> bool:
         self._scan(node)
@@ -214,12 +216,6 @@ class ImportScan(cst.CSTVisitor):
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         self._scan(node)
-
-
-def _is_dotted(node: cst.BaseExpression) -> bool:
-    while isinstance(node, cst.Attribute):
-        node = node.value
-    return isinstance(node, cst.Name)
 
 
 _IMPORT_ERRORS = ("ImportError", "ModuleNotFoundError")

@@ -285,12 +285,13 @@ def _aliases(model: str, facts: Facts) -> List[str]:
     return found
 
 
-def _hazard(model: str, line: int, end: int, facts: Facts) -> Optional[str]:
-    """What in the file would break on a replicated `model` (see the module docstring), for a wrap
-    at `line` of a function (or module) that ends at line `end`."""
+def _hazard(model: str, names: List[str], line: int, end: int, facts: Facts) -> Optional[str]:
+    """What in the file would break on a replicated `model` (see the module docstring), known also
+    by `names` (`_aliases`), for a wrap at `line` of a function (or module) that ends at line
+    `end`."""
     code = facts.module_code
     after = "\n".join(code.splitlines()[line:])
-    for name in _aliases(model, facts):
+    for name in names:
         m = re.escape(name)
         if re.search(rf"(?<![\w.]){m}\s*\.\s*forward\s*\(", code):
             return f"`{name}.forward(...)` would bypass the data-parallel hooks"
@@ -298,7 +299,7 @@ def _hazard(model: str, line: int, end: int, facts: Facts) -> Optional[str]:
             return f"`copy.deepcopy({name})` after the wrap fails on a replicated module (copy its state_dict instead)"
         if re.search(rf"(?:torch\.save|pickle\.dumps?|cloudpickle\.dumps?)\(\s*{m}\s*[,)]", code):
             return f"the whole module `{name}` is pickled, which fails once it is replicated (save its state_dict)"
-    later = _rebound_after(model, line, end, facts)
+    later = _rebound_after(model, names, line, end, facts)
     if later:
         return f"`{model}` is re-bound at line {later}, after the wrap"
     return None
@@ -322,14 +323,13 @@ def _runs_module(value: cst.BaseExpression, names: List[str]) -> bool:
     return code_of(value).strip() in names
 
 
-def _rebound_after(model: str, line: int, end: int, facts: Facts) -> Optional[int]:
+def _rebound_after(model: str, names: List[str], line: int, end: int, facts: Facts) -> Optional[int]:
     """The first line after `line` (to `end`) that assigns `model` another object (``model = ...``;
     ``model = model.cpu()`` and the other calls that return the module itself keep it, so do
     ``torch.compile(model)``, ``DataParallel(model)`` and ``convert_sync_batchnorm(model)``, which
     call it, and ``f(model=model)`` is a keyword argument, not an assignment). A name bound with
     others (``model, opt = build()``) starts a new model with its own optimizer, wrapped again if
-    the program trains it distributed."""
-    names = _aliases(model, facts)
+    the program trains it distributed. `names`: the model's and its aliases' (`_aliases`)."""
     found = []
     for node, where in facts.positions.items():
         if isinstance(node, cst.Assign) and line < where.start.line <= end \
@@ -389,6 +389,8 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
     found = list(models.found)
     if not found:
         return "it holds no module's parameters"
+    #: each model's names in the file: its own and its aliases'
+    aliases = {model: _aliases(model, facts) for model in found}
     for model in found:
         if model in taken and not _rebound_between(model, taken[model], line, facts, call):
             return f"`{model}` is also under another DistributedOptimizer; replicate() applies once per module"
@@ -396,10 +398,10 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
         if fixed:
             return (f"the wrap sits inside a loop over `{fixed[0]}`, and `{model}` does not change with "
                     "it: replicate() makes a module data-parallel only once")
-        hazard = _hazard(model, line, _end_of_function(stmt, facts), facts)
+        hazard = _hazard(model, aliases[model], line, _end_of_function(stmt, facts), facts)
         if hazard:
             return hazard
-    data_parallel = [name for model in found for name in _aliases(model, facts)
+    data_parallel = [name for model in found for name in aliases[model]
                      if re.search(rf"(?<!\w)DataParallel\(\s*{re.escape(name)}\s*[,)]", facts.module_code)]
     taken.update(dict.fromkeys(found, line))
     lines = list(first)
@@ -434,4 +436,4 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
                  "does not support (use one process per GPU)")
     if options.notes:
         note += "; " + "; ".join(options.notes)
-    return InPlace(stmt, lines, note, [name for model in found for name in _aliases(model, facts)])
+    return InPlace(stmt, lines, note, [name for model in found for name in aliases[model]])
