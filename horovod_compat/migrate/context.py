@@ -23,6 +23,23 @@ RUNNER = "runner"
 HOROVOD = "horovod"  # a bare `import horovod`, for horovod.run(...)
 FAMILIES = (HVD, RUNNER, HOROVOD)
 
+#: Every public name of ``horovod.torch`` (Horovod 0.28.1).
+HVD_NAMES = frozenset("""
+    elastic Compression allgather_object broadcast_object broadcast_optimizer_state
+    broadcast_parameters allreduce allreduce_async allreduce_ allreduce_async_ grouped_allreduce
+    grouped_allreduce_async grouped_allreduce_ grouped_allreduce_async_ sparse_allreduce_async
+    allgather allgather_async grouped_allgather grouped_allgather_async broadcast broadcast_async
+    broadcast_ broadcast_async_ alltoall alltoall_async reducescatter reducescatter_async
+    grouped_reducescatter grouped_reducescatter_async join barrier poll synchronize init shutdown
+    is_initialized start_timeline stop_timeline size local_size cross_size rank local_rank
+    cross_rank mpi_threads_supported mpi_enabled mpi_built gloo_enabled gloo_built nccl_built
+    ddl_built ccl_built cuda_built rocm_built ProcessSet global_process_set add_process_set
+    remove_process_set Average Sum Adasum Min Max Product HorovodInternalError
+    DistributedOptimizer SyncBatchNorm
+""".split())
+#: Submodules of ``horovod.torch`` whose public names ``horovod.torch`` re-exports.
+HVD_SUBMODULES = frozenset({"mpi_ops", "functions", "compression", "optimizer", "sync_batch_norm"})
+
 #: The import statement that binds each name a rewrite may need.
 IMPORT_FOR_NAME: Dict[str, str] = {
     "atexit": "import atexit",
@@ -152,13 +169,17 @@ class RewriteContext:
 def hvd_attr_name(node: cst.CSTNode, aliases: Set[str]) -> Optional[str]:
     """``hvd.X`` (with ``hvd`` one of `aliases`) -> ``"X"``; anything else -> None.
 
-    Nested names such as ``hvd.Compression.fp16`` return the dotted tail (``"Compression.fp16"``).
+    Nested names such as ``hvd.Compression.fp16`` return the dotted tail (``"Compression.fp16"``);
+    a re-exported name reached through its submodule is the name itself (``hvd.mpi_ops.Sum``:
+    ``"Sum"``).
     """
     parts: List[str] = []
     while isinstance(node, cst.Attribute):
         parts.append(node.attr.value)
         node = node.value
     if isinstance(node, cst.Name) and node.value in aliases and parts:
+        if len(parts) > 1 and parts[-1] in HVD_SUBMODULES and parts[-2] in HVD_NAMES:
+            parts.pop()  # hvd.mpi_ops.Sum is hvd.Sum: horovod.torch re-exports it
         return ".".join(reversed(parts))
     return None
 

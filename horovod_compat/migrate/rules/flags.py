@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 
 import libcst as cst
 
-from horovod_compat.migrate.context import code_of
+from horovod_compat.migrate.context import HVD_NAMES, code_of
 
 _ASYNC = (
     "async handles (poll/synchronize) have no one-line native form; use "
@@ -62,6 +62,9 @@ def reason_for(name: str) -> str:
     head = name.split(".")[0]
     if head in REASONS:
         return REASONS[head]
+    if head not in HVD_NAMES:
+        return (f"`{head}` is not in Horovod 0.28.1's horovod.torch (a fork's or another library's "
+                "name?): the rewriter knows only Horovod's API; migrate this use by hand")
     return "the rewriter has no native mapping for this name"
 
 

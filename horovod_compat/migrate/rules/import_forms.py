@@ -21,25 +21,9 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, ScopeProvider
 
-from horovod_compat.migrate.context import SharedState
+from horovod_compat.migrate.context import HVD_NAMES, HVD_SUBMODULES, SharedState
 from horovod_compat.migrate.rules.imports import ImportScan, alias_bound, dotted_name
 
-#: Every public name of ``horovod.torch`` (Horovod 0.28.1).
-HVD_NAMES = frozenset("""
-    elastic Compression allgather_object broadcast_object broadcast_optimizer_state
-    broadcast_parameters allreduce allreduce_async allreduce_ allreduce_async_ grouped_allreduce
-    grouped_allreduce_async grouped_allreduce_ grouped_allreduce_async_ sparse_allreduce_async
-    allgather allgather_async grouped_allgather grouped_allgather_async broadcast broadcast_async
-    broadcast_ broadcast_async_ alltoall alltoall_async reducescatter reducescatter_async
-    grouped_reducescatter grouped_reducescatter_async join barrier poll synchronize init shutdown
-    is_initialized start_timeline stop_timeline size local_size cross_size rank local_rank
-    cross_rank mpi_threads_supported mpi_enabled mpi_built gloo_enabled gloo_built nccl_built
-    ddl_built ccl_built cuda_built rocm_built ProcessSet global_process_set add_process_set
-    remove_process_set Average Sum Adasum Min Max Product HorovodInternalError
-    DistributedOptimizer SyncBatchNorm
-""".split())
-#: Submodules of ``horovod.torch`` whose public names ``horovod.torch`` re-exports.
-SUBMODULES = frozenset({"mpi_ops", "functions", "compression", "optimizer", "sync_batch_norm"})
 HVD_MODULE = "horovod.torch"
 EXCEPTIONS_MODULE = "horovod.common.exceptions"
 
@@ -145,9 +129,9 @@ class _Plan(cst.CSTVisitor):
             name = dotted_name(alias.name)
             if module == HVD_MODULE and name in HVD_NAMES - {"elastic"}:
                 self._names_from(node, alias, name)
-            elif module == HVD_MODULE and name in SUBMODULES:
+            elif module == HVD_MODULE and name in HVD_SUBMODULES:
                 self._submodule(node, alias)
-            elif module.startswith(HVD_MODULE + ".") and module.split(".")[-1] in SUBMODULES \
+            elif module.startswith(HVD_MODULE + ".") and module.split(".")[-1] in HVD_SUBMODULES \
                     and name in HVD_NAMES:
                 self._names_from(node, alias, name)
             elif module == EXCEPTIONS_MODULE and name == "HorovodInternalError":
@@ -161,7 +145,7 @@ class _Plan(cst.CSTVisitor):
         for alias in node.names:
             name = dotted_name(alias.name)
             if alias.asname is not None and name.startswith(HVD_MODULE + ".") \
-                    and name.split(".")[-1] in SUBMODULES and name.count(".") == 2:
+                    and name.split(".")[-1] in HVD_SUBMODULES and name.count(".") == 2:
                 self._submodule(node, alias)
             elif alias.asname is None and name == HVD_MODULE:
                 self._package(node, alias)

@@ -451,3 +451,23 @@ def test_an_import_of_horovod_spark_that_nothing_uses_goes_with_the_others(use, 
     assert ("import horovod.spark" in result.source) == todo
     assert any(f.name == "import" and "`import horovod.spark`: not followed" in f.message for f in todos) == todo
     assert "hvd." not in result.source and (not todos) == (not todo)
+
+
+def test_a_name_horovod_never_had_gets_a_todo_that_says_so():
+    """``hvd.profiled`` (a fork's addition) is not Horovod's API: its TODO says that, where a name
+    Horovod has but the rewriter does not map there (``hvd.cross_size`` as a value) gets the plain
+    reason."""
+    source = "import horovod.torch as hvd\nhvd.init()\nprint(hvd.profiled, hvd.cross_size)\n"
+    todos = {f.name: f.message for f in migrate_source(source, "f.py").findings if f.kind is Kind.TODO}
+    assert "not in Horovod 0.28.1's horovod.torch" in todos["hvd.profiled"]
+    assert todos["hvd.cross_size"] == "the rewriter has no native mapping for this name"
+
+
+def test_a_name_reached_through_its_submodule_is_the_name_itself():
+    """``hvd.mpi_ops.Sum`` is ``hvd.Sum`` (horovod.torch re-exports it): NVTabular's
+    ``hvd.allreduce(t, op=hvd.mpi_ops.Sum)`` is a native sum."""
+    source = ("import torch\nimport horovod.torch as hvd\nhvd.init()\n"
+              "total = hvd.allreduce(torch.ones(2), op=hvd.mpi_ops.Sum)\n")
+    result = migrate_source(source, "f.py")
+    assert "total = _native_sum(torch.ones(2))" in result.source and "horovod" not in result.source.split("def ")[0]
+    assert not [f for f in result.findings if f.kind is Kind.TODO]
