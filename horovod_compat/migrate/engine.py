@@ -176,13 +176,17 @@ def migrate_units(units: Sequence[Unit], emulate: bool = False) -> List[UnitResu
     if left_alone is not None:
         return left_alone
     renames: Dict[str, str] = {}
-    results, horovod_left, clashes = _migrate(units, False, renames, emulate)
+    results, horovod_left, clashes, held = _migrate(units, False, renames, emulate, True)
     if clashes:
         taken = set().union(*(_names(_parse(unit)) for unit in units))
         renames = {name: renaming.free_name(name, taken) for name in clashes}
-        results, horovod_left, clashes = _migrate(units, False, renames, emulate)
+        results, horovod_left, clashes, held = _migrate(units, False, renames, emulate, True)
+    if horovod_left and held:
+        # A use of an attribute holding the module, brought to `hvd.X`, may sit where no import
+        # binds `hvd`: that form stands only when no Horovod use is left (import_forms).
+        results, horovod_left, _, _ = _migrate(units, False, renames, emulate, False)
     if horovod_left and any(r.changed for r in results):
-        results, _, _ = _migrate(units, True, renames, emulate)
+        results, _, _, _ = _migrate(units, True, renames, emulate, False)
     return results
 
 
@@ -239,11 +243,12 @@ def _other_frameworks(units: Sequence[Unit]) -> Optional[List[UnitResult]]:
     return results if found else None
 
 
-def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, str], emulate: bool
-             ) -> Tuple[List[UnitResult], bool, List[str]]:
+def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, str], emulate: bool,
+             held: bool) -> Tuple[List[UnitResult], bool, List[str], bool]:
     """One pass over the units: (results, whether `horovod.torch` uses remain, the names the
-    rewrite needs that the input binds to something else). `renames` {name: free name}: the
-    input's own `name` is set aside during the rewrite and the native code's takes `free name`."""
+    rewrite needs that the input binds to something else, whether an attribute holding the module
+    was followed). `renames` {name: free name}: the input's own `name` is set aside during the
+    rewrite and the native code's takes `free name`; `held`: follow such attributes."""
     aside, back = renaming.set_aside(renames)
     modules = [_parse(unit) for unit in units]
     if renames:
@@ -251,9 +256,11 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
     every = [_names(m) for m in modules]
     # One metadata wrapper per module: the normalization's scopes and parents serve the rewrite
     # when it changes nothing (each resolution is a walk over the whole tree).
-    wrappers = [import_forms.normalize(MetadataWrapper(m, unsafe_skip_copy=True), every[i],
-                                       set().union(*every[:i], *every[i + 1:]))
-                for i, m in enumerate(modules)]
+    normalized = [import_forms.normalize(MetadataWrapper(m, unsafe_skip_copy=True), every[i],
+                                         set().union(*every[:i], *every[i + 1:]), held)
+                  for i, m in enumerate(modules)]
+    wrappers = [w for w, _ in normalized]
+    followed = any(f for _, f in normalized)
     names = [every[i] if w.module is m else _names(w.module)
              for i, (w, m) in enumerate(zip(wrappers, modules))]
     modules = [w.module for w in wrappers]
@@ -304,7 +311,7 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
                      f"{_CANONICAL[name][0]}; the rewrite needs that name. Rename yours and run again "
                      "(nothing in this file was rewritten)")
             results[i].findings.extend(ctx.findings)
-        return results, False, sorted({name for _, name, _ in clashes})
+        return results, False, sorted({name for _, name, _ in clashes}), followed
     module_sites: Set[str] = set()
     for module in modules:
         module_sites |= _module_level_families(module, shared)
@@ -327,7 +334,7 @@ def _migrate(units: Sequence[Unit], keep_lifecycle: bool, renames: Mapping[str, 
             fixed = fixed.visit(renaming.Rename(back))
         findings = list(ctx.findings)
         results.append(UnitResult(fixed.code, findings, unit.source))
-    return _checked(units, results), not remove[HVD], []
+    return _checked(units, results), not remove[HVD], [], followed
 
 
 def _checked(units: Sequence[Unit], results: List[UnitResult]) -> List[UnitResult]:

@@ -12,6 +12,15 @@ is ``hvd.allreduce`` and ``mpi_ops.allreduce`` is too. A form is brought over on
 certain: the name is bound once in its scope (by that import), and a submodule's alias is only
 ever used as ``alias.NAME`` with NAME exported by ``horovod.torch``. Anything else stays as it is
 and keeps its TODO (``imports.unsupported_import``).
+
+Trainer classes and backends hold the module in an attribute: ``self.hvd = hvd`` after a local
+``import horovod.torch as hvd``, or ``self._hvd = importlib.import_module("horovod.torch")``.
+Such an attribute is followed when every store to it (on any object) is the module or ``None``
+and every other use of it is ``X.attr.NAME`` with NAME exported by ``horovod.torch``: each use
+becomes ``hvd.NAME`` and each store of the module ``import horovod.torch as hvd`` (removed with
+the other imports once no use is left). The rewritten uses name ``hvd`` where only the method
+that stored it may bind it, so the engine keeps this form only when the rewrite leaves no
+Horovod use behind (``engine.migrate_units``).
 """
 from __future__ import annotations
 
@@ -151,9 +160,73 @@ class _Plan(cst.CSTVisitor):
                 self._package(node, alias)
 
 
+def _stores_module(value: cst.BaseExpression, hvd: str) -> bool:
+    """``hvd`` (the module's alias) or ``importlib.import_module("horovod.torch")``."""
+    if isinstance(value, cst.Name):
+        return value.value == hvd
+    return (isinstance(value, cst.Call) and dotted_name(value.func).split(".")[-1] == "import_module"
+            and len(value.args) == 1 and isinstance(value.args[0].value, cst.SimpleString)
+            and value.args[0].value.evaluated_value == HVD_MODULE)
+
+
+class _Held(cst.CSTVisitor):
+    """Attributes that hold ``horovod.torch`` (see the module docstring): the stores of the
+    module to replace and the ``X.attr.NAME`` uses to bring to ``hvd.NAME``."""
+
+    METADATA_DEPENDENCIES = (ParentNodeProvider,)
+
+    def __init__(self, hvd: str, elsewhere: Set[str]) -> None:
+        self.hvd = hvd
+        self.elsewhere = elsewhere
+        self.stores: Dict[str, List[cst.Assign]] = {}
+        self.uses: Dict[str, List[cst.Attribute]] = {}
+        #: attribute names stored or used otherwise: not followed
+        self.spoiled: Set[str] = set()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            if not isinstance(target.target, cst.Attribute):
+                continue
+            name = target.target.attr.value
+            if len(node.targets) == 1 and _stores_module(node.value, self.hvd):
+                self.stores.setdefault(name, []).append(node)
+            elif not (isinstance(node.value, cst.Name) and node.value.value == "None"):
+                self.spoiled.add(name)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        parent = self.get_metadata(ParentNodeProvider, node, None)
+        if isinstance(parent, cst.AssignTarget) and isinstance(self.get_metadata(ParentNodeProvider, parent, None),
+                                                               cst.Assign):
+            return  # (visit_Assign judges the store)
+        name = node.attr.value
+        if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in HVD_NAMES:
+            self.uses.setdefault(name, []).append(parent)
+        else:
+            self.spoiled.add(name)
+
+    def followed(self) -> Tuple[Dict[cst.Attribute, Tuple[str, str]], Set[cst.Assign]]:
+        """({use: (module, NAME)}, stores of the module) of the attributes followed."""
+        uses: Dict[cst.Attribute, Tuple[str, str]] = {}
+        stores: Set[cst.Assign] = set()
+        for name, assigns in self.stores.items():
+            if name in self.spoiled or name in self.elsewhere:
+                continue
+            stores.update(assigns)
+            uses.update({use: (HVD_MODULE, use.attr.value) for use in self.uses.get(name, ())})
+        return uses, stores
+
+
 class _Apply(cst.CSTTransformer):
-    def __init__(self, plan: _Plan) -> None:
+    def __init__(self, plan: _Plan, stores: Set[cst.Assign] = frozenset()) -> None:
         self.plan = plan
+        self.stores = stores
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign
+                     ) -> Union[cst.Assign, cst.Import]:
+        if original_node not in self.stores:
+            return updated_node
+        return cst.Import([cst.ImportAlias(cst.parse_expression(HVD_MODULE),  # type: ignore[arg-type]
+                                           asname=cst.AsName(cst.Name(self.plan.hvd)))])
 
     def _bound(self, module: str) -> str:
         return self.plan.hvd if module == HVD_MODULE else module
@@ -211,16 +284,24 @@ def _hvd_name(module: cst.Module, taken: Set[str]) -> str:
     return name
 
 
-def normalize(wrapper: MetadataWrapper, taken: Set[str], elsewhere: Set[str]) -> MetadataWrapper:
-    """`wrapper`'s module with the other Horovod import forms brought to ``import horovod.torch as
-    hvd`` (see the module docstring), in a wrapper: `wrapper` itself when nothing changes, so that
-    the metadata resolved here serves the rewrite too. `taken`: names the input uses;
-    `elsewhere`: names used in the input's other units, whose imports are left as they are."""
+def normalize(wrapper: MetadataWrapper, taken: Set[str], elsewhere: Set[str], held: bool = True
+              ) -> Tuple[MetadataWrapper, bool]:
+    """(`wrapper`'s module with the other Horovod import forms brought to ``import horovod.torch as
+    hvd`` (see the module docstring), whether an attribute holding the module was followed). The
+    wrapper is `wrapper` itself when nothing changes, so that the metadata resolved here serves
+    the rewrite too. `taken`: names the input uses; `elsewhere`: names used in the input's other
+    units, whose imports are left as they are; `held`: follow attributes that hold the module."""
     code = wrapper.module.code
     optimizer_class = "Optimizer" if re.search(r"^from torch\.optim import [^#\n]*\bOptimizer\b(?! as)", code, re.M) \
         else "torch.optim.Optimizer" if re.search(r"^import torch$", code, re.M) else None
     plan = _Plan(_hvd_name(wrapper.module, taken | elsewhere), elsewhere, optimizer_class)
     wrapper.visit(plan)
-    if not plan.dropped:
-        return wrapper
-    return MetadataWrapper(wrapper.module.visit(_Apply(plan)), unsafe_skip_copy=True)
+    stores: Set[cst.Assign] = set()
+    if held and re.search(r"\bimport_module\b|^\s*import horovod\.torch as ", code, re.M):
+        scan = _Held(plan.hvd, elsewhere)
+        wrapper.visit(scan)
+        uses, stores = scan.followed()
+        plan.uses.update(uses)
+    if not plan.dropped and not stores:
+        return wrapper, False
+    return MetadataWrapper(wrapper.module.visit(_Apply(plan, stores)), unsafe_skip_copy=True), bool(stores)

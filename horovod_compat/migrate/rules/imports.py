@@ -262,6 +262,10 @@ class _Remaining(cst.CSTVisitor):
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
         return False
 
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)  # (`self.hvd`, an attribute of that name, is no use of `hvd`)
+        return False
+
     def visit_Name(self, node: cst.Name) -> None:
         if node.value in self.names:
             self.count += 1

@@ -832,3 +832,98 @@ def test_passes_per_step_in_place_average_every_backward_and_the_numbers_stay_up
     assert len(want) == 14 and [w[:2] for w in want] == [g[:2] for g in got], (want, got)
     assert all(abs(float(w[2]) - float(g[2])) <= 1e-5 * max(1.0, abs(float(w[2]))) for w, g in zip(want, got)), \
         (want, got)
+
+
+
+#: A backend class of the kind libraries write (itwinai's, mlrun's): Horovod is imported where the
+#: backend starts and held in an attribute; one backend imports it by name at run time.
+HELD = '''\
+import importlib
+import torch
+
+
+class HorovodBackend:
+    def __init__(self, by_name=False):
+        self.hvd = None
+        self.by_name = by_name
+
+    def init(self):
+        if self.by_name:
+            self.hvd = importlib.import_module("horovod.torch")
+        else:
+            import horovod.torch as hvd
+            self.hvd = hvd
+        self.hvd.init()
+
+    def distributed(self, model, optimizer):
+        self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        return model, self.hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+
+    def rank(self):
+        return self.hvd.rank()
+
+    def mean(self, value):
+        return self.hvd.allreduce(torch.tensor(value)).item()
+
+
+def main():
+    for by_name in (False, True):
+        backend = HorovodBackend(by_name)
+        backend.init()
+        torch.manual_seed(backend.rank())  # different weights: the broadcast must make them equal
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        model, optimizer = backend.distributed(model, optimizer)
+        g = torch.Generator().manual_seed(3 + backend.rank())
+        for step in range(3):
+            x, y = torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            print(f"HELD by_name={by_name} rank={backend.rank()} step={step} "
+                  f"loss={backend.mean(loss.item()):.6f}")
+        print(f"HELD by_name={by_name} rank={backend.rank()} "
+              f"final={sum(p.sum().item() for p in model.parameters()):.6f}")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_horovod_held_in_an_attribute_is_followed_and_the_backend_prints_horovods_numbers(tmp_path):
+    """``self.hvd = hvd`` after a local import, and ``self.hvd =
+    importlib.import_module("horovod.torch")`` beside ``self.hvd = None``: each
+    ``self.hvd.NAME`` is Horovod's NAME, so the backend comes out native with its model replicated,
+    and prints under the torchrun contract what it printed under horovodrun."""
+    result = migrated_alike(tmp_path, HELD, r"HELD by_name=\w+ rank=\d (?:step=\d loss=\S+|final=\S+)", 16)
+    assert not_native([result.source], result.findings) is None
+    assert "self.hvd." not in result.source and "horovod" not in result.source.split("class HorovodBackend")[1]
+    assert replicated(result.source) == ["model"]
+
+
+@pytest.mark.parametrize("spoiler", [
+    "        if self.hvd is None:\n            return 0\n",   # the attribute is used as an on/off flag
+    "        self.hvd = object()\n",                           # it holds something else too
+])
+def test_an_attribute_holding_horovod_and_used_otherwise_keeps_its_todo(spoiler):
+    source = HELD.replace("    def rank(self):\n", "    def rank(self):\n" + spoiler)
+    result = migrate_source(source, "original.py")
+    assert "self.hvd.DistributedOptimizer" in result.source
+    assert any(f.kind is Kind.TODO and f.name.startswith("self.hvd.") for f in result.findings)
+
+
+def test_an_attribute_followed_but_not_wholly_rewritten_stays_as_written():
+    """A use the rewrite cannot take (a timeline) keeps the file on Horovod; its other uses
+    would name ``hvd`` where only ``init`` binds it, so every ``self.hvd.NAME`` stays as written."""
+    source = HELD.replace("        self.hvd.init()\n", "        self.hvd.init()\n        self.hvd.start_timeline('t.json')\n")
+    assert "start_timeline" in source
+    result = migrate_source(source, "original.py")
+    assert not_native([result.source], result.findings) is not None
+    assert "self.hvd.DistributedOptimizer(" in result.source and "hvd.rank()" in result.source
+    tree = ast.parse(result.source)
+    bare = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id == "hvd"]
+    assert bare == [], bare  # no `hvd.X` outside the method that binds hvd
