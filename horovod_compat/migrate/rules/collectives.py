@@ -29,7 +29,7 @@ def _reduce_op(call: cst.Call, ctx: RewriteContext) -> Union[str, Flagged]:
     """The native op argument (source) for `op=` / `average=`: a literal constant as its string
     (``"sum"``), any other expression with its constants made native (rules/constants.py: the
     helper then receives the value the script chose at run time); a Flagged when neither works."""
-    kw = keyword_args(call)
+    kw = {**_allreduce_positionals(call), **keyword_args(call)}
     op: Optional[str] = None
     if "op" in kw:
         value = kw["op"].value
@@ -45,10 +45,19 @@ def _reduce_op(call: cst.Call, ctx: RewriteContext) -> Union[str, Flagged]:
         value = kw["average"].value
         if op is not None:
             return Flagged("both op= and average= given (Horovod raises ValueError)")
+        if isinstance(value, cst.SimpleString):  # hvd.allreduce(t, "loss"): a name meant, average= taken
+            return '"average"' if value.evaluated_value else '"sum"'
         if not (isinstance(value, cst.Name) and value.value in ("True", "False")):
             return Flagged(f"average={code_of(value)} is not a literal True/False")
         op = '"average"' if value.value == "True" else '"sum"'
     return op or '"average"'
+
+
+def _allreduce_positionals(call: cst.Call) -> Dict[str, cst.Arg]:
+    """``hvd.allreduce(t, average, name)``: the arguments after the tensor, by their names in
+    Horovod 0.28.1's signature. Code written for the name as second argument (``hvd.allreduce(t,
+    "loss")``) passes it as `average`, a true value: Horovod averaged (and warned)."""
+    return dict(zip(("average", "name"), positional_args(call)[1:]))
 
 
 #: The options each helper takes besides its tensor and root (their values pass as written, with
@@ -88,8 +97,11 @@ def rewrite_allreduce(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome
     ``hvd.allreduce_async[_]`` -> ``_native_allreduce_async`` (its handle has wait() and
     is_completed(): see rewrite_handle)."""
     pos = positional_args(call)
-    if has_star_args(call) or len(pos) != 1:
-        return Flagged(f"hvd.{name}() needs exactly one positional tensor argument to be rewritten")
+    if has_star_args(call) or not 1 <= len(pos) <= 3:
+        return Flagged(f"hvd.{name}() needs its tensor, and at most average and name, as positional "
+                       "arguments to be rewritten")
+    if set(_allreduce_positionals(call)) & set(keyword_args(call)):
+        return Flagged(f"hvd.{name}() is given an argument twice (Horovod raises TypeError)")
     is_async = name.startswith("allreduce_async")
     if is_async and not ctx.shared.all_native:
         return Flagged(f"hvd.{name}() stays while Horovod calls remain in this file (its handle "

@@ -463,6 +463,30 @@ def test_a_name_horovod_never_had_gets_a_todo_that_says_so():
     assert todos["hvd.cross_size"] == "the rewriter has no native mapping for this name"
 
 
+POSITIONAL_ALLREDUCE = '''\
+import torch
+import horovod.torch as hvd
+
+hvd.init()
+t = torch.tensor([1.0 + hvd.rank(), 10.0 * hvd.rank()])
+print("POS name-as-average", hvd.rank(), hvd.allreduce(t, "loss").tolist())
+print("POS sum", hvd.rank(), hvd.allreduce(t, False, "total").tolist())
+print("POS empty-name", hvd.rank(), hvd.allreduce(t, "").tolist())
+'''
+
+
+def test_allreduce_arguments_by_position_mean_what_horovods_signature_made_them(tmp_path):
+    """``hvd.allreduce(t, "loss")`` (code that meant a name) passes Horovod's `average`: a true
+    string averages, an empty one sums, as they did under Horovod; the native program prints the
+    original's numbers."""
+    from migrate_runs import migrated_alike
+    result = migrated_alike(tmp_path, POSITIONAL_ALLREDUCE, r"POS [\w-]+ \d \[[^\]]*\]", 6)
+    assert "import horovod" not in result.source and "_native_sum(t)" in result.source
+    assert not [f for f in result.findings if f.kind is Kind.TODO]
+    twice = migrate_source("import horovod.torch as hvd\nhvd.init()\nx = hvd.allreduce(t, True, average=True)\n")
+    assert any(f.kind is Kind.TODO and "twice" in f.message for f in twice.findings)
+
+
 def test_a_name_reached_through_its_submodule_is_the_name_itself():
     """``hvd.mpi_ops.Sum`` is ``hvd.Sum`` (horovod.torch re-exports it): NVTabular's
     ``hvd.allreduce(t, op=hvd.mpi_ops.Sum)`` is a native sum."""
