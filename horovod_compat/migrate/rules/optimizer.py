@@ -678,6 +678,7 @@ def _plan_barriers(facts: _Facts, ctx: RewriteContext) -> Union[_Barriers, str]:
     if not joins:
         return _JOIN_ELSEWHERE
     statements = []
+    join_statements = [facts.parents.get(facts.parents.get(join)) for join in joins]
     for join in joins:
         line = facts.positions[join].start.line
         holder = facts.parents.get(join)
@@ -686,10 +687,20 @@ def _plan_barriers(facts: _Facts, ctx: RewriteContext) -> Union[_Barriers, str]:
                 and len(statement.body) == 1) or has_star_args(join) or len(join.args) > 1:
             return f"hvd.join() at line {line} is not a statement of its own whose value goes unused"
         function = _function_of(statement, facts)
-        loops = [node for node in facts.parents if isinstance(node, (cst.For, cst.While))
-                 and _function_of(node, facts) is function and _start(facts, node) < _start(facts, statement)]
+        every_loop = [node for node in facts.parents if isinstance(node, (cst.For, cst.While))]
+        loops = [node for node in every_loop
+                 if _function_of(node, facts) is function and _start(facts, node) < _start(facts, statement)]
         before = _statement_before(statement, facts)
         running = _functions_run(before, calls, facts) if before is not None else []
+        # A loop with a join among its own statements (an epoch loop) runs as many passes on every
+        # rank: under Horovod a rank with one more pass would wait in its join forever. So its
+        # own collectives run on every rank alike; what may not is what it runs in its inner
+        # loops and in the functions it calls, wherever they stand in its body.
+        paced = [loop for loop in loops if any(s in getattr(loop.body, "body", ()) for s in join_statements)]
+        loops = [loop for loop in loops if loop not in paced]
+        for outer in paced:
+            loops += [n for n in every_loop if n not in paced and n not in loops and _inside(facts, n, outer)]
+            running += [f for f in _functions_run(outer, calls, facts) if f not in running]
         loops += [n for f in running for n in facts.parents
                   if isinstance(n, (cst.For, cst.While)) and _function_of(n, facts) is f]
         for loop in loops:

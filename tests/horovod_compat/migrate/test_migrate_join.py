@@ -291,3 +291,70 @@ def test_a_join_after_a_loop_that_runs_no_collective_becomes_a_barrier(loop_body
     assert ("replicate(model, " in result.source) == barrier
     if not barrier:
         assert any("hvd.join() at line 11 ends a loop of this file" in m for m in todos(result)), todos(result)
+
+
+#: NVTabular's form: the epoch loop calls a training function of another module, joins, broadcasts
+#: the parameters, and the program joins once more after the loop.
+EPOCHS = textwrap.dedent('''\
+    def process_epoch(batches, model, optimizer):
+        total = 0.0
+        for x, y in batches:
+            optimizer.zero_grad()
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            optimizer.step()
+            total += loss.item()
+        return total / len(batches)
+    ''')
+
+EPOCH_JOINS = HEADER + textwrap.dedent('''\
+    from epochs import process_epoch
+
+
+    def main():
+        hvd.init()
+        torch.manual_seed(5)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        g = torch.Generator().manual_seed(40 + hvd.rank())
+        batches = [(torch.randn(5, 4, generator=g), torch.randn(5, 1, generator=g)) for _ in range(3)]
+        for epoch in range(2):
+            loss = process_epoch(batches, model, optimizer)
+            hvd.join()
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            print(f"EPOCHS rank={hvd.rank()} epoch={epoch} loss={loss:.6f}", flush=True)
+        hvd.join()
+        print(f"EPOCHS rank={hvd.rank()} final={sum(p.double().sum().item() for p in model.parameters()):.6f}")
+
+
+    if __name__ == "__main__":
+        main()
+    ''')
+
+
+def test_joins_in_and_after_an_epoch_loop_become_barriers_and_print_the_originals_numbers(tmp_path):
+    """A loop with a join among its own statements runs as many passes on every rank (under
+    Horovod a rank with one more would wait in its join forever), so the broadcast beside the join
+    runs on every rank alike: both joins become barriers, named at their lines."""
+    (tmp_path / "epochs.py").write_text(EPOCHS)
+    result = migrated_alike(tmp_path, EPOCH_JOINS, r"EPOCHS rank=\d (?:epoch=\d loss=\S+|final=\S+)", 2 * 3)
+    assert not todos(result) and not_native([result.source], result.findings) is None
+    assert result.source.count("dist.barrier()  # was hvd.join(): assumes every rank ran as many steps") == 2
+    assert "replicate(model, " in result.source
+
+
+@pytest.mark.parametrize("change", [
+    # the join only on some passes: the passes need not be as many on every rank
+    ("        hvd.join()\n        hvd.broadcast", "        if epoch:\n            hvd.join()\n        hvd.broadcast"),
+    # a loop of this file inside the epoch loop averages: a rank with more data would wait there
+    ("        loss = process_epoch(batches, model, optimizer)\n",
+     "        loss = process_epoch(batches, model, optimizer)\n"
+     "        for x, _ in batches:\n            hvd.allreduce(x)\n"),
+])
+def test_an_epoch_loop_that_may_not_pace_the_ranks_keeps_its_todo(change):
+    old, new = change
+    assert old in EPOCH_JOINS
+    result = migrate(EPOCH_JOINS.replace(old, new))
+    assert "dist.barrier()" not in result.source
+    assert any("hvd.join() at line" in m and "ends a loop of this file" in m for m in todos(result)), todos(result)
