@@ -323,18 +323,26 @@ def _runs_module(value: cst.BaseExpression, names: List[str]) -> bool:
     return code_of(value).strip() in names
 
 
+#: Calls that load a module from a file: its parameters are new objects, never the ones the
+#: wrapped optimizer holds, so neither Horovod nor the replicated module averaged them.
+_LOADED = re.compile(r"(?:torch\.)?(?:jit\.)?load$")
+
+
 def _rebound_after(model: str, names: List[str], line: int, end: int, facts: Facts) -> Optional[int]:
     """The first line after `line` (to `end`) that assigns `model` another object (``model = ...``;
     ``model = model.cpu()`` and the other calls that return the module itself keep it, so do
     ``torch.compile(model)``, ``DataParallel(model)`` and ``convert_sync_batchnorm(model)``, which
-    call it, and ``f(model=model)`` is a keyword argument, not an assignment). A name bound with
+    call it, and ``f(model=model)`` is a keyword argument, not an assignment; ``model =
+    torch.load(f)``, the best model read back to be tested, runs outside the optimizer's
+    parameters under Horovod and natively alike). A name bound with
     others (``model, opt = build()``) starts a new model with its own optimizer, wrapped again if
     the program trains it distributed. `names`: the model's and its aliases' (`_aliases`)."""
     found = []
     for node, where in facts.positions.items():
         if isinstance(node, cst.Assign) and line < where.start.line <= end \
                 and any(code_of(t.target).strip() == model for t in node.targets) \
-                and not _runs_module(node.value, names):
+                and not _runs_module(node.value, names) \
+                and not (isinstance(node.value, cst.Call) and _LOADED.match(code_of(node.value.func).strip())):
             found.append(where.start.line)
     return min(found, default=None)
 
