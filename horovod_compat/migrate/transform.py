@@ -300,6 +300,8 @@ class HorovodTransformer(cst.CSTTransformer):
             self.inner_attributes.add(node.value)
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        if original_node in self.plan.forwards:  # model.forward(x) -> model(x): the replicated module runs
+            return updated_node.value.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
         if original_node in self.plan.constants:
             native = self.plan.constants[original_node]
             self.ctx.rewrite(self._line(original_node), f"hvd.{hvd_attr_name(original_node, self.ctx.hvd_aliases)}",

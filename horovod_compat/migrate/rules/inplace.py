@@ -61,6 +61,9 @@ class InPlace:
     note: str
     #: the modules replicated, and the names the file gives them too (`_aliases`)
     models: List[str] = dataclasses.field(default_factory=list)
+    #: ``model.forward`` of each ``model.forward(...)`` call, to become ``model(...)`` (`_forwards`),
+    #: with the statement each is in
+    forwards: Dict[cst.Attribute, cst.SimpleStatementLine] = dataclasses.field(default_factory=dict)
 
 
 #: Calls that pass parameters through unchanged (``list(m.parameters())``, ``chain(a, b)``).
@@ -293,8 +296,6 @@ def _hazard(model: str, names: List[str], line: int, end: int, facts: Facts) -> 
     after = "\n".join(code.splitlines()[line:])
     for name in names:
         m = re.escape(name)
-        if re.search(rf"(?<![\w.]){m}\s*\.\s*forward\s*\(", code):
-            return f"`{name}.forward(...)` would bypass the data-parallel hooks"
         if re.search(rf"deepcopy\(\s*{m}\s*\)", after):
             return f"`copy.deepcopy({name})` after the wrap fails on a replicated module (copy its state_dict instead)"
         if re.search(rf"(?:torch\.save|pickle\.dumps?|cloudpickle\.dumps?)\(\s*{m}\s*[,)]", code):
@@ -326,6 +327,37 @@ def _runs_module(value: cst.BaseExpression, names: List[str]) -> bool:
 #: Calls that load a module from a file: its parameters are new objects, never the ones the
 #: wrapped optimizer holds, so neither Horovod nor the replicated module averaged them.
 _LOADED = re.compile(r"(?:torch\.)?(?:jit\.)?load$")
+
+
+#: The comment above a statement where ``model.forward(x)`` became ``model(x)``.
+FORWARD_COMMENT = ("# DDP: the module is called, not its forward(), so that its gradients are averaged "
+                   "(this also runs any forward hooks it has)")
+
+
+def _forwards(names: List[str], facts: Facts
+              ) -> Union[Dict[cst.Attribute, cst.SimpleStatementLine], str]:
+    """``model.forward`` of every ``model.forward(...)`` call of the model known by `names`: a
+    call of the replicated module runs DDP's hooks, its forward() does not. Why not, where one
+    is not a plain call in a simple statement (or the text shows more of them than the tree)."""
+    found: Dict[cst.Attribute, cst.SimpleStatementLine] = {}
+    for node in facts.positions:
+        if not (isinstance(node, cst.Attribute) and node.attr.value == "forward"
+                and code_of(node.value).strip() in names):
+            continue
+        call = facts.parents.get(node)
+        if not (isinstance(call, cst.Call) and call.func is node):
+            return f"`{code_of(node).strip()}` is used as a value: a call through it would bypass the data-parallel hooks"
+        statement: Optional[cst.CSTNode] = call
+        while statement is not None and not isinstance(statement, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            statement = facts.parents.get(statement)
+        if not isinstance(statement, cst.SimpleStatementLine):
+            return f"`{code_of(node).strip()}(...)` would bypass the data-parallel hooks (it is not in a simple statement)"
+        found[node] = statement
+    written = sum(len(re.findall(rf"(?<![\w.]){re.escape(n)}\s*\.\s*forward\s*\(", facts.module_code))
+                  for n in names)
+    if written != len(found):
+        return f"`{names[0]}.forward(...)` would bypass the data-parallel hooks"
+    return found
 
 
 def _rebound_after(model: str, names: List[str], line: int, end: int, facts: Facts) -> Optional[int]:
@@ -409,6 +441,12 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
         hazard = _hazard(model, aliases[model], line, _end_of_function(stmt, facts), facts)
         if hazard:
             return hazard
+    forwards = {}
+    for model in found:
+        calls = _forwards(aliases[model], facts)
+        if isinstance(calls, str):
+            return calls
+        forwards.update(calls)
     data_parallel = [name for model in found for name in aliases[model]
                      if re.search(rf"(?<!\w)DataParallel\(\s*{re.escape(name)}\s*[,)]", facts.module_code)]
     taken.update(dict.fromkeys(found, line))
@@ -442,6 +480,9 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
         note += (f"; `DataParallel({data_parallel[0]})` runs the replicated module: right on one device per "
                  "process, but over several GPUs of one process DataParallel copies it, which replicate() "
                  "does not support (use one process per GPU)")
+    if forwards:
+        note += (f"; {len(forwards)} call(s) of `.forward(...)` call the module instead, so that DDP's hooks "
+                 "run (and any forward hooks of its own)")
     if options.notes:
         note += "; " + "; ".join(options.notes)
-    return InPlace(stmt, lines, note, [name for model in found for name in aliases[model]])
+    return InPlace(stmt, lines, note, [name for model in found for name in aliases[model]], forwards)

@@ -92,6 +92,8 @@ class OptimizerPlan:
     join_loops: Dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict)
     #: Statements replaced whole (``last = hvd.join()``, a join that becomes a barrier), with the report's note.
     substitute: Dict[cst.SimpleStatementLine, Rewritten] = dataclasses.field(default_factory=dict)
+    #: ``model.forward`` attributes of a replicated model's calls: each becomes ``model`` (inplace.py).
+    forwards: Set[cst.Attribute] = dataclasses.field(default_factory=set)
 
 
 @dataclasses.dataclass
@@ -973,6 +975,9 @@ def _plan_in_place(call: cst.Call, facts: _Facts, ctx: RewriteContext, plan: Opt
     if barriers is not None:
         note += "; " + barriers.apply("", plan, ctx)
     plan.inplace[call] = dataclasses.replace(outcome, note=note)
+    plan.forwards.update(outcome.forwards)
+    for statement in outcome.forwards.values():
+        plan.comments.setdefault(statement, inplace.FORWARD_COMMENT)
     plan.constants.update(options.constants)
     plan.remove.update(uses.remove)
     plan.unwrap.update(uses.unwrap)

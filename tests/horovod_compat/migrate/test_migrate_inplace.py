@@ -174,8 +174,16 @@ def test_an_optimizer_whose_value_at_the_wrap_is_not_one_binding_keeps_the_todo(
             opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                            named_parameters=model.named_parameters())
             helper(model)
-            model.forward(x).sum().backward()
-        ''', "`model.forward(...)` would bypass"),
+            return model.forward
+        ''', "`model.forward` is used as a value: a call through it would bypass"),
+    ('''
+        def train(model, x):
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                           named_parameters=model.named_parameters())
+            helper(model)
+            while model.forward(x).sum() > 0:
+                x = x - 1
+        ''', "`model.forward(...)` would bypass the data-parallel hooks (it is not in a simple statement)"),
     ('''
         import copy
 
@@ -834,7 +842,6 @@ def test_passes_per_step_in_place_average_every_backward_and_the_numbers_stay_up
         (want, got)
 
 
-
 #: A backend class of the kind libraries write (itwinai's, mlrun's): Horovod is imported where the
 #: backend starts and held in an attribute; one backend imports it by name at run time.
 HELD = '''\
@@ -929,7 +936,6 @@ def test_an_attribute_followed_but_not_wholly_rewritten_stays_as_written():
     assert bare == [], bare  # no `hvd.X` outside the method that binds hvd
 
 
-
 #: The word-language-model form: after training, the program reads a whole module back from a file
 #: and tests it under the same name.
 RELOADED = '''\
@@ -968,3 +974,48 @@ def test_a_model_read_back_from_a_file_after_training_leaves_the_wrap_in_place(t
     assert replicated(result.source) == ["model"] and not_native([result.source], result.findings) is None
     blocked = migrate_source(RELOADED.replace("torch.load(f, weights_only=False)", "model[0]"), "original.py")
     assert any(f.kind is Kind.TODO and "re-bound at line" in f.message for f in blocked.findings)
+
+
+#: Training that calls ``model.forward(x)`` (facial-segmentation's train() and test()), the model
+#: passed to the functions that do.
+FORWARDS = '''\
+import torch
+import horovod.torch as hvd
+
+
+def train(model, optimizer, batches):
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss = ((model.forward(x) - y) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+    return loss.item()
+
+
+def main():
+    hvd.init()
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.Linear(5, 1))
+    optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters())
+    g = torch.Generator().manual_seed(30 + hvd.rank())
+    batches = [(torch.randn(4, 3, generator=g), torch.randn(4, 1, generator=g)) for _ in range(3)]
+    for epoch in range(2):
+        loss = train(model, optimizer, batches)
+        print(f"FORWARDS rank={hvd.rank()} epoch={epoch} loss={loss:.6f} "
+              f"test={[model.forward(x).sum().item() for x, _ in batches][0]:.6f}")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_replicated_models_forward_calls_become_calls_of_the_module_named_at_their_lines(tmp_path):
+    """``model.forward(x)`` skips the module's hooks, DDP's among them: each becomes ``model(x)``
+    with a comment above its statement, and the native program prints the original's numbers."""
+    result = migrated_alike(tmp_path, FORWARDS, r"FORWARDS rank=\d epoch=\d loss=\S+ test=\S+", 4)
+    assert replicated(result.source) == ["model"] and not_native([result.source], result.findings) is None
+    assert ".forward(" not in result.source
+    assert result.source.count("# DDP: the module is called, not its forward()") == 2
+    assert "loss = ((model(x) - y) ** 2).mean()" in result.source

@@ -1,6 +1,6 @@
 """A trainer class holding model and optimizer, as real projects write it: the model travels, so
-no DDP wrap can be proven, and its forward() is called directly, past the hooks of a replicated
-module; under --emulate the optimizer averages the gradients itself (gradient hooks)."""
+no DDP wrap can be proven, and its forward() is handed out as a value, to be called past the hooks
+of a replicated module; under --emulate the optimizer averages the gradients itself (gradient hooks)."""
 import torch
 import atexit
 import gc
@@ -191,9 +191,9 @@ class Net(torch.nn.Module):
         return self.head(torch.relu(self.body(x)))
 
 
-def evaluate(model, x):
+def evaluate(forward, x):
     with torch.no_grad():
-        return model.forward(x).mean().item()
+        return forward(x).mean().item()
 
 
 class Trainer:
@@ -241,7 +241,7 @@ def main():
         batches = [(torch.randn(5 + dist.get_rank(), 6, generator=g), torch.randn(5 + dist.get_rank(), 1, generator=g))
                    for _ in range(2)]
         norm = trainer.step(batches)
-        print(f"rank {dist.get_rank()} step {step} norm {norm:.6f} eval {evaluate(model, batches[0][0]):.6f}")
+        print(f"rank {dist.get_rank()} step {step} norm {norm:.6f} eval {evaluate(model.forward, batches[0][0]):.6f}")
     total = sum(p.sum().item() for p in model.parameters())
     print(f"rank {dist.get_rank()} final {total:.6f}")
 
