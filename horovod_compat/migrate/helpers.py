@@ -33,11 +33,11 @@ def _native_sum_gradients(process_group, bucket):
     work = dist.all_reduce(bucket.buffer(), group=process_group, async_op=True)
     return work.get_future().then(lambda done: done.value()[0])
 ''',
-    # One source for the blocking and the asynchronous form: the blocking one waits on the other.
-    "_native_allreduce": '''
+    # What an asynchronous op returned (hvd.allreduce_async, hvd.broadcast_async): a handle.
+    "_NativeHandle": '''
 class _NativeHandle:
-    """What hvd.allreduce_async returned: is_completed() is hvd.poll, wait() is hvd.synchronize
-    (the reduction's work, then `finish` to scale and copy the result, once)."""
+    """What hvd.allreduce_async or hvd.broadcast_async returned: is_completed() is hvd.poll,
+    wait() is hvd.synchronize (the op's work, then `finish` to scale and copy the result, once)."""
 
     def __init__(self, work, finish):
         self.work, self.finish = work, finish
@@ -50,8 +50,9 @@ class _NativeHandle:
             self.work.wait()
             self.result, self.finish = self.finish(), None
         return self.result
-
-
+''',
+    # One source for the blocking and the asynchronous form: the blocking one waits on the other.
+    "_native_allreduce": '''
 def _native_allreduce_async(tensor, op="average", inplace=False, compression=None,
                             prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """hvd.allreduce_async on torch.distributed: starts the reduction over all ranks into a new
@@ -158,6 +159,18 @@ def _native_broadcast(tensor, root_rank, inplace=False, process_set=None):
     with torch.no_grad():
         dist.broadcast(out, src=root_rank, group=process_set.group if process_set is not None else None)
     return out
+''',
+    "_native_broadcast_async": '''
+def _native_broadcast_async(tensor, root_rank, inplace=False, process_set=None):
+    """hvd.broadcast_async on torch.distributed: starts root_rank's values into a new tensor (or in
+    place) and returns its handle: handle.wait() (hvd.synchronize) returns them,
+    handle.is_completed() is hvd.poll. root_rank is a global rank, as in Horovod."""
+    import torch.distributed as dist
+
+    out = tensor if inplace else tensor.detach().clone()
+    work = dist.broadcast(out, src=root_rank, group=process_set.group if process_set is not None else None,
+                          async_op=True)
+    return _NativeHandle(work, lambda: out)
 ''',
     "_native_broadcast_parameters": '''
 def _native_broadcast_parameters(params, root_rank):
@@ -653,6 +666,7 @@ class _NativeElasticSampler:
 
 #: The helpers each helper calls: inserted with it, before it.
 REQUIRES: Dict[str, List[str]] = {
-    "_native_allreduce": ["_native_wire_dtype"],
+    "_native_allreduce": ["_native_wire_dtype", "_NativeHandle"],
+    "_native_broadcast_async": ["_NativeHandle"],
     "_native_distributed_optimizer": ["_native_wire_dtype"],
 }

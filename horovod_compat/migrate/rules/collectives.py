@@ -138,7 +138,8 @@ def rewrite_allreduce(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome
 
 def rewrite_handle(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
     """``hvd.synchronize(h)`` -> ``h.wait()``, ``hvd.poll(h)`` -> ``h.is_completed()``: the
-    handles of a file that became native all come from ``_native_allreduce_async``."""
+    handles of a file that became native all come from ``_native_allreduce_async`` or
+    ``_native_broadcast_async``."""
     pos = positional_args(call)
     if has_star_args(call) or len(pos) != 1 or keyword_args(call):
         return Flagged(f"hvd.{name}() arguments not understood")
@@ -153,7 +154,13 @@ def rewrite_handle(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
 
 
 def rewrite_broadcast(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
-    """``hvd.broadcast[_](t, root_rank)`` -> ``_native_broadcast(t, root_rank)``."""
+    """``hvd.broadcast[_](t, root_rank)`` -> ``_native_broadcast(t, root_rank)``;
+    ``hvd.broadcast_async[_]`` -> ``_native_broadcast_async`` (a handle, as rewrite_handle
+    expects)."""
+    is_async = name.startswith("broadcast_async")
+    if is_async and not ctx.shared.all_native:
+        return Flagged(f"hvd.{name}() stays while Horovod calls remain in this file (its handle "
+                       "goes to hvd.synchronize/hvd.poll)")
     pos = positional_args(call)
     kw = keyword_args(call)
     options = _native_options(call, ctx, {"root_rank", "name"}, _SET_OPTION)
@@ -165,11 +172,14 @@ def rewrite_broadcast(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome
         root = kw["root_rank"].value
     else:
         return Flagged(f"hvd.{name}() arguments not understood")
-    ctx.need_helper("_native_broadcast")
-    if name == "broadcast_":
+    func = "_native_broadcast_async" if is_async else "_native_broadcast"
+    ctx.need_helper(func)
+    inplace = name.endswith("_")
+    if inplace:
         options.append("inplace=True")
-    text = f"_native_broadcast({', '.join([code_of(pos[0].value), code_of(root), *options])})"
-    return Rewritten(cst.parse_expression(text), "-> dist.broadcast of a copy")
+    text = f"{func}({', '.join([code_of(pos[0].value), code_of(root), *options])})"
+    return Rewritten(cst.parse_expression(text), f"-> {'start of ' if is_async else ''}dist.broadcast "
+                     + ("in place" if inplace else "of a copy"))
 
 
 def rewrite_broadcast_object(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
@@ -276,6 +286,8 @@ CALLS: Dict[str, Callable[[str, cst.Call, RewriteContext], Outcome]] = {
     "poll": rewrite_handle,
     "broadcast": rewrite_broadcast,
     "broadcast_": rewrite_broadcast,
+    "broadcast_async": rewrite_broadcast,
+    "broadcast_async_": rewrite_broadcast,
     "broadcast_object": rewrite_broadcast_object,
     "allgather": rewrite_allgather,
     "allgather_object": rewrite_allgather_object,

@@ -30,8 +30,6 @@ REASONS = {
     "grouped_reducescatter": "no grouped native form; one dist.reduce_scatter_tensor per tensor",
     "grouped_allreduce_async": _ASYNC,
     "grouped_allreduce_async_": _ASYNC,
-    "broadcast_async": _ASYNC,
-    "broadcast_async_": _ASYNC,
     "sparse_allreduce_async": "sparse allreduce (allgather of indices and values) has no native form",
     "alltoall": "dist.all_to_all_single takes explicit input/output split sizes; returned splits must be exchanged first",
     "reducescatter": "dist.reduce_scatter_tensor needs equal chunks and sums; Horovod averaged by default",

@@ -23,8 +23,8 @@ def _native_wire_dtype(compression):
 
 
 class _NativeHandle:
-    """What hvd.allreduce_async returned: is_completed() is hvd.poll, wait() is hvd.synchronize
-    (the reduction's work, then `finish` to scale and copy the result, once)."""
+    """What hvd.allreduce_async or hvd.broadcast_async returned: is_completed() is hvd.poll,
+    wait() is hvd.synchronize (the op's work, then `finish` to scale and copy the result, once)."""
 
     def __init__(self, work, finish):
         self.work, self.finish = work, finish
