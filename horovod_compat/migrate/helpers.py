@@ -36,18 +36,20 @@ def _native_sum_gradients(process_group, bucket):
     # What an asynchronous op returned (hvd.allreduce_async, hvd.broadcast_async): a handle.
     "_NativeHandle": '''
 class _NativeHandle:
-    """What hvd.allreduce_async or hvd.broadcast_async returned: is_completed() is hvd.poll,
-    wait() is hvd.synchronize (the op's work, then `finish` to scale and copy the result, once)."""
+    """What hvd.allreduce_async, broadcast_async or allgather_async returned: is_completed() is
+    hvd.poll, wait() is hvd.synchronize (the op's work, None for one done already, then `finish`
+    to scale and copy the result, once)."""
 
     def __init__(self, work, finish):
         self.work, self.finish = work, finish
 
     def is_completed(self):
-        return self.work.is_completed()
+        return self.work is None or self.work.is_completed()
 
     def wait(self):
         if self.finish is not None:
-            self.work.wait()
+            if self.work is not None:
+                self.work.wait()
             self.result, self.finish = self.finish(), None
         return self.result
 ''',
@@ -264,6 +266,15 @@ def _native_allgather(tensor, process_set=None):
     if tensor.requires_grad and torch.is_grad_enabled():
         return AllGather.apply(tensor)
     return gather(tensor.detach())[0]
+''',
+    # hvd.allgather_async: torch has no asynchronous gather of uneven rows, so it gathers at once
+    "_native_allgather_async": '''
+def _native_allgather_async(tensor, process_set=None):
+    """hvd.allgather_async on torch.distributed: _native_allgather at once (the rows per rank may
+    differ, which torch's asynchronous all_gather does not allow), behind a handle whose wait()
+    (hvd.synchronize) returns it."""
+    gathered = _native_allgather(tensor, process_set=process_set)
+    return _NativeHandle(None, lambda: gathered)
 ''',
     "_native_distributed_optimizer": '''
 def _native_distributed_optimizer(optimizer, named_parameters=None, compression=None,
@@ -668,5 +679,6 @@ class _NativeElasticSampler:
 REQUIRES: Dict[str, List[str]] = {
     "_native_allreduce": ["_native_wire_dtype", "_NativeHandle"],
     "_native_broadcast_async": ["_NativeHandle"],
+    "_native_allgather_async": ["_native_allgather", "_NativeHandle"],
     "_native_distributed_optimizer": ["_native_wire_dtype"],
 }

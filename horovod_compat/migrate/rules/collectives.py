@@ -138,8 +138,8 @@ def rewrite_allreduce(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome
 
 def rewrite_handle(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
     """``hvd.synchronize(h)`` -> ``h.wait()``, ``hvd.poll(h)`` -> ``h.is_completed()``: the
-    handles of a file that became native all come from ``_native_allreduce_async`` or
-    ``_native_broadcast_async``."""
+    handles of a file that became native all come from ``_native_allreduce_async``,
+    ``_native_broadcast_async`` or ``_native_allgather_async``."""
     pos = positional_args(call)
     if has_star_args(call) or len(pos) != 1 or keyword_args(call):
         return Flagged(f"hvd.{name}() arguments not understood")
@@ -166,8 +166,8 @@ def rewrite_broadcast(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome
     options = _native_options(call, ctx, {"root_rank", "name"}, _SET_OPTION)
     if has_star_args(call) or isinstance(options, Flagged):
         return options if isinstance(options, Flagged) else Flagged(f"hvd.{name}() arguments not understood")
-    if len(pos) == 2 and "root_rank" not in kw:
-        root = pos[1].value
+    if 2 <= len(pos) <= 3 and "root_rank" not in kw and not (len(pos) == 3 and "name" in kw):
+        root = pos[1].value  # (a third is the name, which only labelled Horovod's op)
     elif len(pos) == 1 and "root_rank" in kw:
         root = kw["root_rank"].value
     else:
@@ -208,7 +208,12 @@ def rewrite_broadcast_object(name: str, call: cst.Call, ctx: RewriteContext) -> 
 
 def rewrite_allgather(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
     """``hvd.allgather(tensor, name=None)`` -> the ``_native_allgather`` helper (rows per rank
-    may differ, as in Horovod; differentiable)."""
+    may differ, as in Horovod; differentiable); ``hvd.allgather_async`` -> its handle
+    (``_native_allgather_async``), where the whole file becomes native."""
+    is_async = name == "allgather_async"
+    if is_async and not ctx.shared.all_native:
+        return Flagged(f"hvd.{name}() stays while Horovod calls remain in this file (its handle "
+                       "goes to hvd.synchronize/hvd.poll)")
     pos = positional_args(call)
     kw = keyword_args(call)
     given = min(len(pos), 1) + ("tensor" in kw)  # the tensor, positional or by keyword
@@ -216,11 +221,13 @@ def rewrite_allgather(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome
     if isinstance(options, Flagged):
         return options
     if has_star_args(call) or given != 1 or len(pos) > 2 or (len(pos) == 2 and "name" in kw):
-        return Flagged("hvd.allgather() arguments not understood")
+        return Flagged(f"hvd.{name}() arguments not understood")
     tensor = pos[0].value if pos else kw["tensor"].value
-    ctx.need_helper("_native_allgather")
-    return Rewritten(cst.parse_expression(f"_native_allgather({', '.join([code_of(tensor), *options])})"),
-                     "-> all_gather of the sizes, then of the padded tensors (uneven rows)")
+    func = "_native_allgather_async" if is_async else "_native_allgather"
+    ctx.need_helper(func)
+    return Rewritten(cst.parse_expression(f"{func}({', '.join([code_of(tensor), *options])})"),
+                     "-> all_gather of the sizes, then of the padded tensors (uneven rows)"
+                     + (", at once, behind a handle" if is_async else ""))
 
 
 def rewrite_allgather_object(name: str, call: cst.Call, ctx: RewriteContext) -> Outcome:
@@ -290,6 +297,7 @@ CALLS: Dict[str, Callable[[str, cst.Call, RewriteContext], Outcome]] = {
     "broadcast_async_": rewrite_broadcast,
     "broadcast_object": rewrite_broadcast_object,
     "allgather": rewrite_allgather,
+    "allgather_async": rewrite_allgather,
     "allgather_object": rewrite_allgather_object,
     "barrier": rewrite_barrier,
 }

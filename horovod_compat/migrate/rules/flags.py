@@ -23,7 +23,6 @@ _KEPT = ("kept: Horovod calls remain in this file and work with Horovod's own {}
          "becomes native this is {}")
 
 REASONS = {
-    "allgather_async": _ASYNC,
     "grouped_allgather": "no grouped native form; one dist.all_gather per tensor (sizes may differ)",
     "grouped_allreduce": "no grouped native form; one dist.all_reduce per tensor (Horovod averaged)",
     "grouped_allreduce_": "no grouped native form; one dist.all_reduce per tensor (Horovod averaged)",

@@ -504,22 +504,26 @@ import horovod.torch as hvd
 hvd.init()
 t = torch.arange(3.0) + 10 * hvd.rank()
 h = hvd.broadcast_async_(t, root_rank=1)           # kfac's backend: in place, waited on later
-copy = hvd.broadcast_async(torch.full((2,), float(hvd.rank())), 1)
+copy = hvd.broadcast_async(torch.full((2,), float(hvd.rank())), 1, "copy")  # the name by position
+rows = hvd.allgather_async(torch.ones(1 + hvd.rank(), 2) * (hvd.rank() + 1), "rows")  # OMGS-SGD's
 while not hvd.poll(copy):
     pass
 done = hvd.synchronize(copy)
 hvd.synchronize(h)
-print("ABC", hvd.rank(), t.tolist(), done.tolist())
+print("ABC", hvd.rank(), t.tolist(), done.tolist(), hvd.synchronize(rows).tolist())
 '''
 
 
-def test_asynchronous_broadcasts_become_native_handles_and_give_horovods_values(tmp_path):
+def test_asynchronous_broadcasts_and_gathers_become_native_handles_and_give_horovods_values(tmp_path):
     """``hvd.broadcast_async[_]`` -> ``_native_broadcast_async`` (a handle on torch's async
-    broadcast), ``hvd.synchronize``/``hvd.poll`` -> ``wait()``/``is_completed()``: the native
-    program prints the original's tensors (kfac-pytorch's Horovod backend)."""
+    broadcast), ``hvd.allgather_async`` -> ``_native_allgather_async`` (uneven rows, gathered at
+    once behind a handle), ``hvd.synchronize``/``hvd.poll`` -> ``wait()``/``is_completed()``: the
+    native program prints the original's tensors (kfac-pytorch's Horovod backend, OMGS-SGD's
+    optimizer)."""
     from migrate_runs import migrated_alike
-    result = migrated_alike(tmp_path, ASYNC_BROADCAST, r"ABC \d \[[^\]]*\] \[[^\]]*\]", 2)
+    result = migrated_alike(tmp_path, ASYNC_BROADCAST, r"ABC \d \[[^\]]*\] \[[^\]]*\] \[\[.*\]\]", 2)
     assert not [f for f in result.findings if f.kind is Kind.TODO]
     assert "h = _native_broadcast_async(t, 1, inplace=True)" in result.source
     assert "h.wait()" in result.source and "copy.is_completed()" in result.source
+    assert 'rows = _native_allgather_async(torch.ones(1 + dist.get_rank(), 2) * (dist.get_rank() + 1))' in result.source
     assert "import horovod" not in result.source

@@ -38,18 +38,20 @@ def _native_wire_dtype(compression):
 
 
 class _NativeHandle:
-    """What hvd.allreduce_async or hvd.broadcast_async returned: is_completed() is hvd.poll,
-    wait() is hvd.synchronize (the op's work, then `finish` to scale and copy the result, once)."""
+    """What hvd.allreduce_async, broadcast_async or allgather_async returned: is_completed() is
+    hvd.poll, wait() is hvd.synchronize (the op's work, None for one done already, then `finish`
+    to scale and copy the result, once)."""
 
     def __init__(self, work, finish):
         self.work, self.finish = work, finish
 
     def is_completed(self):
-        return self.work.is_completed()
+        return self.work is None or self.work.is_completed()
 
     def wait(self):
         if self.finish is not None:
-            self.work.wait()
+            if self.work is not None:
+                self.work.wait()
             self.result, self.finish = self.finish(), None
         return self.result
 
