@@ -1019,3 +1019,24 @@ def test_a_replicated_models_forward_calls_become_calls_of_the_module_named_at_t
     assert ".forward(" not in result.source
     assert result.source.count("# DDP: the module is called, not its forward()") == 2
     assert "loss = ((model(x) - y) ** 2).mean()" in result.source
+
+
+def test_an_attribute_holding_another_librarys_module_of_the_same_name_is_left_alone():
+    """``import bluefog.torch as hvd`` then ``self.comm = hvd``: the name is Horovod's usual one,
+    but the module is not Horovod's, so that store stays as written (only the attribute that
+    holds ``importlib.import_module("horovod.torch")`` is followed)."""
+    source = textwrap.dedent('''\
+        import importlib
+        import bluefog.torch as hvd
+
+
+        class Backend:
+            def init(self):
+                self.comm = hvd
+                self.hvd = importlib.import_module("horovod.torch")
+                self.hvd.init()
+                return self.comm.size()
+        ''')
+    result = migrate_source(source, "original.py")
+    assert "        self.comm = hvd\n" in result.source and "import bluefog.torch as hvd\n" in result.source
+    assert "self.hvd.init()" not in result.source and "import horovod" not in result.source
