@@ -15,7 +15,8 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 from horovod_compat.migrate.context import HOROVOD, Flagged, Outcome, RewriteContext, Rewritten, hvd_attr_name
 from horovod_compat.migrate.report import todo_comment
 from horovod_compat.migrate.rules import (
-    collectives, constants, elastic, flags, lightning, optimizer_hooks, runner, sampler, state_sync, topology,
+    collectives, constants, elastic, flags, lightning, optimizer_hooks, probes, runner, sampler, state_sync,
+    topology,
 )
 from horovod_compat.migrate.rules.flags import reason_for
 from horovod_compat.migrate.rules.optimizer import OptimizerPlan
@@ -71,6 +72,10 @@ class HorovodTransformer(cst.CSTTransformer):
         self.statement_calls: Dict[cst.Call, Optional[Outcome]] = {}
         self.hvd_call_depth = 0
         self.inner_attributes: set = set()
+        #: the branches a probe of Horovod's API decided against (rules/probes.py): not visited
+        self.dead: set = set()
+        #: if statements and expressions whose test a probe decided -> its value
+        self.decisions: Dict[cst.CSTNode, bool] = {}
 
     # -- helpers ---------------------------------------------------------------------------
     def _line(self, node: cst.CSTNode) -> int:
@@ -189,6 +194,8 @@ class HorovodTransformer(cst.CSTTransformer):
         return cst.FlattenSentinel(replacement)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
+        if node in self.dead:
+            return False
         if isinstance(node, _COMPOUND):
             self.frames.append(_Frame())
             if node in self.plan.comments:
@@ -224,6 +231,56 @@ class HorovodTransformer(cst.CSTTransformer):
                 body[0] = body[0].with_changes(leading_lines=[*updated_node.leading_lines, *body[0].leading_lines])
             return cst.FlattenSentinel(body)
         return updated_node
+
+    # -- probes of Horovod's API (rules/probes.py) ----------------------------------------------
+    def _decide(self, node: Union[cst.If, cst.IfExp], taken: cst.CSTNode, other: Optional[cst.CSTNode]) -> None:
+        """Record the decision of `node`'s test, if a probe settles it: the branch not taken is not
+        visited (its Horovod uses go with it)."""
+        value = probes.decided(node.test, self.ctx.hvd_aliases)
+        if value is None:
+            return
+        self.decisions[node] = value
+        dropped = other if value else taken
+        if dropped is not None:
+            self.dead.add(dropped)
+        names = ", ".join(f"`{name}`" for name in probes.asked(node.test, self.ctx.hvd_aliases))
+        self.ctx.rewrite(self._line(node), "hasattr(hvd, ...)",
+                         f"-> the test is {value}: Horovod 0.28.1's horovod.torch has {names} or not, as "
+                         "the test asks; only the branch it takes is kept")
+
+    def visit_If(self, node: cst.If) -> None:
+        self._decide(node, node.body, node.orelse)
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If
+                 ) -> Union[cst.BaseStatement, cst.FlattenSentinel, cst.RemovalSentinel]:
+        if original_node not in self.decisions:
+            return updated_node
+        parent = self.get_metadata(ParentNodeProvider, original_node, None)
+        if isinstance(parent, cst.If) and parent.orelse is original_node:  # an elif: its branch stays one
+            if self.decisions[original_node]:
+                return cst.Else(body=updated_node.body, leading_lines=updated_node.leading_lines)
+            return updated_node.orelse if updated_node.orelse is not None else cst.RemoveFromParent()
+        if self.decisions[original_node]:
+            kept = list(updated_node.body.body)
+        elif isinstance(updated_node.orelse, cst.If):  # elif: the next test decides
+            return updated_node.orelse.with_changes(leading_lines=updated_node.leading_lines)
+        elif isinstance(updated_node.orelse, cst.Else):
+            kept = list(updated_node.orelse.body.body)
+        else:
+            return cst.RemoveFromParent()
+        if not kept:
+            return cst.RemoveFromParent()
+        kept[0] = kept[0].with_changes(leading_lines=[*updated_node.leading_lines, *kept[0].leading_lines])
+        return cst.FlattenSentinel(kept)
+
+    def visit_IfExp(self, node: cst.IfExp) -> None:
+        self._decide(node, node.body, node.orelse)
+
+    def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.BaseExpression:
+        if original_node not in self.decisions:
+            return updated_node
+        kept = updated_node.body if self.decisions[original_node] else updated_node.orelse
+        return kept.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar) if updated_node.lpar else kept
 
     def leave_For(self, original_node: cst.For, updated_node: cst.For) -> Union[cst.For, cst.With]:
         return self._joined(original_node, self._accumulated(original_node, updated_node))
@@ -285,7 +342,9 @@ class HorovodTransformer(cst.CSTTransformer):
         self._module_as_value(node.value, node)
 
     def visit_Arg(self, node: cst.Arg) -> None:
-        self._module_as_value(node.value, node)
+        call = self.get_metadata(ParentNodeProvider, node, None)
+        if call is None or probes.answer(call, self.ctx.hvd_aliases) is None:  # (a probe only asks)
+            self._module_as_value(node.value, node)
 
     def visit_Return(self, node: cst.Return) -> None:
         self._module_as_value(node.value, node)
@@ -339,6 +398,12 @@ class HorovodTransformer(cst.CSTTransformer):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         line = self._line(original_node)
         shared = self.ctx.shared
+        known = probes.answer(original_node, self.ctx.hvd_aliases)
+        if known is not None:  # a probe no if decided (those tests go whole): its answer
+            name = probes.asked(original_node, self.ctx.hvd_aliases)[0]
+            self.ctx.rewrite(line, "hasattr(hvd, ...)",
+                             f"-> {known}: Horovod 0.28.1's horovod.torch {'has' if known else 'lacks'} `{name}`")
+            return cst.Name(str(known))
         if runner.is_runner_constructor(original_node, shared.runner_names):
             return self._apply(original_node, updated_node, "HorovodRunner", runner.rewrite_constructor(updated_node, self.ctx))
         if runner.is_runner_run(original_node, shared.runner_names, shared.runner_vars):

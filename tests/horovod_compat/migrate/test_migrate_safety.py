@@ -527,3 +527,50 @@ def test_asynchronous_broadcasts_and_gathers_become_native_handles_and_give_horo
     assert "h.wait()" in result.source and "copy.is_completed()" in result.source
     assert 'rows = _native_allgather_async(torch.ones(1 + dist.get_rank(), 2) * (dist.get_rank() + 1))' in result.source
     assert "import horovod" not in result.source
+
+
+PROBES = '''\
+import torch
+import horovod.torch as hvd
+
+hvd.init()
+rank = hvd.rank() if hasattr(hvd, "rank") else None
+if hasattr(hvd, "Average"):  # Horovod >= 0.19
+    op = hvd.Average
+else:
+    op = None
+if rank == 0 and hasattr(hvd, "timeline"):  # a fork's timeline
+    hvd.timeline.start_timeline("t.json")
+elif hasattr(hvd, "profiled"):
+    print(hvd.profiled)
+else:
+    print("PROBE no timeline", rank)
+print("PROBE", rank, op is not None)
+'''
+
+
+def test_a_probe_of_horovods_api_keeps_the_branch_horovod_took(tmp_path):
+    """``hasattr(hvd, "NAME")`` is decided by Horovod 0.28.1's horovod.torch: the branch taken
+    stays (dedented), the other goes with its Horovod uses, and the report says why; the native
+    program prints what the original printed."""
+    from migrate_runs import migrated_alike
+    result = migrated_alike(tmp_path, PROBES, r"PROBE .*", 4)
+    assert not [f for f in result.findings if f.kind is Kind.TODO], result.findings
+    tail = result.source.split("set_device(")[1]
+    assert "hasattr" not in tail and "start_timeline" not in tail and "profiled" not in tail
+    assert "\nrank = dist.get_rank()\n" in tail and '\nop = "average"\nprint("PROBE no timeline", rank)\n' in tail
+    notes = [f.message for f in result.findings if f.name == "hasattr(hvd, ...)"]
+    assert any("`timeline`" in n and "is False" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("test, written", [
+    # a call before the probe, whose effect would be lost: the probe alone becomes its answer
+    ("setup() and hasattr(hvd, 'timeline')", "setup() and False"),
+    # a name horovod.torch may hold besides its API: left as it is
+    ("hasattr(hvd, 'is_homogeneous')", "hasattr(hvd, 'is_homogeneous')"),
+])
+def test_a_probe_that_does_not_settle_its_test_keeps_the_branch(test, written):
+    source = f"import horovod.torch as hvd\nhvd.init()\nif {test}:\n    hvd.timeline.start_timeline('t')\n"
+    result = migrate_source(source, "f.py")
+    assert f"if {written}:" in result.source
+    assert any(f.kind is Kind.TODO and f.name.startswith("hvd.timeline") for f in result.findings)
