@@ -189,6 +189,8 @@ class HorovodTransformer(cst.CSTTransformer):
                                             else [updated_node.with_changes(leading_lines=[])])]
         if replacement is None:
             return self._with_todos(updated_node, frame)
+        if not replacement:  # `opt = hvd.DistributedOptimizer(opt)` of a module replicated already
+            return cst.RemoveFromParent()
         first = replacement[0].with_changes(leading_lines=updated_node.leading_lines)
         replacement[0] = self._with_todos(first, frame)
         return cst.FlattenSentinel(replacement)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import libcst as cst
 from libcst.metadata import Scope
@@ -379,6 +379,23 @@ def _rebound_after(model: str, names: List[str], line: int, end: int, facts: Fac
     return min(found, default=None)
 
 
+def _exclusive(a: cst.CSTNode, b: cst.CSTNode, facts: Facts) -> bool:
+    """True when statements `a` and `b` sit in different arms of one ``if`` (``elif``/``else``
+    included): one run takes one of them only."""
+    def inside(node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+        inner, rng = facts.positions[node], facts.positions[outer]
+        return (rng.start.line, rng.start.column) <= (inner.start.line, inner.start.column) \
+            and (inner.end.line, inner.end.column) <= (rng.end.line, rng.end.column)
+
+    node = facts.parents.get(a)
+    while node is not None:
+        if isinstance(node, cst.If) and inside(b, node):
+            arms = [arm for arm in (node.body, node.orelse) if arm is not None]
+            return [inside(a, arm) for arm in arms] != [inside(b, arm) for arm in arms]
+        node = facts.parents.get(node)
+    return False
+
+
 def _rebound_between(model: str, first: int, line: int, facts: Facts, call: cst.Call) -> bool:
     """True when the plain name `model`, wrapped at line `first`, is bound again (``model, opt =
     build()``) before the wrap at `line`, in the scope of this wrap: the name then holds a new
@@ -395,11 +412,12 @@ _COMMENT = "# DDP in place; unused parameters keep grad None (Horovod: zeros)"
 
 
 def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
-         taken: Dict[str, int], first: List[str]) -> Union[InPlace, str]:
+         taken: Dict[str, Tuple[cst.SimpleStatementLine, bool]], first: List[str]) -> Union[InPlace, str]:
     """The in-place rewrite of the DistributedOptimizer `call`, or why it cannot be made.
 
     `options` is what optimizer.py made of the call's options (without an error); `taken` holds
-    the models other wraps of this module already replicated, with the line of their wrap;
+    the models other wraps of this module already replicated, with the statement of their wrap and
+    whether its options were Horovod's plain average;
     `first`, the lines that go first (optimizer.py's: the inner optimizer's state cleared)."""
     if not torch_api.has("replicate"):
         return "this torch has no torch.distributed._composable.replicate"
@@ -431,9 +449,18 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
         return "it holds no module's parameters"
     #: each model's names in the file: its own and its aliases'
     aliases = {model: _aliases(model, facts) for model in found}
+    #: Horovod's plain average (no compression, op, accumulation or set): a second wrap of a module
+    #: with it, after a first one with it in the same block, shares that wrap's replicate()
+    plain = (options.fp16 == "False" and not options.sum and options.passes == "1"
+             and not options.process_group and options.adasum == "False")
+    shared: List[str] = []
     for model in found:
-        if model in taken and not _rebound_between(model, taken[model], line, facts, call):
-            return f"`{model}` is also under another DistributedOptimizer; replicate() applies once per module"
+        earlier, earlier_plain = taken.get(model, (None, False))
+        if earlier is not None and not _exclusive(earlier, stmt, facts) \
+                and not _rebound_between(model, facts.positions[earlier].start.line, line, facts, call):
+            if not (plain and earlier_plain and facts.parents.get(earlier) is facts.parents.get(stmt)):
+                return f"`{model}` is also under another DistributedOptimizer; replicate() applies once per module"
+            shared.append(model)  # replicated by the wrap before it in this block, with the same options
         fixed = [v for v in loops if not re.search(rf"(?<![\w.]){re.escape(v)}(?!\w)", model)]
         if fixed:
             return (f"the wrap sits inside a loop over `{fixed[0]}`, and `{model}` does not change with "
@@ -449,7 +476,7 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
         forwards.update(calls)
     data_parallel = [name for model in found for name in aliases[model]
                      if re.search(rf"(?<!\w)DataParallel\(\s*{re.escape(name)}\s*[,)]", facts.module_code)]
-    taken.update(dict.fromkeys(found, line))
+    taken.update(dict.fromkeys(found, (stmt, plain)))
     lines = list(first)
     # backward_passes_per_step=N: DDP averages on every backward() (nothing here shows the loop
     # to put no_sync around), adding averaged gradients where Horovod averaged their sum: the
@@ -458,6 +485,8 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
     for model in found:
         if model in models.assumed:
             lines.append(_ASSUMED_CHECK.format(call=models.assumed[model], module=model))
+        if model in shared:
+            continue  # (its replicate() is the earlier wrap's)
         adasum = options.adasum_comment()
         group = f", process_group={options.process_group}" if options.process_group else ""
         lines.append(f"replicate({model}, find_unused_parameters=True{group})  {_COMMENT}{passes}"
@@ -466,9 +495,14 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
     ctx.need(HVD, "replicate")
     names = ", ".join(f"`{m}`" for m in found)
     reduces = "sums" if options.sum else "averages"
-    note = (f"-> replicate({', '.join(found)}) before this line, and the optimizer itself: every call of "
+    own = [m for m in found if m not in shared]
+    note = (f"-> replicate({', '.join(own)}) before this line, and " if own else "-> ") + (
+            f"the optimizer itself: every call of "
             f"{names} {reduces} its gradients in backward() (DDP in place); find_unused_parameters=True, "
             "so a parameter no rank used in a step keeps grad None where Horovod averaged zeros")
+    if shared:
+        note += (f"; {', '.join(f'`{m}`' for m in shared)} already replicated by the wrap before this one "
+                 "(one replicate() per module; each optimizer steps its own parameters)")
     if passes:
         note += (f"; backward_passes_per_step={options.passes}: every backward() averages the gradients it adds "
                  "(the rewrite writes no no_sync()), the same gradients up to rounding for "

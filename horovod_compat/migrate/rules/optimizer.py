@@ -931,11 +931,17 @@ def plan_optimizers(
     module.visit(finder)
     plan = OptimizerPlan()
     facts = _Facts(positions, scopes, parents, names, names_elsewhere, without_comments(module.code))
-    replicated: Dict[str, int] = {}
+    replicated: Dict[str, Tuple[cst.SimpleStatementLine, bool]] = {}
+    #: (scope, model) of each wrap: a model wrapped twice in one scope is one module
+    wrapped = [(scopes.get(call), _model_name(call)) for call in finder.calls]
     for call in finder.calls:
         assign = parents.get(call)
         stmt = parents.get(assign) if assign is not None else None
-        if not (
+        model = _model_name(call)
+        if model is not None and wrapped.count((scopes.get(call), model)) > 1:
+            # (each wrap would redirect the forward calls to its own DDP module)
+            reason = f"`{model}` is under more than one DistributedOptimizer; DDP wraps a module once"
+        elif not (
             isinstance(assign, cst.Assign)
             and len(assign.targets) == 1
             and isinstance(stmt, cst.SimpleStatementLine)
@@ -953,7 +959,7 @@ def plan_optimizers(
 
 
 def _plan_in_place(call: cst.Call, facts: _Facts, ctx: RewriteContext, plan: OptimizerPlan,
-                   replicated: Dict[str, int], only_one: bool) -> Optional[str]:
+                   replicated: Dict[str, Tuple[cst.SimpleStatementLine, bool]], only_one: bool) -> Optional[str]:
     """Plan `call` as a model made data-parallel in place (inplace.py); the reason when it cannot."""
     options = _check_options(call, ctx, facts)
     if options.error:

@@ -1040,3 +1040,60 @@ def test_an_attribute_holding_another_librarys_module_of_the_same_name_is_left_a
     result = migrate_source(source, "original.py")
     assert "        self.comm = hvd\n" in result.source and "import bluefog.torch as hvd\n" in result.source
     assert "self.hvd.init()" not in result.source and "import horovod" not in result.source
+
+
+#: CLAP's form (from open_clip's main.py): two optimizers over one model's parameter groups, each
+#: wrapped in the same block, and a single one in the other branch of the run's choice.
+TWO_OPTIMIZERS = '''\
+import sys
+import torch
+import horovod.torch as hvd
+
+
+def main(split):
+    hvd.init()
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+    if split:
+        body = torch.optim.SGD(model[0].parameters(), lr=0.05, momentum=0.9)
+        head = torch.optim.Adam(model[2].parameters(), lr=0.01)
+        body = hvd.DistributedOptimizer(body, named_parameters=model.named_parameters())
+        head = hvd.DistributedOptimizer(head, named_parameters=model.named_parameters())
+        optimizers = [body, head]
+    else:
+        optimizers = [hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                               named_parameters=model.named_parameters())]
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    g = torch.Generator().manual_seed(50 + hvd.rank())
+    for step in range(3):
+        x, y = torch.randn(4, 3, generator=g), torch.randn(4, 1, generator=g)
+        for opt in optimizers:
+            opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        for opt in optimizers:
+            opt.step()
+        print(f"TWO split={split} rank={hvd.rank()} step={step} loss={loss.item():.6f}")
+    print(f"TWO split={split} rank={hvd.rank()} final={sum(p.sum().item() for p in model.parameters()):.6f}")
+
+
+if __name__ == "__main__":
+    main(len(sys.argv) > 1)
+'''
+
+
+def test_two_optimizers_over_one_model_share_its_replicate_and_print_horovods_numbers(tmp_path):
+    """The second wrap of a model in the same block, both with Horovod's plain average, shares the
+    first's ``replicate()``; the wrap in the other branch has its own (only one branch runs). The
+    native program prints the original's numbers either way. Before, each wrap redirected the
+    model's forward calls to its own DDP module, the last one's in the other branch."""
+    result = migrate_source(TWO_OPTIMIZERS, "original.py")
+    assert not_native([result.source], result.findings) is None
+    assert result.source.count("replicate(model, ") == 2 and "DDP(" not in result.source
+    original, native = tmp_path / "original.py", tmp_path / "native.py"
+    original.write_text(TWO_OPTIMIZERS)
+    native.write_text(result.source)
+    line = r"TWO split=\w+ rank=\d (?:step=\d loss=\S+|final=\S+)"
+    for argv in ((), ("split",)):
+        want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original), *argv)
+        assert len(want) == 8 and native_printed(native, 2, line, argv=argv) == want
