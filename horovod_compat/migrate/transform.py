@@ -209,6 +209,8 @@ class HorovodTransformer(cst.CSTTransformer):
     def on_leave(  # type: ignore[override]
         self, original_node: cst.CSTNode, updated_node: cst.CSTNode
     ) -> Union[cst.CSTNode, cst.FlattenSentinel, cst.RemovalSentinel]:
+        if original_node in self.dead:  # (not visited, so no frame or depth of its own: it goes whole)
+            return updated_node
         result = super().on_leave(original_node, updated_node)
         if isinstance(original_node, cst.Call) and hvd_attr_name(original_node.func, self.ctx.hvd_aliases):
             self.hvd_call_depth -= 1

@@ -574,3 +574,23 @@ def test_a_probe_that_does_not_settle_its_test_keeps_the_branch(test, written):
     result = migrate_source(source, "f.py")
     assert f"if {written}:" in result.source
     assert any(f.kind is Kind.TODO and f.name.startswith("hvd.timeline") for f in result.findings)
+
+
+def test_a_branch_a_probe_drops_is_not_visited_whatever_it_holds():
+    """The dropped branch may be a Horovod call (a conditional expression) or an elif with calls
+    no rule takes: nothing of it is rewritten, flagged or kept."""
+    source = textwrap.dedent('''\
+        import horovod.torch as hvd
+
+        hvd.init()
+        x = hvd.rank() if hasattr(hvd, "nope") else None
+        if hasattr(hvd, "Average"):
+            y = 1
+        elif hasattr(hvd, "rank"):
+            hvd.allreduce_async_(None)
+            y = 2
+        print(x, y, hvd.size())
+        ''')
+    result = migrate_source(source, "f.py")
+    assert "\nx = None\ny = 1\nprint(x, y, dist.get_world_size())\n" in result.source
+    assert not [f for f in result.findings if f.kind is Kind.TODO] and "horovod" not in result.source
