@@ -379,19 +379,21 @@ def _rebound_after(model: str, names: List[str], line: int, end: int, facts: Fac
     return min(found, default=None)
 
 
+def inside(facts: Facts, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+    """`node`'s source lies within `outer`'s."""
+    inner, rng = facts.positions[node], facts.positions[outer]
+    return (rng.start.line, rng.start.column) <= (inner.start.line, inner.start.column) \
+        and (inner.end.line, inner.end.column) <= (rng.end.line, rng.end.column)
+
+
 def _exclusive(a: cst.CSTNode, b: cst.CSTNode, facts: Facts) -> bool:
     """True when statements `a` and `b` sit in different arms of one ``if`` (``elif``/``else``
     included): one run takes one of them only."""
-    def inside(node: cst.CSTNode, outer: cst.CSTNode) -> bool:
-        inner, rng = facts.positions[node], facts.positions[outer]
-        return (rng.start.line, rng.start.column) <= (inner.start.line, inner.start.column) \
-            and (inner.end.line, inner.end.column) <= (rng.end.line, rng.end.column)
-
     node = facts.parents.get(a)
     while node is not None:
-        if isinstance(node, cst.If) and inside(b, node):
+        if isinstance(node, cst.If) and inside(facts, b, node):
             arms = [arm for arm in (node.body, node.orelse) if arm is not None]
-            return [inside(a, arm) for arm in arms] != [inside(b, arm) for arm in arms]
+            return [inside(facts, a, arm) for arm in arms] != [inside(facts, b, arm) for arm in arms]
         node = facts.parents.get(node)
     return False
 

@@ -130,12 +130,7 @@ def _start(facts: _Facts, node: cst.CSTNode) -> Tuple[int, int]:
     return pos.line, pos.column
 
 
-def _inside(facts: _Facts, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
-    inner, rng = facts.positions[node], facts.positions[outer]
-    return (rng.start.line, rng.start.column) <= (inner.start.line, inner.start.column) and (
-        inner.end.line,
-        inner.end.column,
-    ) <= (rng.end.line, rng.end.column)
+_inside = inplace.inside
 
 
 def _literal(node: Optional[cst.BaseExpression]) -> Optional[str]:
