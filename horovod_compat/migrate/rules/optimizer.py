@@ -410,6 +410,46 @@ def _references(scope: Scope, name: str) -> Tuple[list, list]:
     return list(accesses.values()), assignments
 
 
+def _passed_harmlessly(node: cst.CSTNode, facts: _Facts, seen: Tuple[cst.FunctionDef, ...] = ()) -> bool:
+    """`node`, a use of the model as a value, is an argument that runs no forward pass: of
+    `torch.save(...)` (DDP leaves the module it wraps picklable), or of a function defined once in this
+    file whose parameter is only read for attributes other than `forward` and the moves, saved, or
+    passed on to such a function in turn. E.g. `save_checkpoint(model, args)`."""
+    arg, call = facts.parents.get(node), facts.parents.get(facts.parents.get(node))
+    if not (isinstance(arg, cst.Arg) and arg.value is node and arg.star == "" and isinstance(call, cst.Call)):
+        return False
+    if _literal(call.func) == "torch.save":
+        return True
+    scope = facts.scopes.get(call)
+    if not isinstance(call.func, cst.Name) or scope is None:
+        return False
+    defs = [a.node for a in scope[call.func.value] if hasattr(a, "node")]
+    if len(defs) != 1 or not isinstance(defs[0], cst.FunctionDef) or defs[0] in seen:
+        return False
+    fn = defs[0]
+    if arg.keyword is None:
+        index = [a for a in call.args if a.keyword is None].index(arg)
+        params = fn.params.params
+        param = params[index] if index < len(params) else None
+    else:
+        named = [p for p in (*fn.params.params, *fn.params.kwonly_params) if p.name.value == arg.keyword.value]
+        param = named[0] if named else None
+    inner = facts.scopes.get(param.name) if param is not None else None
+    if inner is None:
+        return False
+    accesses, assignments = _references(inner, param.name.value)
+    if [a.node for a in assignments] != [param]:
+        return False
+    for access in accesses:
+        parent = facts.parents.get(access.node)
+        if isinstance(parent, cst.Attribute) and parent.value is access.node:
+            if parent.attr.value == "forward" or parent.attr.value in _MOVES:
+                return False
+        elif not _passed_harmlessly(access.node, facts, (*seen, fn)):
+            return False
+    return True
+
+
 def _mentions(stmt: cst.CSTNode, model: str) -> bool:
     text = code_of(stmt)
     return bool(re.search(rf"\b({re.escape(model)}|rank|get_rank|local_rank)\b", text))
@@ -519,7 +559,7 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
                     f"`{model}.{parent.attr.value}(...)` at line {line} moves or casts the model after "
                     "the wrap; DDP must wrap it on its final device and dtype (move that call before it)"
                 )
-        else:
+        elif not _passed_harmlessly(node, facts):
             return (
                 f"`{model}` is used as a value at line {line} (e.g. passed to a function); the "
                 "rewriter cannot prove every forward pass then goes through DistributedDataParallel"
