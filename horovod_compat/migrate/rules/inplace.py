@@ -288,18 +288,49 @@ def _aliases(model: str, facts: Facts) -> List[str]:
     return found
 
 
+def _parameters_given(names: List[str], facts: Facts) -> List[str]:
+    """The parameters of the file's functions that any of `names` is passed to
+    (``save_checkpoint(model, path)`` with ``def save_checkpoint(net, where)``: ``net``), and
+    those these pass on in turn: the module under the names the code that receives it uses."""
+    functions: Dict[str, List[cst.FunctionDef]] = {}
+    for node in facts.positions:
+        if isinstance(node, cst.FunctionDef):
+            functions.setdefault(node.name.value, []).append(node)
+    found = list(names)
+    for name in found:  # (grows while it is walked)
+        for node in facts.positions:
+            if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Name)
+                    and node.func.value in functions):
+                continue
+            plain = [a for a in node.args if a.keyword is None and a.star == ""]
+            for arg in node.args:
+                if arg.star or code_of(arg.value).strip() != name:
+                    continue
+                for fn in functions[node.func.value]:
+                    params = fn.params.params
+                    given = [p.name.value for p in (*params, *fn.params.kwonly_params)
+                             if arg.keyword is not None and p.name.value == arg.keyword.value]
+                    if arg.keyword is None and plain.index(arg) < len(params):
+                        given = [params[plain.index(arg)].name.value]
+                    found += [g for g in given if g not in found]
+    return found
+
+
 def _hazard(model: str, names: List[str], line: int, end: int, facts: Facts) -> Optional[str]:
     """What in the file would break on a replicated `model` (see the module docstring), known also
     by `names` (`_aliases`), for a wrap at `line` of a function (or module) that ends at line
-    `end`."""
+    `end`; the file's functions that receive the module are searched too (`_parameters_given`,
+    by the parameter's name, wherever it is written: a match elsewhere only blocks the rewrite)."""
     code = facts.module_code
     after = "\n".join(code.splitlines()[line:])
-    for name in names:
+    for name in _parameters_given(names, facts):
         m = re.escape(name)
+        known = f"`{name}`" if name in names else f"`{model}` (as `{name}`, a parameter it is passed to)"
         if re.search(rf"deepcopy\(\s*{m}\s*\)", after):
-            return f"`copy.deepcopy({name})` after the wrap fails on a replicated module (copy its state_dict instead)"
+            return (f"`copy.deepcopy({name})` after the wrap" + ("" if name in names else f" (of {known})")
+                    + " fails on a replicated module (copy its state_dict instead)")
         if re.search(rf"(?:torch\.save|pickle\.dumps?|cloudpickle\.dumps?)\(\s*{m}\s*[,)]", code):
-            return f"the whole module `{name}` is pickled, which fails once it is replicated (save its state_dict)"
+            return f"the whole module {known} is pickled, which fails once it is replicated (save its state_dict)"
     later = _rebound_after(model, names, line, end, facts)
     if later:
         return f"`{model}` is re-bound at line {later}, after the wrap"
