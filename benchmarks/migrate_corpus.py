@@ -83,7 +83,7 @@ def main(folder: Path, emulate: bool = False) -> int:
     print(f"with DistributedOptimizer: {len(with_opt)}; averaged by DDP or replicate: {len(averaged)} "
           f"({100 * len(averaged) / max(len(with_opt), 1):.0f} %; target >= 75 %)")
     print(f"median growth of a native file: {growth:g} lines (target <= 40)")
-    print(f"outputs naming the unused-parameter difference (replicate): {sum(r['unused_named'] for r in rows)}")
+    print(f"outputs naming the unused-parameter difference (replicate, or DDP with find_unused_parameters): {sum(r['unused_named'] for r in rows)}")
     print(f"helpers pasted: {', '.join(f'{h} x{n}' for h, n in helpers.most_common()) or 'none'}")
     print(f"oldest torch the outputs need: {version} ({api})")
     return 0

@@ -441,7 +441,8 @@ def _rebound_between(model: str, first: int, line: int, facts: Facts, call: cst.
 
 
 #: The comment at each replicate() line: the difference from Horovod it carries.
-_COMMENT = "# DDP in place; unused parameters keep grad None (Horovod: zeros)"
+UNUSED_COMMENT = "unused parameters keep grad None (Horovod: zeros)"
+_COMMENT = "# DDP in place; " + UNUSED_COMMENT
 
 
 def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,

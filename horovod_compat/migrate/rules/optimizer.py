@@ -492,8 +492,10 @@ def _redundant_broadcasts(
 
 
 def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx: RewriteContext,
-              plan: OptimizerPlan) -> Optional[str]:
-    """Plan the rewrite of one DistributedOptimizer statement; the reason when it cannot be done."""
+              plan: OptimizerPlan, not_in_place: Optional[str] = None) -> Optional[str]:
+    """Plan the rewrite of one DistributedOptimizer statement; the reason when it cannot be done.
+    `not_in_place`: why the in-place rewrite failed, given on the second try, where a parameter
+    the rewriter cannot prove gets a gradient every step is left to find_unused_parameters=True."""
     assign = stmt.body[0]
     assert isinstance(assign, cst.Assign)
     target = assign.targets[0].target
@@ -575,7 +577,7 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     unproven = parameter_use.every_parameter_used(
         model, values, forward_calls, {c: facts.positions[c].start.line for c in forward_calls},
         facts.module_code)
-    if unproven:
+    if unproven and not_in_place is None:
         return unproven
     join = _plan_join(stmt, forward_calls, facts, ctx) if ctx.shared.calls_join else None
     if isinstance(join, str):
@@ -609,12 +611,17 @@ def _plan_one(stmt: cst.SimpleStatementLine, call: cst.Call, facts: _Facts, ctx:
     buffers = "forward_sync_buffers=False" if sync_once else "broadcast_buffers=False"
     adasum = options.adasum_comment()
     group = f", process_group={options.process_group}" if options.process_group else ""
-    lines.append(f"{ddp_name} = DDP({model}, {buffers}{group})" + (f"  # {adasum}" if adasum else "") + "\n")
+    unused = ", find_unused_parameters=True" if unproven else ""
+    comment = "; ".join(([inplace.UNUSED_COMMENT] if unproven else []) + ([adasum] if adasum else []))
+    lines.append(f"{ddp_name} = DDP({model}, {buffers}{unused}{group})" + (f"  # {comment}" if comment else "") + "\n")
     ctx.need(HVD, "DDP")
     lines += options.comm_hook_lines(ddp_name, ctx, f"{ddp_name}.process_group" if group else None)
     statements = [cst.parse_statement(line) for line in lines]
     statements[0] = statements[0].with_changes(leading_lines=stmt.leading_lines)
-    note = f"-> {ddp_name} = DDP({model}, {buffers}); forward calls of `{model}` now go through {ddp_name}"
+    note = f"-> {ddp_name} = DDP({model}, {buffers}{unused}); forward calls of `{model}` now go through {ddp_name}"
+    if unproven:
+        note += (f"; find_unused_parameters=True, since {unproven}; so a parameter no rank used in a step keeps "
+                 f"grad None where Horovod averaged zeros (not made in place: {not_in_place})")
     if options.fp16 != "False":
         note += "; fp16 compression -> fp16_compress_hook"
         if options.fp16 != "True":
@@ -973,6 +980,7 @@ def plan_optimizers(
         assign = parents.get(call)
         stmt = parents.get(assign) if assign is not None else None
         model = _model_name(call)
+        planned = False
         if model is not None and wrapped.count((scopes.get(call), model)) > 1:
             # (each wrap would redirect the forward calls to its own DDP module)
             reason = f"`{model}` is under more than one DistributedOptimizer; DDP wraps a module once"
@@ -984,10 +992,12 @@ def plan_optimizers(
         ):
             reason = "it is not `opt = hvd.DistributedOptimizer(...)` as a statement of its own"
         else:
-            reason = _plan_one(stmt, call, facts, ctx, plan)
+            reason, planned = _plan_one(stmt, call, facts, ctx, plan), True
         if reason is None:
             continue
         why_not = _plan_in_place(call, facts, ctx, plan, replicated, len(finder.calls) == 1)
+        if why_not is not None and planned and _plan_one(stmt, call, facts, ctx, plan, not_in_place=why_not) is None:
+            continue  # (DDP with find_unused_parameters=True: only the parameters' use was unproven)
         if why_not is not None:
             plan.flagged[call] = reason if why_not == reason else f"{reason}; not in place either: {why_not}"
     return plan

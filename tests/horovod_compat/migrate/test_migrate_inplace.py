@@ -1097,3 +1097,81 @@ def test_two_optimizers_over_one_model_share_its_replicate_and_print_horovods_nu
     for argv in ((), ("split",)):
         want = printed(tmp_path, line, *HOROVODRUN, "2", sys.executable, str(original), *argv)
         assert len(want) == 8 and native_printed(native, 2, line, argv=argv) == want
+
+
+SAVED_PROGRAM = '''\
+import os
+import torch
+import horovod.torch as hvd
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(4, 4)
+        self.head = torch.nn.Linear(4, 1)
+
+    def forward(self, x, scale=1.0):
+        return self.head(torch.tanh(self.body(x)) * scale)
+
+
+def main(path):
+    def save_checkpoint(net, where):
+        torch.save(net, where)  # the whole module
+
+    def evaluate(epoch):
+        if hvd.rank() == 0:
+            save_checkpoint(model, os.path.join(path, f"net{hvd.rank()}.pt"))
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    data = torch.Generator().manual_seed(hvd.rank())
+    for step in range(4):
+        x = torch.randn(8, 4, generator=data)
+        loss = (model(x, scale=0.5) - x.sum(1, keepdim=True)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        print(f"SAVED rank={hvd.rank()} step={step} loss={loss.item():.6f}", flush=True)
+        evaluate(step)
+    weights = model.parameters()
+    if hvd.rank() == 0:  # the checkpoint, read back
+        weights = torch.load(os.path.join(path, "net0.pt"), weights_only=False).parameters()
+    print(f"SAVED rank={hvd.rank()} final={sum(p.sum().item() for p in weights):.6f}", flush=True)
+
+
+main(os.path.dirname(os.path.abspath(__file__)))
+'''
+
+
+def test_a_model_saved_whole_by_a_function_of_the_file_gets_ddp_with_unused_parameters(tmp_path):
+    """`save_checkpoint(model, where)`, a function of the file that only torch.save()s the module,
+    runs no forward pass: the DDP wrap stays provable (torch.save of the module DDP wraps works,
+    of a replicated one it does not). The forward takes a keyword, so every parameter's gradient
+    is not proven: the wrap gets find_unused_parameters=True, named at the line and in the
+    report. The native program prints the original's losses and rank 0's saved weights."""
+    result = migrated_alike(tmp_path, SAVED_PROGRAM, r"SAVED rank=\d (?:step=\d loss=\S+|final=\S+)", 10)
+    assert not_native([result.source], result.findings) is None
+    assert ("ddp_model = DDP(model, forward_sync_buffers=False, find_unused_parameters=True)  # unused "
+            "parameters keep grad None (Horovod: zeros)\n") in result.source
+    assert "save_checkpoint(model, " in result.source and "replicate" not in result.source
+    notes = [f.message for f in result.findings if f.name == "hvd.DistributedOptimizer"]
+    assert any("find_unused_parameters=True" in n and "not made in place: the whole module `model` (as `net`, a parameter it is passed to) is pickled"
+               in n for n in notes), notes
+
+
+@pytest.mark.parametrize("callee", [
+    "net(where)",  # a forward pass outside the wrapper
+    "net.forward(where)",
+    "keep.append(net)",  # handed on where the rewriter cannot see
+])
+def test_a_function_that_may_run_the_model_keeps_ddp_unproven(callee):
+    """The same function running or handing on the module: no DDP wrap (the module is made
+    data-parallel in place instead, as nothing pickles it now)."""
+    program = SAVED_PROGRAM.replace("torch.save(net, where)  # the whole module", callee)
+    result = migrate_source(program, "original.py")
+    assert "= DDP(" not in result.source and replicated(result.source) == ["model"]
