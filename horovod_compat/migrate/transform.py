@@ -391,7 +391,7 @@ class HorovodTransformer(cst.CSTTransformer):
                 return cst.parse_expression("torch.__version__").with_changes(
                     lpar=updated_node.lpar, rpar=updated_node.rpar)
             if other is not None and not isinstance(parent, (cst.ImportAlias, cst.ImportFrom)) and not (
-                    isinstance(parent, cst.Call) and parent.func is original_node and other == "run"):
+                    isinstance(parent, cst.Call) and parent.func is original_node and other in ("run", "spark.run")):
                 self._flag(original_node, f"horovod.{other}", "only horovod.run(...) is rewritten "
                            "from a bare `import horovod`")
         if name is None or self.hvd_call_depth > 0 or original_node in self.inner_attributes:
@@ -419,6 +419,10 @@ class HorovodTransformer(cst.CSTTransformer):
             used = not isinstance(self.get_metadata(ParentNodeProvider, original_node, None), cst.Expr)
             return self._apply(original_node, updated_node, "horovod.run",
                                runner.rewrite_horovod_run(updated_node, self.ctx, value_used=used))
+        if runner.is_horovod_spark_run(original_node, shared.horovod_aliases):
+            used = not isinstance(self.get_metadata(ParentNodeProvider, original_node, None), cst.Expr)
+            return self._apply(original_node, updated_node, "horovod.spark.run",
+                               runner.rewrite_horovod_spark_run(updated_node, self.ctx, value_used=used))
         if sampler.is_sampler(original_node):
             return sampler.rewrite_sampler(original_node, updated_node, self.ctx, line)
         name = hvd_attr_name(original_node.func, self.ctx.hvd_aliases)

@@ -26,6 +26,15 @@ Options that only chose how Horovod talked (``use_gloo``, ``use_mpi``, ``verbose
 torchrun on each one, see the guide); chosen at run time (``hosts=args.hosts``), they get a check
 before the statement that stops a run that sets one, with that advice. Elastic options
 (``min_np``, ``max_np``, ``reset_limit``, ``slots``) are flagged.
+
+``horovod.spark.run(fn, args=(...), kwargs={...}, num_proc=N, ...)`` (ranks as Spark tasks) becomes
+PySpark's ``TorchDistributor(num_processes=N, local_mode=False, use_gpu=torch.cuda.is_available())
+.run(fn, *args)``, as a statement only: horovod.spark.run returned every rank's value, where
+TorchDistributor returns rank 0's, so a call whose value is used keeps a TODO. Options that chose
+how Horovod talked or logged (``use_gloo``, ``use_mpi``, ``verbose``, ``nics``, ``extra_mpi_args``,
+``start_timeout``, ``prefix_output_with_timestamp``) are dropped with a note (TorchDistributor
+brings the ranks' output to the driver); ``env``, ``stdout`` and ``stderr`` given a value keep a
+TODO, and so does a missing ``num_proc`` (Horovod then took Spark's default parallelism).
 """
 from __future__ import annotations
 
@@ -156,6 +165,18 @@ def is_horovod_run(call: cst.Call, aliases: Set[str]) -> bool:
             and isinstance(func.value, cst.Name) and func.value.value in aliases)
 
 
+def _keywords(kwargs: Optional[cst.BaseExpression]) -> str:
+    """A launcher's ``kwargs={...}`` as the keyword arguments of functools.partial: ``lr=0.1`` for
+    a literal dict of identifier keys, ``**kwargs`` otherwise; "" for none."""
+    if kwargs is None or code_of(kwargs).strip() == "None":
+        return ""
+    if isinstance(kwargs, cst.Dict) and all(
+            isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
+            and str(e.key.evaluated_value).isidentifier() for e in kwargs.elements):
+        return ", ".join(f"{e.key.evaluated_value}={code_of(e.value).strip()}" for e in kwargs.elements)
+    return "**" + code_of(kwargs).strip()
+
+
 def rewrite_horovod_run(call: cst.Call, ctx: RewriteContext, value_used: bool = True) -> Outcome:
     """``horovod.run(fn, args=..., kwargs=..., np=N)`` -> torch's own launcher, ``elastic_launch``
     (what torchrun runs), on this host; its ``{rank: value}`` becomes the list in rank order that
@@ -187,16 +208,10 @@ def rewrite_horovod_run(call: cst.Call, ctx: RewriteContext, value_used: bool = 
         call_args = "*" + code_of(args).strip()
     else:
         call_args = ""
-    kwargs = given.get("kwargs")
+    bound = _keywords(given.get("kwargs"))
     entry = func
-    if kwargs is not None and code_of(kwargs).strip() != "None":
+    if bound:
         # elastic_launch passes positional arguments only, and names the job after the function
-        if isinstance(kwargs, cst.Dict) and all(
-                isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
-                and str(e.key.evaluated_value).isidentifier() for e in kwargs.elements):
-            bound = ", ".join(f"{e.key.evaluated_value}={code_of(e.value).strip()}" for e in kwargs.elements)
-        else:
-            bound = "**" + code_of(kwargs).strip()
         entry = f"functools.update_wrapper(functools.partial({func}, {bound}), {func})"
         ctx.need(HOROVOD, "functools")
     options = [f"nproc_per_node={code_of(given['np']).strip() if 'np' in given else '1'}"]
@@ -232,3 +247,71 @@ def rewrite_horovod_run(call: cst.Call, ctx: RewriteContext, value_used: bool = 
             f"                     \"(migration_guide/api_mapping.md, horovod.run)\")\n")
         note += f"; a run that sets {', '.join(where)} stops with a message (torchrun on each host)"
     return Rewritten(cst.parse_expression(text), note, todo, before)
+
+
+#: horovod.spark.run's parameters in order (Horovod 0.28.1); those dropped and those kept as a TODO.
+_SPARK_RUN_PARAMETERS = ("fn", "args", "kwargs", "num_proc", "start_timeout", "extra_mpi_args", "env",
+                         "stdout", "stderr", "verbose", "nics", "prefix_output_with_timestamp",
+                         "use_mpi", "use_gloo")
+_SPARK_RUN_DROPPED = {"start_timeout", "extra_mpi_args", "verbose", "nics", "prefix_output_with_timestamp",
+                      "use_mpi", "use_gloo"}
+
+
+def is_horovod_spark_run(call: cst.Call, aliases: Set[str]) -> bool:
+    """True for ``horovod.spark.run(...)`` with ``horovod`` bound by ``import horovod.spark``."""
+    func = call.func
+    return (isinstance(func, cst.Attribute) and func.attr.value == "run" and isinstance(func.value, cst.Attribute)
+            and func.value.attr.value == "spark" and isinstance(func.value.value, cst.Name)
+            and func.value.value.value in aliases)
+
+
+def rewrite_horovod_spark_run(call: cst.Call, ctx: RewriteContext, value_used: bool) -> Outcome:
+    """``horovod.spark.run(fn, args=..., kwargs=..., num_proc=N)`` as a statement ->
+    ``TorchDistributor(num_processes=N, local_mode=False, use_gpu=...).run(fn, *args)``."""
+    if value_used:
+        return Flagged("horovod.spark.run returned every rank's value; PySpark's TorchDistributor.run "
+                       "returns rank 0's: rewrite the call as TorchDistributor(num_processes=N, "
+                       "local_mode=False).run(fn, *args) and collect the other ranks' values yourself")
+    if any(a.star for a in call.args):
+        return Flagged("horovod.spark.run(*args/**kwargs): its arguments cannot be read")
+    given = {}
+    for index, arg in enumerate(call.args):
+        if arg.keyword is not None:
+            given[arg.keyword.value] = arg.value
+        elif index < len(_SPARK_RUN_PARAMETERS):
+            given[_SPARK_RUN_PARAMETERS[index]] = arg.value
+        else:
+            return Flagged("horovod.spark.run() has too many positional arguments")
+    unknown = set(given) - set(_SPARK_RUN_PARAMETERS)
+    if unknown or "fn" not in given:
+        return Flagged(f"horovod.spark.run() arguments not understood ({', '.join(sorted(unknown)) or 'no function'})")
+    if code_of(given.get("num_proc", cst.Name("None"))).strip() == "None":
+        return Flagged("horovod.spark.run without num_proc ran one rank per Spark default parallelism; "
+                       "TorchDistributor needs num_processes: give num_proc")
+    kept = [k for k in ("env", "stdout", "stderr") if k in given and code_of(given[k]).strip() != "None"]
+    if kept:
+        return Flagged(f"horovod.spark.run({', '.join(k + '=...' for k in kept)}): TorchDistributor sets no "
+                       "environment for the ranks and sends their output to the driver's log; move that "
+                       "setting into the function, then call TorchDistributor(...).run(fn, *args)")
+    fn = code_of(given["fn"]).strip()
+    args = given.get("args")
+    if isinstance(args, cst.Tuple) and not any(isinstance(e, cst.StarredElement) for e in args.elements):
+        pieces = [code_of(e.value).strip() for e in args.elements]
+    elif args is not None and code_of(args).strip() != "None":
+        pieces = ["*" + code_of(args).strip()]
+    else:
+        pieces = []
+    bound = _keywords(given.get("kwargs"))
+    if bound:  # (TorchDistributor.run passes positional arguments only)
+        ctx.need(HOROVOD, "functools")
+        fn = f"functools.partial({fn}, {bound})"
+    ctx.need(HOROVOD, "TorchDistributor", "torch")
+    procs = code_of(given["num_proc"]).strip()
+    text = (f"TorchDistributor(num_processes={procs}, local_mode=False, use_gpu=torch.cuda.is_available())"
+            f".run({', '.join([fn, *pieces])})")
+    note = ("-> PySpark's TorchDistributor (ranks as Spark tasks, torchrun's environment); a failed rank "
+            "raises its RuntimeError")
+    dropped = sorted(_SPARK_RUN_DROPPED & set(given))
+    if dropped:
+        note += f"; {', '.join(dropped)} dropped: TorchDistributor chooses its own transport and logging"
+    return Rewritten(cst.parse_expression(text), note)

@@ -439,18 +439,28 @@ def test_the_private_distributed_optimizer_otherwise_keeps_a_todo_whose_advice_f
 
 @pytest.mark.parametrize("use, todo", [
     # a Databricks notebook's leftover import next to HorovodRunner (marshackVB's): it goes
-    ("", False),
-    # a use of horovod.spark keeps its TODO, and the import stays for it
-    ("results = horovod.spark.run(train, num_proc=2)\n", True),
+    ("", None),
+    # horovod.spark.run's value (every rank's) has no TorchDistributor equivalent: a TODO at the
+    # call, and the import stays for it
+    ("results = horovod.spark.run(train, num_proc=2)\n", "returns rank 0's"),
+    # as a statement it becomes PySpark's TorchDistributor, and the import goes
+    ("horovod.spark.run(train, num_proc=2, use_gloo=True)\n", None),
+    # what the ranks' environment or output was set to is not dropped silently
+    ("horovod.spark.run(train, num_proc=2, env=os.environ)\n", "sets no environment"),
 ])
-def test_an_import_of_horovod_spark_that_nothing_uses_goes_with_the_others(use, todo):
+def test_an_import_of_horovod_spark_goes_once_nothing_uses_it(use, todo):
     source = ("import horovod.torch as hvd\nimport horovod.spark\n\n\ndef train():\n    hvd.init()\n    "
               "return hvd.rank()\n\n\n" + use)
     result = migrate_source(source, "notebook.py")
     todos = [f for f in result.findings if f.kind is Kind.TODO]
-    assert ("import horovod.spark" in result.source) == todo
-    assert any(f.name == "import" and "`import horovod.spark`: not followed" in f.message for f in todos) == todo
-    assert "hvd." not in result.source and (not todos) == (not todo)
+    assert ("import horovod.spark" in result.source) == (todo is not None)
+    assert [f.name for f in todos] == (["horovod.spark.run"] if todo else []), result.findings
+    assert todo is None or todo in todos[0].message
+    assert "hvd." not in result.source
+    if use and todo is None:
+        assert ("TorchDistributor(num_processes=2, local_mode=False, use_gpu=torch.cuda.is_available())"
+                ".run(train)\n") in result.source
+        assert "from pyspark.ml.torch.distributor import TorchDistributor\n" in result.source
 
 
 def test_a_name_horovod_never_had_gets_a_todo_that_says_so():
