@@ -53,6 +53,8 @@ class _Plan(cst.CSTVisitor):
         self.dropped: Set[cst.ImportAlias] = set()
         #: import statements that lost an alias -> the module they import instead
         self.statements: Dict[cst.CSTNode, str] = {}
+        #: ``hvd = LazyImport("horovod.torch")`` statements, each to become the import
+        self.assigned: Set[cst.Assign] = set()
 
     def _references(self, stmt: cst.CSTNode, name: str) -> Optional[List[cst.Name]]:
         """Every use of `name` as bound by `stmt`, or None if `name` is bound more than once
@@ -113,7 +115,7 @@ class _Plan(cst.CSTVisitor):
             return
         self._bring_over(stmt, alias, [access.node for access in package[0].references])
 
-    def _bring_over(self, stmt: Union[cst.Import, cst.ImportFrom], alias: cst.ImportAlias,
+    def _bring_over(self, stmt: Union[cst.Import, cst.ImportFrom, cst.Assign], alias: Optional[cst.ImportAlias],
                     refs: Sequence[cst.CSTNode]) -> None:
         """`alias` goes and each of `refs` (a submodule's alias, or ``horovod.torch``) with it,
         each ``ref.NAME`` becoming ``hvd.NAME``, if every ref is used that way with NAME exported
@@ -127,6 +129,9 @@ class _Plan(cst.CSTVisitor):
             attributes.append(parent)
         for attribute in attributes:
             self.uses[attribute] = (HVD_MODULE, attribute.attr.value)
+        if alias is None:
+            self.assigned.add(stmt)
+            return
         self.dropped.add(alias)
         self.statements[stmt] = HVD_MODULE
 
@@ -150,6 +155,16 @@ class _Plan(cst.CSTVisitor):
             elif module == "horovod" and name == "run":
                 self._names_from(node, alias, name, module="horovod")  # -> horovod.run(...)
 
+    def visit_Assign(self, node: cst.Assign) -> None:
+        """``hvd = LazyImport("horovod.torch")``, bound once and used only as ``hvd.NAME``:
+        it becomes ``import horovod.torch as hvd``."""
+        if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Name) \
+                or not _imports_module(node.value):
+            return
+        refs = self._references(node, node.targets[0].target.value)
+        if refs is not None:
+            self._bring_over(node, None, refs)
+
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:
             name = dotted_name(alias.name)
@@ -160,13 +175,23 @@ class _Plan(cst.CSTVisitor):
                 self._package(node, alias)
 
 
+def _imports_module(value: cst.BaseExpression) -> bool:
+    """``importlib.import_module("horovod.torch")``, or another importer's call with that one
+    argument (``LazyImport("horovod.torch")``, ``lazy_import(...)``: a callee whose name says
+    import, not ``__import__``, which returns the top package)."""
+    if not (isinstance(value, cst.Call) and len(value.args) == 1 and value.args[0].keyword is None
+            and isinstance(value.args[0].value, cst.SimpleString)
+            and value.args[0].value.evaluated_value == HVD_MODULE):
+        return False
+    callee = dotted_name(value.func).split(".")[-1] if isinstance(value.func, (cst.Name, cst.Attribute)) else ""
+    return "import" in callee.lower() and callee != "__import__"
+
+
 def _stores_module(value: cst.BaseExpression, hvd: str) -> bool:
-    """``hvd`` (the module's alias) or ``importlib.import_module("horovod.torch")``."""
+    """``hvd`` (the module's alias) or a call that imports ``horovod.torch`` (`_imports_module`)."""
     if isinstance(value, cst.Name):
         return value.value == hvd
-    return (isinstance(value, cst.Call) and dotted_name(value.func).split(".")[-1] == "import_module"
-            and len(value.args) == 1 and isinstance(value.args[0].value, cst.SimpleString)
-            and value.args[0].value.evaluated_value == HVD_MODULE)
+    return _imports_module(value)
 
 
 class _Held(cst.CSTVisitor):
@@ -223,7 +248,7 @@ class _Apply(cst.CSTTransformer):
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign
                      ) -> Union[cst.Assign, cst.Import]:
-        if original_node not in self.stores:
+        if original_node not in self.stores and original_node not in self.plan.assigned:
             return updated_node
         return cst.Import([cst.ImportAlias(cst.parse_expression(HVD_MODULE),  # type: ignore[arg-type]
                                            asname=cst.AsName(cst.Name(self.plan.hvd)))])
@@ -302,6 +327,6 @@ def normalize(wrapper: MetadataWrapper, taken: Set[str], elsewhere: Set[str], he
         wrapper.visit(scan)
         uses, stores = scan.followed()
         plan.uses.update(uses)
-    if not plan.dropped and not stores:
+    if not plan.dropped and not stores and not plan.assigned:
         return wrapper, False
     return MetadataWrapper(wrapper.module.visit(_Apply(plan, stores)), unsafe_skip_copy=True), bool(stores)

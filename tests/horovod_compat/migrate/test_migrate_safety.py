@@ -604,3 +604,25 @@ def test_a_branch_a_probe_drops_is_not_visited_whatever_it_holds():
     result = migrate_source(source, "f.py")
     assert "\nx = None\ny = 1\nprint(x, y, dist.get_world_size())\n" in result.source
     assert not [f for f in result.findings if f.kind is Kind.TODO] and "horovod" not in result.source
+
+
+@pytest.mark.parametrize("extra, native", [
+    ("", True),
+    # the module handed on as a value (neural-compressor's `metric.hvd = hvd`): left as it is
+    ("    metric.hvd = hvd\n", False),
+])
+def test_a_lazy_import_of_horovod_torch_is_the_import(extra, native):
+    """``hvd = LazyImport("horovod.torch")`` (intel/neural-compressor's form), bound once and used
+    only as ``hvd.NAME``, is ``import horovod.torch as hvd``; otherwise it keeps the TODO that
+    names the string."""
+    source = ("import torch\nfrom mylib import LazyImport\n\nhvd = LazyImport(\"horovod.torch\")\n\n\n"
+              "def train(metric):\n    hvd.init()\n" + extra
+              + "    return torch.ones(1) * hvd.size()\n")
+    result = migrate_source(source, "lazy.py")
+    todos = [f for f in result.findings if f.kind is Kind.TODO]
+    if native:
+        assert todos == [] and "horovod" not in result.source and "hvd" not in result.source
+        assert "return torch.ones(1) * dist.get_world_size()\n" in result.source
+    else:
+        assert result.source.count('hvd = LazyImport("horovod.torch")') == 1
+        assert any("names Horovod's module in a string" in f.message for f in todos), todos
