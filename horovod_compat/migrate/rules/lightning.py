@@ -35,6 +35,12 @@ REMOVED_HOOKS = {
                             "keeping the step outputs yourself",
     "test_epoch_end": "removed in Lightning 2.0 (fit raises): move it to on_test_epoch_end, "
                       "keeping the step outputs yourself",
+    "training_step_end": "no longer called since Lightning 2.0 (removed with the DP strategy; fit does not "
+                         "say so): move its logic into training_step, or to on_train_batch_end",
+    "validation_step_end": "no longer called since Lightning 2.0 (removed with the DP strategy; fit does not "
+                           "say so): move its logic into validation_step, or to on_validation_batch_end",
+    "test_step_end": "no longer called since Lightning 2.0 (removed with the DP strategy; fit does not say "
+                     "so): move its logic into test_step, or to on_test_batch_end",
     "on_epoch_start": "no longer called since Lightning 1.8: use on_train_epoch_start / on_validation_epoch_start",
     "on_epoch_end": "no longer called since Lightning 1.8: use on_train_epoch_end / on_validation_epoch_end",
     "on_init_start": "no longer called since Lightning 1.8: do it before constructing the Trainer",

@@ -626,3 +626,46 @@ def test_a_lazy_import_of_horovod_torch_is_the_import(extra, native):
     else:
         assert result.source.count('hvd = LazyImport("horovod.torch")') == 1
         assert any("names Horovod's module in a string" in f.message for f in todos), todos
+
+
+def test_a_step_end_hook_that_lightning_2_no_longer_calls_gets_a_todo(tmp_path):
+    """``training_step_end`` (Lightning 1's DP hook) is silently not called by Lightning 2 (fit
+    does not refuse it, as it refuses ``training_epoch_end``), so the rewrite must say so: a TODO
+    at the hook. The claim is checked on the installed Lightning: fit runs and the hook never does."""
+    pl = pytest.importorskip("lightning.pytorch")
+    import torch
+
+    source = textwrap.dedent('''\
+        import torch
+        import lightning.pytorch as pl
+        import horovod.torch as hvd
+
+
+        class Net(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(2, 1)
+                self.calls = []
+
+            def training_step(self, batch, batch_idx):
+                return self.layer(batch[0]).sum()
+
+            def training_step_end(self, outputs):
+                self.calls.append(outputs)
+                return outputs
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+        ''')
+    result = migrate_source(source, "module.py")
+    todos = [f for f in result.findings if f.kind is Kind.TODO]
+    assert [f.name for f in todos] == ["training_step_end"], todos
+    assert "no longer called since Lightning 2.0" in todos[0].message
+    namespace: dict = {}
+    exec(compile(source.replace("import horovod.torch as hvd\n", ""), "module.py", "exec"), namespace)
+    net = namespace["Net"]()
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(4, 2)), batch_size=2)
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer.fit(net, data)
+    assert trainer.global_step == 2 and net.calls == []
