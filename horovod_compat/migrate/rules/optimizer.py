@@ -866,16 +866,30 @@ def _before_the_wrap(call: cst.Call, stmt: cst.CSTNode, options: _Options, facts
     return lines
 
 
+#: Constructors of a new optimizer, without state: torch's (``torch.optim.SGD``, ``optim.Adam``) or
+#: a class of the program's (a capitalized name).
+_FRESH_OPTIMIZER = re.compile(r"^(?:(?:torch\.)?optim\.)?[A-Z]\w*$")
+
+
 def _state_made_before(name: str, stmt: cst.CSTNode, facts: _Facts) -> bool:
     """True when optimizer `name` may have state before the wrap at `stmt` (a state broadcast, a
     load or a step of it on an earlier line: of the function that wraps it where `name` is a local
-    name of that function, else of the module)."""
+    name of that function, else of the module; after the last line that binds `name` to a new
+    optimizer, where one does)."""
     function = _function_of(stmt, facts)
     scope = facts.scopes.get(stmt)
     local = scope is not None and isinstance(function, cst.FunctionDef) and bool(scope[name]) and all(
         a.scope is scope for a in scope[name])
     first = facts.positions[function].start.line if local else 1
-    before = "\n".join(facts.module_code.splitlines()[first - 1:facts.positions[stmt].start.line - 1])
+    here = facts.positions[stmt].start.line
+    for assignment in scope[name] if scope is not None else ():
+        # (a fresh optimizer bound to the name since: `optimizer = torch.optim.SGD(...)`)
+        line = facts.positions[assignment.node].start.line if assignment.node in facts.positions else 0
+        bound = facts.parents.get(facts.parents.get(assignment.node))
+        if first <= line < here and isinstance(bound, cst.Assign) and isinstance(bound.value, cst.Call) \
+                and _FRESH_OPTIMIZER.match(code_of(bound.value.func).strip()):
+            first = line + 1
+    before = "\n".join(facts.module_code.splitlines()[first - 1:here - 1])
     return re.search(rf"broadcast_optimizer_state\(\s*{re.escape(name)}\b|\b{re.escape(name)}\."
                      r"(?:load_state_dict|step)\(", before) is not None
 

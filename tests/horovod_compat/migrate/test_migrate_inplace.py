@@ -450,6 +450,24 @@ def test_a_state_made_before_the_wrap_is_cleared_as_horovods_wrapper_started_wit
     assert out.index("opt.state.clear()") < out.index("replicate(model")
 
 
+def test_an_optimizer_built_again_before_the_wrap_has_no_state_to_clear():
+    """The name stepped an earlier optimizer (a baseline trained first, as in a SyncBatchNorm
+    comparison), then was bound to a new one, which the wrap takes: nothing to clear. A step
+    after that binding still clears."""
+    body = '''
+        def compare(model, sync_model, x):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            model(x).sum().backward()
+            opt.step()
+            opt = torch.optim.SGD(sync_model.parameters(), lr=0.1)
+            {between}opt = hvd.DistributedOptimizer(opt, named_parameters=sync_model.named_parameters())
+            return opt
+        '''
+    assert "state.clear()" not in migrate(body.format(between="")).source
+    stepped = "sync_model(x).sum().backward()\n            opt.step()\n            "
+    assert "opt.state.clear()" in migrate(body.format(between=stepped)).source
+
+
 PROGRAM = '''\
 import os
 import torch
