@@ -856,14 +856,36 @@ def _function_of(node: cst.CSTNode, facts: _Facts) -> Optional[cst.CSTNode]:
 def _before_the_wrap(call: cst.Call, stmt: cst.CSTNode, options: _Options, facts: _Facts,
                      ctx: RewriteContext) -> List[str]:
     """The lines either rewrite (DDP wrap or in place) puts first: the inner optimizer's state
-    cleared where it had one."""
+    cleared where it had one, and Horovod's check that named_parameters names every parameter of
+    the optimizer where a group was added to it."""
     lines = []
     inner = _inner_optimizer(call)
-    if isinstance(inner, cst.Name) and stmt is not None and _state_made_before(inner.value, stmt, facts):
+    if not isinstance(inner, cst.Name) or stmt is None:
+        return lines
+    before = _before(inner.value, stmt, facts)
+    if re.search(rf"broadcast_optimizer_state\(\s*{re.escape(inner.value)}\b|\b{re.escape(inner.value)}\."
+                 r"(?:load_state_dict|step)\(", before):
         # Horovod's wrapper was a new optimizer over the same parameter groups, without the state
         lines.append(f"{inner.value}.state.clear()  # as under Horovod: the wrap started without state\n")
         options.notes.append(f"`{inner.value}` had state before the wrap, which Horovod's wrapper did not keep: cleared")
+    named = keyword_args(call).get("named_parameters")
+    value = named.value if named is not None else None
+    if re.search(rf"\b{re.escape(inner.value)}\.add_param_group\(", before) and isinstance(value, cst.Call) \
+            and not value.args and isinstance(value.func, cst.Attribute) and value.func.attr.value == "named_parameters":
+        # a group added to the optimizer may hold parameters outside the named module, which
+        # Horovod refused at the wrap, and which the native wrap would leave unaveraged
+        module = code_of(value.func.value).strip()
+        lines.append(_UNNAMED_CHECK.format(optimizer=inner.value, module=module))
+        options.notes.append(f"`{inner.value}.add_param_group(...)` before the wrap: a check stops the program, as "
+                             f"Horovod did, where a parameter of the optimizer is not one of `{module}`'s")
     return lines
+
+
+#: Horovod's wrap raised this ValueError where the optimizer held a parameter named_parameters did not name.
+_UNNAMED_CHECK = (
+    "if {{id(p) for group in {optimizer}.param_groups for p in group[\"params\"]}} - {{id(p) for p in {module}.parameters()}}:"
+    "  # as Horovod's DistributedOptimizer checked\n"
+    "    raise ValueError(\"named_parameters was specified, but one or more model parameters were not named\")\n")
 
 
 #: Constructors of a new optimizer, without state: torch's (``torch.optim.SGD``, ``optim.Adam``) or
@@ -871,11 +893,11 @@ def _before_the_wrap(call: cst.Call, stmt: cst.CSTNode, options: _Options, facts
 _FRESH_OPTIMIZER = re.compile(r"^(?:(?:torch\.)?optim\.)?[A-Z]\w*$")
 
 
-def _state_made_before(name: str, stmt: cst.CSTNode, facts: _Facts) -> bool:
-    """True when optimizer `name` may have state before the wrap at `stmt` (a state broadcast, a
-    load or a step of it on an earlier line: of the function that wraps it where `name` is a local
-    name of that function, else of the module; after the last line that binds `name` to a new
-    optimizer, where one does)."""
+def _before(name: str, stmt: cst.CSTNode, facts: _Facts) -> str:
+    """The code that may act on optimizer `name` before the wrap at `stmt` (to find a state
+    broadcast, a load or a step that gave it state, or a group added to it): the earlier lines of
+    the function that wraps it where `name` is a local name of that function, else of the module;
+    after the last line that binds `name` to a new optimizer, where one does."""
     function = _function_of(stmt, facts)
     scope = facts.scopes.get(stmt)
     local = scope is not None and isinstance(function, cst.FunctionDef) and bool(scope[name]) and all(
@@ -889,9 +911,7 @@ def _state_made_before(name: str, stmt: cst.CSTNode, facts: _Facts) -> bool:
         if first <= line < here and isinstance(bound, cst.Assign) and isinstance(bound.value, cst.Call) \
                 and _FRESH_OPTIMIZER.match(code_of(bound.value.func).strip()):
             first = line + 1
-    before = "\n".join(facts.module_code.splitlines()[first - 1:here - 1])
-    return re.search(rf"broadcast_optimizer_state\(\s*{re.escape(name)}\b|\b{re.escape(name)}\."
-                     r"(?:load_state_dict|step)\(", before) is not None
+    return "\n".join(facts.module_code.splitlines()[first - 1:here - 1])
 
 
 #: The comment above a statement that reads gradients after backward() and before step().

@@ -1193,3 +1193,61 @@ def test_a_function_that_may_run_the_model_keeps_ddp_unproven(callee):
     program = SAVED_PROGRAM.replace("torch.save(net, where)  # the whole module", callee)
     result = migrate_source(program, "original.py")
     assert "= DDP(" not in result.source and replicated(result.source) == ["model"]
+
+
+GROUPS_PROGRAM = '''\
+import torch
+import horovod.torch as hvd
+
+
+class Generator(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(3, 3)
+        self.style = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.body(x) + self.style(x)
+
+
+hvd.init()
+torch.manual_seed(0)
+generator = Generator()
+optimizer = torch.optim.SGD(generator.body.parameters(), lr=0.1)
+optimizer.add_param_group({"params": generator.style.parameters(), "lr": 0.01})
+hvd.broadcast_parameters(generator.state_dict(), root_rank=0)
+optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=generator.named_parameters())
+data = torch.Generator().manual_seed(hvd.rank())
+for step in range(3):
+    x = torch.randn(4, 3, generator=data)
+    loss = generator(x).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    print(f"GROUPS rank={hvd.rank()} step={step} loss={loss.item():.6f}", flush=True)
+print(f"GROUPS rank={hvd.rank()} final={sum(p.sum().item() for p in generator.parameters()):.6f}", flush=True)
+'''
+
+
+def test_a_group_added_to_the_optimizer_gets_horovods_check_of_named_parameters(tmp_path):
+    """``optimizer.add_param_group(...)`` before the wrap: Horovod refused a parameter of the
+    optimizer that named_parameters does not name (a ValueError at the wrap), and the native wrap
+    would leave it unaveraged, so the check goes before the wrap. Where every group is of the
+    named module, the native program prints the original's numbers; where one is not (a group
+    of another module, as in style-based-gan-pytorch's), the check raises Horovod's error."""
+    result = migrated_alike(tmp_path, GROUPS_PROGRAM, r"GROUPS rank=\d (?:step=\d loss=\S+|final=\S+)", 8)
+    check = [line for line in result.source.splitlines(keepends=True) if "param_groups" in line or "raise" in line]
+    assert len(check) == 2 and check[0].startswith("if {id(p) for group in optimizer.param_groups"), check
+    notes = [f.message for f in result.findings if f.name == "hvd.DistributedOptimizer"]
+    assert any("a check stops the program, as Horovod did" in n for n in notes), notes
+    # the same check on a group of another module: Horovod's error
+    import torch
+
+    body, style = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+    optimizer = torch.optim.SGD(body.parameters(), lr=0.1)
+    optimizer.add_param_group({"params": style.parameters()})
+    with pytest.raises(ValueError, match="one or more model parameters were not named"):
+        exec("".join(check), {"optimizer": optimizer, "generator": body})
+    result = migrate_source(GROUPS_PROGRAM.replace("optimizer.add_param_group", "optimizer.zero_grad()\n#"),
+                            "original.py")
+    assert "param_groups" not in result.source  # no group added: no check
