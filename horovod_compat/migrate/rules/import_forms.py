@@ -11,7 +11,9 @@ them from these submodules), so ``allreduce``
 is ``hvd.allreduce`` and ``mpi_ops.allreduce`` is too. A form is brought over only when that is
 certain: the name is bound once in its scope (by that import), and a submodule's alias is only
 ever used as ``alias.NAME`` with NAME exported by ``horovod.torch``. Anything else stays as it is
-and keeps its TODO (``imports.unsupported_import``).
+and keeps its TODO (``imports.unsupported_import``). A module-level importer's call,
+``hvd = LazyImport("horovod.torch")`` or ``importlib.import_module(...)``, bound once and used
+only as ``hvd.NAME``, is brought to the import too.
 
 Trainer classes and backends hold the module in an attribute: ``self.hvd = hvd`` after a local
 ``import horovod.torch as hvd``, or ``self._hvd = importlib.import_module("horovod.torch")``.
