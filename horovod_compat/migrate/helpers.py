@@ -123,30 +123,35 @@ def _native_allreduce(tensor, op="average", inplace=False, **options):
         return out * options.get("postscale_factor", 1.0)
     return _native_allreduce_async(tensor, op, inplace, **options).wait()
 ''',
-    # hvd.allreduce(tensor) as metrics use it (average, nothing else): what _native_allreduce does
-    # for that case, in a few lines.
+    # hvd.allreduce(tensor) as metrics use it (average, nothing else): _native_sum, divided.
     "_native_average": '''
 def _native_average(tensor):
     """hvd.allreduce(tensor): the average over all ranks, in a new tensor (differentiable, as
     Horovod's; integer tensors truncate, as Horovod's did)."""
     import torch
     import torch.distributed as dist
-    import torch.distributed.nn.functional as dist_nn
 
-    total = dist_nn.all_reduce(tensor)
+    total = _native_sum(tensor)
     if total.is_floating_point() or total.is_complex():
         return total / dist.get_world_size()
     return torch.div(total, dist.get_world_size(), rounding_mode="trunc")
 ''',
-    # hvd.allreduce(tensor, op=hvd.Sum) (average=False), nothing else: torch's differentiable
-    # all_reduce, which sums into a new tensor
+    # hvd.allreduce(tensor, op=hvd.Sum) (average=False), nothing else. A tensor that requires grad
+    # goes through torch's differentiable all_reduce; any other through dist.all_reduce on a copy
+    # (torch 2.13 warns that the differentiable one is deprecated).
     "_native_sum": '''
 def _native_sum(tensor):
     """hvd.allreduce(tensor, op=hvd.Sum): the sum over all ranks, in a new tensor (differentiable,
     as Horovod's)."""
+    import torch
+    import torch.distributed as dist
     import torch.distributed.nn.functional as dist_nn
 
-    return dist_nn.all_reduce(tensor)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return dist_nn.all_reduce(tensor)
+    total = tensor.clone()
+    dist.all_reduce(total)
+    return total
 ''',
     "_native_broadcast": '''
 def _native_broadcast(tensor, root_rank, inplace=False, process_set=None):
@@ -678,6 +683,7 @@ class _NativeElasticSampler:
 #: The helpers each helper calls: inserted with it, before it.
 REQUIRES: Dict[str, List[str]] = {
     "_native_allreduce": ["_native_wire_dtype", "_NativeHandle"],
+    "_native_average": ["_native_sum"],
     "_native_broadcast_async": ["_NativeHandle"],
     "_native_allgather_async": ["_native_allgather", "_NativeHandle"],
     "_native_distributed_optimizer": ["_native_wire_dtype"],

@@ -669,3 +669,31 @@ def test_a_step_end_hook_that_lightning_2_no_longer_calls_gets_a_todo(tmp_path):
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
     trainer.fit(net, data)
     assert trainer.global_step == 2 and net.calls == []
+
+
+def test_the_average_and_sum_helpers_call_nothing_deprecated_for_a_tensor_without_grad():
+    """torch 2.13 deprecates torch.distributed.nn.functional.all_reduce (a FutureWarning in every
+    migrated program that averaged a metric): the helpers use it only for a tensor that requires
+    grad, where it is the differentiable all_reduce. One rank, warnings as errors but there."""
+    from horovod_compat.migrate.helpers import HELPERS
+
+    program = HELPERS["_native_average"] + HELPERS["_native_sum"] + textwrap.dedent('''
+        import os
+        import warnings
+        import torch
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        warnings.simplefilter("error")
+        print(_native_average(torch.tensor([3.0, 5.0])).tolist(), _native_average(torch.tensor([7])).tolist(),
+              _native_sum(torch.tensor([2.0])).tolist())
+        warnings.simplefilter("ignore", FutureWarning)
+        x = torch.tensor([2.0], requires_grad=True)
+        (_native_average(x * 3) + _native_sum(x)).sum().backward()
+        print(x.grad.tolist())
+        dist.destroy_process_group()
+        ''')
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["[3.0, 5.0] [7] [2.0]", "[4.0]"], done.stdout

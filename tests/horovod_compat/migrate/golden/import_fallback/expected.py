@@ -10,9 +10,15 @@ import torch.distributed as dist
 def _native_sum(tensor):
     """hvd.allreduce(tensor, op=hvd.Sum): the sum over all ranks, in a new tensor (differentiable,
     as Horovod's)."""
+    import torch
+    import torch.distributed as dist
     import torch.distributed.nn.functional as dist_nn
 
-    return dist_nn.all_reduce(tensor)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return dist_nn.all_reduce(tensor)
+    total = tensor.clone()
+    dist.all_reduce(total)
+    return total
 
 
 def main():

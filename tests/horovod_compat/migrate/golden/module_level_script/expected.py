@@ -11,14 +11,27 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
+def _native_sum(tensor):
+    """hvd.allreduce(tensor, op=hvd.Sum): the sum over all ranks, in a new tensor (differentiable,
+    as Horovod's)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.nn.functional as dist_nn
+
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return dist_nn.all_reduce(tensor)
+    total = tensor.clone()
+    dist.all_reduce(total)
+    return total
+
+
 def _native_average(tensor):
     """hvd.allreduce(tensor): the average over all ranks, in a new tensor (differentiable, as
     Horovod's; integer tensors truncate, as Horovod's did)."""
     import torch
     import torch.distributed as dist
-    import torch.distributed.nn.functional as dist_nn
 
-    total = dist_nn.all_reduce(tensor)
+    total = _native_sum(tensor)
     if total.is_floating_point() or total.is_complex():
         return total / dist.get_world_size()
     return torch.div(total, dist.get_world_size(), rounding_mode="trunc")
