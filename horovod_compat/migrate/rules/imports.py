@@ -248,6 +248,17 @@ def _checks_import(small: cst.BaseSmallStatement, names: Set[str]) -> bool:
             and test.comparisons[0].comparator.value == "None")
 
 
+def _without_removed(small: cst.BaseSmallStatement, removed: Set[str]) -> Optional[cst.BaseSmallStatement]:
+    """`global hvd` (or `global hvd, other`) whose import went: without those names, or None."""
+    if not isinstance(small, cst.Global) or not any(n.name.value in removed for n in small.names):
+        return small
+    kept = [n for n in small.names if n.name.value not in removed]
+    if not kept:
+        return None
+    kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return small.with_changes(names=kept)
+
+
 class _Remaining(cst.CSTVisitor):
     """Count uses of given names outside import statements (and import-error fallbacks, and checks
     that the import worked)."""
@@ -270,6 +281,17 @@ class _Remaining(cst.CSTVisitor):
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         node.value.visit(self)  # (`self.hvd`, an attribute of that name, is no use of `hvd`)
+        return False
+
+    def visit_Global(self, node: cst.Global) -> bool:
+        return False  # `global hvd` beside a function's import declares, it does not use
+
+    def visit_Param(self, node: cst.Param) -> bool:
+        # a parameter named `hvd` (the module handed in by a caller) binds a local name: only
+        # its annotation and default are uses
+        for part in (node.annotation, node.default):
+            if part is not None:
+                part.visit(self)
         return False
 
     def visit_Name(self, node: cst.Name) -> None:
@@ -345,8 +367,10 @@ class ImportFixer(cst.CSTTransformer):
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
     ) -> Union[cst.SimpleStatementLine, cst.FlattenSentinel, cst.RemovalSentinel]:
-        body = [small for small in updated_node.body if not _checks_import(small, self.removed)]
-        if len(body) != len(updated_node.body):
+        body = [_without_removed(small, self.removed) for small in updated_node.body
+                if not _checks_import(small, self.removed)]
+        body = [small for small in body if small is not None]
+        if body != list(updated_node.body):
             if not body:
                 return cst.RemoveFromParent()
             updated_node = updated_node.with_changes(body=body)
