@@ -4,11 +4,11 @@ before the rewrite, so every rule sees ``hvd.X``.
 Real programs write ``from horovod.torch import allreduce, Average``, ``import
 horovod.torch.mpi_ops as mpi_ops``, ``from horovod.torch.functions import
 broadcast_parameters`` or ``from horovod.common.exceptions import HorovodInternalError``;
-``from horovod import run`` is brought to ``import horovod`` and ``horovod.run``, and ``import
-horovod.torch`` used as ``horovod.torch.init()`` to ``hvd.init()``. Each of those names is one
-that ``horovod.torch`` itself exports (Horovod 0.28.1's ``horovod/torch/__init__.py`` re-exports
-them from these submodules), so ``allreduce``
-is ``hvd.allreduce`` and ``mpi_ops.allreduce`` is too. A form is brought over only when that is
+``from horovod import run`` (or ``__version__``) is brought to ``import horovod`` and
+``horovod.run``, and ``import horovod.torch`` used as ``horovod.torch.init()`` to ``hvd.init()``.
+Each of those names is one that ``horovod.torch`` itself exports (Horovod 0.28.1's
+``horovod/torch/__init__.py`` re-exports them from these submodules), so ``allreduce`` is
+``hvd.allreduce`` and ``mpi_ops.allreduce`` is too. A form is brought over only when that is
 certain: the name is bound once in its scope (by that import), and a submodule's alias is only
 ever used as ``alias.NAME`` with NAME exported by ``horovod.torch``. Anything else stays as it is
 and keeps its TODO (``imports.unsupported_import``). A module-level importer's call,
@@ -154,8 +154,8 @@ class _Plan(cst.CSTVisitor):
                 self._names_from(node, alias, name)  # horovod.torch re-exports it
             elif module == HVD_MODULE + ".optimizer" and name == "_DistributedOptimizer":
                 self._annotation(node, alias)
-            elif module == "horovod" and name == "run":
-                self._names_from(node, alias, name, module="horovod")  # -> horovod.run(...)
+            elif module == "horovod" and name in ("run", "__version__"):
+                self._names_from(node, alias, name, module="horovod")  # -> horovod.run(...), ...
 
     def visit_Assign(self, node: cst.Assign) -> None:
         """``hvd = LazyImport("horovod.torch")``, bound once and used only as ``hvd.NAME``:
