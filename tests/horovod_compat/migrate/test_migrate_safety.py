@@ -628,6 +628,65 @@ def test_a_lazy_import_of_horovod_torch_is_the_import(extra, native):
         assert any("names Horovod's module in a string" in f.message for f in todos), todos
 
 
+def test_a_global_import_in_a_method_goes_with_its_global_statement():
+    """A trainer that imports Horovod in one method under ``global hvd`` and uses it in others
+    (SparseEventID's form): the declaration is no use of Horovod, so once every use is rewritten the
+    import and the ``global`` go, and ``hvd.init()`` is not kept beside the native init."""
+    source = textwrap.dedent('''\
+        import torch
+
+
+        class Trainer:
+            def init(self, mode):
+                if mode == "horovod":
+                    global hvd, other
+                    import horovod.torch as hvd
+                    hvd.init()
+                    self.rank = hvd.rank()
+
+            def build(self):
+                self.net = torch.nn.Linear(2, 1)
+                self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1)
+                self.opt = hvd.DistributedOptimizer(self.opt, named_parameters=self.net.named_parameters())
+        ''')
+    result = migrate_source(source, "g.py")
+    assert not [f for f in result.findings if f.kind is Kind.TODO]
+    assert "import horovod" not in result.source and "hvd" not in result.source, result.source
+    assert "        global other\n" in result.source and "dist.init_process_group(" in result.source
+    assert "replicate(self.net, " in result.source
+
+
+def test_a_function_given_the_module_as_a_parameter_needs_no_import():
+    """``def make_optimizer(args, target, hvd)`` (EDSR's form: the caller hands the module in):
+    the parameter binds a name of its own, so the module-level import goes once its uses in the
+    function are rewritten; the parameter stays for the callers."""
+    source = textwrap.dedent('''\
+        import torch
+        import horovod.torch as hvd
+
+
+        def make_optimizer(args, target, hvd):
+            optimizer = torch.optim.SGD(target.parameters(), lr=args.lr)
+            return hvd.DistributedOptimizer(optimizer, named_parameters=target.named_parameters())
+        ''')
+    result = migrate_source(source, "u.py")
+    assert not [f for f in result.findings if f.kind is Kind.TODO]
+    assert "horovod" not in result.source and "def make_optimizer(args, target, hvd):" in result.source
+    assert "replicate(target, " in result.source
+
+
+def test_horovods_version_imported_by_name_becomes_torchs_named_in_the_report():
+    """``from horovod import __version__ as hvd_version`` (a benchmark that logs it) is
+    ``horovod.__version__``, which becomes ``torch.__version__`` with a note: no Horovod is left."""
+    source = ("import torch\nimport horovod.torch as hvd\nfrom horovod import __version__ as hvd_version\n\n"
+              "hvd.init()\nprint('Horovod version:', hvd_version, hvd.size())\n")
+    result = migrate_source(source, "v.py")
+    assert not [f for f in result.findings if f.kind is Kind.TODO]
+    assert "horovod" not in result.source
+    assert "print('Horovod version:', torch.__version__, dist.get_world_size())" in result.source
+    assert any(f.name == "horovod.__version__" and "torch.__version__" in f.message for f in result.findings)
+
+
 def test_a_step_end_hook_that_lightning_2_no_longer_calls_gets_a_todo(tmp_path):
     """``training_step_end`` (Lightning 1's DP hook) is silently not called by Lightning 2 (fit
     does not refuse it, as it refuses ``training_epoch_end``), so the rewrite must say so: a TODO
