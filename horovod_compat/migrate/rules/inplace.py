@@ -21,8 +21,9 @@ in forward hooks), so every ``model(...)`` call, wherever it is made, averages t
 * the wrap runs once per module (``replicate`` refuses a second application, with an
   AssertionError): outside loops, or in ``for`` loops each of whose variables the module is, or is
   reached through (``for k in models: ... models[k][0].named_parameters()``, ``for m in models: ...
-  m.named_parameters()``: a new module each time, or that error at once), and a second wrap of
-  the same name only after the name was bound to a new module;
+  m.named_parameters()``: a new module each time, or that error at once), or whose body binds
+  the module's name to a new object before the wrap (``for fold in folds: model = Net() ...``),
+  and a second wrap of the same name only after the name was bound to a new module;
 * options as in optimizer.py: fp16 compression -> DDP's fp16 comm hook; ``groups`` dropped;
   Average only; ``backward_passes_per_step=N`` averages on every ``backward()`` (the same
   gradients up to rounding, N times the traffic: no loop in view to put ``no_sync()`` around);
@@ -251,17 +252,38 @@ def _statement(call: cst.Call, facts: Facts) -> Union[cst.SimpleStatementLine, s
     return node
 
 
-def _loop_variables(stmt: cst.SimpleStatementLine, facts: Facts) -> Union[List[str], str]:
-    """The variables of the ``for`` loops around `stmt` in its function, or why a loop there
-    cannot wrap a new module on each turn (``replicate()`` makes a module data-parallel once)."""
-    names, up = [], facts.parents.get(stmt)
+def _loop_variables(stmt: cst.SimpleStatementLine, facts: Facts) -> Union[List[Tuple[str, cst.For]], str]:
+    """The variables of the ``for`` loops around `stmt` in its function, with the loops, or why
+    a loop there cannot wrap a new module on each turn (``replicate()`` makes a module
+    data-parallel once)."""
+    loops, up = [], facts.parents.get(stmt)
     while up is not None and not isinstance(up, (cst.FunctionDef, cst.Module)):
         if isinstance(up, cst.While) or (isinstance(up, cst.For) and not isinstance(up.target, cst.Name)):
             return "the wrap sits inside a loop, and replicate() makes a module data-parallel only once"
         if isinstance(up, cst.For):
-            names.append(up.target.value)
+            loops.append((up.target.value, up))
         up = facts.parents.get(up)
-    return names
+    return loops
+
+
+def _built_each_turn(model: str, loop: cst.For, stmt: cst.SimpleStatementLine, facts: Facts) -> bool:
+    """True when a statement of `loop`'s own body, before the one that holds `stmt`, binds the
+    plain name `model` to an expression that does not use it (``model = Net()``): each turn then
+    wraps a module of its own."""
+    if not model.isidentifier():
+        return False
+    holder = stmt
+    while holder is not None and facts.parents.get(holder) is not loop.body:
+        holder = facts.parents.get(holder)
+    for line in loop.body.body:
+        if line is holder:
+            return False
+        for small in line.body if isinstance(line, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == model
+                                                     for t in small.targets) \
+                    and not re.search(rf"(?<![\w.]){re.escape(model)}(?!\w)", code_of(small.value)):
+                return True
+    return False
 
 
 def _end_of_function(stmt: cst.SimpleStatementLine, facts: Facts) -> int:
@@ -457,7 +479,7 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
         return "this torch has no torch.distributed._composable.replicate"
     if has_star_args(call):
         return "its options come as **kwargs, which the rewriter cannot read"
-    if (options.fp16 != "False" or options.sum) and not torch_api.has("replicate.register_comm_hook"):
+    if (options.fp16 != "False" or options.sum != "False") and not torch_api.has("replicate.register_comm_hook"):
         return "this torch's replicate() takes no comm hook (for fp16 compression or op=hvd.Sum)"
     stmt = _statement(call, facts)
     if isinstance(stmt, str):
@@ -485,7 +507,7 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
     aliases = {model: _aliases(model, facts) for model in found}
     #: Horovod's plain average (no compression, op, accumulation or set): a second wrap of a module
     #: with it, after a first one with it in the same block, shares that wrap's replicate()
-    plain = (options.fp16 == "False" and not options.sum and options.passes == "1"
+    plain = (options.fp16 == "False" and options.sum == "False" and options.passes == "1"
              and not options.process_group and options.adasum == "False")
     shared: List[str] = []
     for model in found:
@@ -495,7 +517,8 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
             if not (plain and earlier_plain and facts.parents.get(earlier) is facts.parents.get(stmt)):
                 return f"`{model}` is also under another DistributedOptimizer; replicate() applies once per module"
             shared.append(model)  # replicated by the wrap before it in this block, with the same options
-        fixed = [v for v in loops if not re.search(rf"(?<![\w.]){re.escape(v)}(?!\w)", model)]
+        fixed = [v for v, loop in loops if not re.search(rf"(?<![\w.]){re.escape(v)}(?!\w)", model)
+                 and not _built_each_turn(model, loop, stmt, facts)]
         if fixed:
             return (f"the wrap sits inside a loop over `{fixed[0]}`, and `{model}` does not change with "
                     "it: replicate() makes a module data-parallel only once")
@@ -528,7 +551,7 @@ def plan(call: cst.Call, facts: Facts, ctx: RewriteContext, options: Options,
         lines += options.comm_hook_lines(model, ctx)
     ctx.need(HVD, "replicate")
     names = ", ".join(f"`{m}`" for m in found)
-    reduces = "sums" if options.sum else "averages"
+    reduces = {"True": "sums", "False": "averages"}.get(options.sum, f"sums (when {options.sum}) or averages")
     own = [m for m in found if m not in shared]
     note = (f"-> replicate({', '.join(own)}) before this line, and " if own else "-> ") + (
             f"the optimizer itself: every call of "
