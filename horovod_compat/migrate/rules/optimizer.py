@@ -151,8 +151,9 @@ class _Options:
     #: When Horovod would have used Adasum: "False" (never), "True" (always) or a condition. DDP
     #: has no Adasum: the gradients are averaged then, a difference named at the wrap's line.
     adasum: str = "False"
-    #: op=hvd.Sum: the gradients are summed (a comm hook), not averaged.
-    sum: bool = False
+    #: When op=hvd.Sum: "False" (never), "True" (always) or a condition; then the gradients are
+    #: summed (a comm hook), not averaged.
+    sum: str = "False"
     passes: str = "1"
     #: process_set=S: the process group DDP reduces over (None: every rank).
     process_group: Optional[str] = None
@@ -172,17 +173,25 @@ class _Options:
         replicated module), when one is chosen; `state`, the hook's state: the process group it
         reduces over (by default the set's, or None: every rank)."""
         state = state or self.process_group or "None"
-        if self.sum:  # (fp16 "True", "False" or a condition: _check_options refuses a named hook)
+        if self.sum != "False":
+            # fp16: "True", "False" or a condition; a named hook holds fp16_compress_hook or None
+            fp16 = self.fp16 if self.hook_name is None else f"{self.hook_name} is not None"
             ctx.need_helper("_native_sum_gradients")
             note = "# op=hvd.Sum: gradients summed, not averaged"
-            if self.fp16 == "False":
-                return [f"{module}.register_comm_hook({state}, _native_sum_gradients)  {note}\n"]
-            ctx.need(HVD, "default_hooks")
-            sent_as_fp16 = "default_hooks.fp16_compress_wrapper(_native_sum_gradients)"
-            if self.fp16 == "True":
-                return [f"{module}.register_comm_hook({state}, {sent_as_fp16})  {note}, sent as float16\n"]
-            return [f"{module}.register_comm_hook({state}, {sent_as_fp16} if {self.fp16} else "
-                    f"_native_sum_gradients)  {note}\n"]
+            hook = "_native_sum_gradients"
+            if fp16 != "False":
+                ctx.need(HVD, "default_hooks")
+                sent_as_fp16 = "default_hooks.fp16_compress_wrapper(_native_sum_gradients)"
+                hook = sent_as_fp16 if fp16 == "True" else f"{sent_as_fp16} if {fp16} else {hook}"
+                note += ", sent as float16" if fp16 == "True" else ""
+            line = f"{module}.register_comm_hook({state}, {hook})  {note}\n"
+            if self.sum == "True":
+                return [line]
+            lines = [f"if {self.sum}:\n    {line}"]
+            if fp16 != "False":  # (averaged otherwise, compressed as chosen)
+                lines.append(f"elif {fp16}:\n" if fp16 != "True" else "else:\n")
+                lines.append(f"    {module}.register_comm_hook({state}, default_hooks.fp16_compress_hook)\n")
+            return ["".join(lines)]
         if self.fp16 != "False" or any("fp16" in v for v in self.constants.values()):
             ctx.need(HVD, "default_hooks")
         if self.hook_name is not None:
@@ -197,7 +206,8 @@ class _Options:
 
 #: The constants DDP can take, with their native values (rules/constants.py).
 _COMPRESSION = {c: constants.NATIVE_VALUES[c] for c in ("Compression.none", "Compression.fp16")}
-_OPS = {c: constants.NATIVE_VALUES[c] for c in ("Average", "Adasum")}
+#: The reduce ops DDP can take: Average (its own), Sum (a comm hook), Adasum (averaged, named).
+_OPS = ("Average", "Sum", "Adasum")
 
 
 def _choice(call: cst.Call, keyword: str, facts: "_Facts", ctx: RewriteContext):
@@ -278,6 +288,17 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
                             "DDP needs `with ddp_model.no_sync():` around all but the last backward() of every group")
     if "op" in kw:
         choice = _choice(call, "op", facts, ctx)
+        value = kw["op"].value
+        if not isinstance(choice, dataflow.Choice) and ctx.shared.all_native and reevaluable(value) and not (
+                isinstance(value, cst.Integer) or isinstance(value, cst.Name) and value.value in ("None", "True", "False")):
+            # a value from elsewhere (a parameter, an attribute): every Horovod reduce op of a
+            # native file is its string, "average", "sum" or "adasum" for an optimizer
+            op = code_of(value).strip()
+            options.sum, options.adasum = f'{op} == "sum"', f'{op} == "adasum"'
+            options.notes.append(f"op={op}, a value from elsewhere: a comm hook sums the gradients when it is "
+                                 f'"sum" (hvd.Sum, once its caller is migrated); DDP averages them for any other op, '
+                                 "Adasum included (migration_guide/differences.md)")
+            choice = dataflow.Choice({}, table=True, lookup=op)
         if not isinstance(choice, dataflow.Choice):
             why = f" ({choice})" if isinstance(choice, str) else ""
             return _Options(f"op={code_of(kw['op'].value)}: not a Horovod reduce-op constant the rewriter "
@@ -286,31 +307,29 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
             return _Options(f"op={choice.lookup}: a reduce op chosen at run time from a table; "
                             "DDP always averages gradients")
         unknown = choice.constants - set(_OPS)
-        if choice.constants == {"Sum"}:  # (only Sum can be chosen: the hook always sums)
-            if options.hook_name is not None:
-                return _Options(f"op=hvd.Sum with the compression held in `{options.hook_name}`: DDP's "
-                                "fp16 comm hook averages; register "
-                                "default_hooks.fp16_compress_wrapper(a hook that sums) by hand")
-            options.sum = True
-            if not choice.table:
-                options.constants.update({leaf: constants.NATIVE_VALUES[c] for leaf, c in choice.leaves.items()})
-            options.notes.append("op=hvd.Sum: a comm hook sums the gradients (DDP's own averages)")
-        elif unknown:
+        if unknown:
             return _Options(f"op=hvd.{sorted(unknown)[0]}: DDP always averages gradients")
-        elif "Adasum" in choice.constants:
+        if "Sum" in choice.constants:
+            if choice.constants == {"Sum"}:
+                options.sum = "True"
+            elif choice.name is not None:
+                options.sum = f'{choice.name} == "sum"'
+            else:
+                options.sum = dataflow.condition(choice.tree, {"Sum"}, choice.leaves)
+            when = "" if options.sum == "True" else f" (the branch taken when {options.sum})"
+            options.notes.append(f"op=hvd.Sum{when}: a comm hook sums the gradients (DDP's own averages)")
+        if not choice.table:
+            options.constants.update({leaf: constants.NATIVE_VALUES[c] for leaf, c in choice.leaves.items()})
+        if "Adasum" in choice.constants:
             if choice.constants == {"Adasum"}:
                 options.adasum = "True"
-                options.constants.update({leaf: _OPS[c] for leaf, c in choice.leaves.items()})
             elif choice.name is not None:
                 options.adasum = f'{choice.name} == "adasum"'
-                options.constants.update({leaf: _OPS[c] for leaf, c in choice.leaves.items()})
             else:
                 options.adasum = dataflow.condition(choice.tree, {"Adasum"}, choice.leaves)
             when = "" if options.adasum == "True" else f" (the branch taken when {options.adasum})"
             options.notes.append(f"op=hvd.Adasum{when} -> averaged: DDP has no Adasum (retune the learning "
                                  "rate; migration_guide/differences.md)")
-        elif not choice.table:
-            options.constants.update({leaf: _OPS[c] for leaf, c in choice.leaves.items()})
     if "gradient_predivide_factor" in kw and _literal(kw["gradient_predivide_factor"].value) not in ("1", "1.0"):
         # Horovod only allows it with op=Average, where it splits the division by the world size
         # around the sum (1/f before, f/size after): the same average, so DDP's is kept.

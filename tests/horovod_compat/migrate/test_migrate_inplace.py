@@ -1251,3 +1251,115 @@ def test_a_group_added_to_the_optimizer_gets_horovods_check_of_named_parameters(
     result = migrate_source(GROUPS_PROGRAM.replace("optimizer.add_param_group", "optimizer.zero_grad()\n#"),
                             "original.py")
     assert "param_groups" not in result.source  # no group added: no check
+
+
+FOLDS_PROGRAM = '''\
+import torch
+import horovod.torch as hvd
+
+FP16_ALLREDUCE = False
+USE_ADASUM = False
+
+hvd.init()
+for fold in [0, 1]:
+    torch.manual_seed(fold)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    compression = hvd.Compression.fp16 if FP16_ALLREDUCE else hvd.Compression.none
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression=compression,
+                                         op=hvd.Adasum if USE_ADASUM else hvd.Sum)
+    gen = torch.Generator().manual_seed(5 + hvd.rank())
+    for step in range(3):
+        x, y = torch.randn(6, 5, generator=gen), torch.randn(6, 1, generator=gen)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        print(f"FOLD rank={hvd.rank()} fold={fold} step={step} loss={loss.item():.6f}")
+    total = sum(p.double().sum().item() for p in model.parameters())
+    print(f"FOLD rank={hvd.rank()} fold={fold} final={total:.6f}")
+'''
+
+
+def test_a_fold_loop_that_builds_its_model_and_chooses_sum_or_adasum_keeps_the_numbers(tmp_path):
+    """A k-fold script (a real ImageNet trainer's form): each turn of the loop builds its model, and
+    the wrap chooses ``op=hvd.Adasum if ... else hvd.Sum`` with a compression held in a variable.
+    Each turn's module is replicated (a new one each turn); the Sum branch registers the comm hook
+    that sums, wrapped for fp16 when the variable holds DDP's fp16 hook; the Adasum branch is
+    averaged and named at the line. On the Sum branch the native program prints the original's
+    losses and weights on both ranks."""
+    result = migrated_alike(tmp_path, FOLDS_PROGRAM, r"FOLD rank=\d fold=\d (?:step=\d loss=\S+|final=\S+)", 16)
+    assert replicated(result.source) == ["model"] and not_native([result.source], result.findings) is None
+    assert "Horovod: Adasum when USE_ADASUM; DDP averages" in result.source
+    assert ("if not USE_ADASUM:\n        model.register_comm_hook(None, default_hooks.fp16_compress_wrapper("
+            "_native_sum_gradients) if compression is not None else _native_sum_gradients)") in result.source
+    assert ("    elif compression is not None:\n"
+            "        model.register_comm_hook(None, default_hooks.fp16_compress_hook)\n") in result.source
+
+
+def test_a_loop_whose_model_is_built_before_it_still_refuses_the_wrap():
+    """The same loop with the model built once, before it: the second turn would replicate the
+    same module again (replicate() refuses that), so the wrap keeps its reason."""
+    program = FOLDS_PROGRAM.replace(
+        "for fold in [0, 1]:\n    torch.manual_seed(fold)\n    model = torch.nn.Sequential(",
+        "model = torch.nn.Sequential(").replace(
+        "torch.nn.Linear(8, 1))\n", "torch.nn.Linear(8, 1))\nfor fold in [0, 1]:\n", 1)
+    assert program != FOLDS_PROGRAM and "for fold" in program
+    result = migrate_source(program, "original.py")
+    todos = [f.message for f in result.findings if f.kind is Kind.TODO and f.name == "hvd.DistributedOptimizer"]
+    assert todos and "replicate() makes a module data-parallel only once" in todos[0], todos
+
+
+REGIME_PROGRAM = '''\
+import torch
+import horovod.torch as hvd
+
+
+class Regime:
+    """A library's optimizer holder: every Horovod option comes from its caller."""
+
+    def __init__(self, model, compression, reduction, passes=1):
+        self.compression, self.reduction = compression, reduction
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+        self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                                  compression=self.compression, op=self.reduction,
+                                                  backward_passes_per_step=passes)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+
+def main():
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    regime = Regime(model, hvd.Compression.none, hvd.Sum)
+    gen = torch.Generator().manual_seed(7 + hvd.rank())
+    for step in range(4):
+        x, y = torch.randn(6, 5, generator=gen), torch.randn(6, 1, generator=gen)
+        regime.optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        regime.optimizer.step()
+        print(f"REGIME rank={hvd.rank()} step={step} loss={loss.item():.6f}")
+    total = sum(p.double().sum().item() for p in model.parameters())
+    print(f"REGIME rank={hvd.rank()} final={total:.6f}")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_options_from_the_caller_become_hooks_chosen_by_their_values(tmp_path):
+    """A library class whose compression and op come from its caller (a continual-learning
+    library's form): in a native file they hold DDP's fp16 hook or None and "average", "sum" or
+    "adasum", so the replicated module gets the summing hook when the op is "sum", fp16 when the
+    compression is set, and Adasum is named at the line. With the caller's ``hvd.Sum`` the native
+    program prints the original's losses and weights on both ranks."""
+    result = migrated_alike(tmp_path, REGIME_PROGRAM, r"REGIME rank=\d (?:step=\d loss=\S+|final=\S+)", 10)
+    assert replicated(result.source) == ["model"] and not_native([result.source], result.findings) is None
+    assert "Regime(model, None, \"sum\")" in result.source
+    assert 'Horovod: Adasum when self.reduction == "adasum"; DDP averages' in result.source
+    assert 'if self.reduction == "sum":\n' in result.source
+    assert "elif self.compression is not None:\n" in result.source

@@ -7,176 +7,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 
-def _native_wire_dtype(compression):
-    """The dtype Horovod's compression sent tensors in: None (no compression), or float16 for
-    hvd.Compression.fp16, which became DDP's default_hooks.fp16_compress_hook (bf16 likewise)."""
-    import torch
-
-    if compression is None:
-        return None
-    wire = {"fp16_compress_hook": torch.float16, "bf16_compress_hook": torch.bfloat16}.get(
-        getattr(compression, "__name__", None))
-    if wire is None:
-        raise ValueError(f"compression={compression!r}: expected None or DDP's fp16_compress_hook")
-    return wire
-
-
-def _native_distributed_optimizer(optimizer, named_parameters=None, compression=None,
-                                  backward_passes_per_step=1, op="average",
-                                  gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                                  sparse_as_dense=False, process_set=None, bucket_mb=25):
-    """hvd.DistributedOptimizer on torch.distributed, with Horovod's parameters: `optimizer`,
-    whose step() first averages (op="sum": sums) every gradient over the ranks (of process_set,
-    a _NativeProcessSet, when given). compression=default_hooks.fp16_compress_hook (what
-    hvd.Compression.fp16 became) reduces in float16. gradient_predivide_factor f divides by f
-    before the sum and by size/f after it. sparse_as_dense=True reduces sparse gradients as dense
-    ones. named_parameters is checked as Horovod checked it; num_groups/groups only chose how
-    Horovod fused tensors: here parameters go in buckets of about `bucket_mb` MB.
-
-    As in Horovod, a gradient is reduced as soon as backward has produced it
-    (backward_passes_per_step times since the last step), so communication overlaps the rest of
-    backward: the buckets are reduced with asynchronous dist.all_reduce in the same order on every
-    rank. step() waits for them (a parameter that got no gradient counts as a zero gradient, as in
-    Horovod), writes the results back and steps. synchronize() and skip_synchronize() work as in
-    Horovod. The object is still an instance of the optimizer's class (LR schedulers accept it)
-    and shares its param groups; like Horovod's, it starts without the optimizer's state (so
-    broadcast_optimizer_state or load_state_dict goes after the wrap).
-    """
-    import collections
-    import contextlib
-
-    import torch
+def _native_sum_gradients(process_group, bucket):
+    """DDP comm hook for hvd.DistributedOptimizer(op=hvd.Sum): each gradient bucket summed over
+    the ranks (process_group None: all of them), where DDP's own reduction averages."""
     import torch.distributed as dist
 
-    if op not in ("average", "sum"):
-        raise ValueError(
-            f"DistributedOptimizer op={op!r}: gradients are averaged or summed"
-            + ("; Horovod's Adasum has no torch.distributed equivalent: train with averaging (and "
-               "retune the learning rate). See migration_guide/differences.md" if op == "adasum" else ""))
-    if gradient_predivide_factor != 1.0 and op != "average":
-        raise ValueError("gradient_predivide_factor is only supported with op=average")
-    wire = _native_wire_dtype(compression)
-    if named_parameters is not None:
-        named = list(named_parameters)
-        names = [name for name, _ in named]
-        if len(set(names)) < len(names):
-            raise ValueError("named_parameters has duplicate names: "
-                             + ", ".join(sorted({n for n in names if names.count(n) > 1})))
-        known = {id(p) for _, p in named}
-        if any(id(p) not in known for group in optimizer.param_groups for p in group["params"]):
-            raise ValueError("named_parameters was given, but some of the optimizer's parameters "
-                             "are not in it")
-    group = process_set.group if process_set is not None else None
-    world = dist.get_world_size(group)
-    pre, post = (1.0 / gradient_predivide_factor, gradient_predivide_factor / world)         if op == "average" else (1.0, 1.0)
-
-    class DistributedOptimizer(optimizer.__class__):
-        def __init__(self):
-            # `optimizer`'s param groups (the same dicts: a scheduler made on either sees the
-            # other's lr) and hooks, but no state yet: Horovod's wrapper started without it too
-            self.__dict__.update(optimizer.__dict__)
-            self.state = collections.defaultdict(dict)
-            self._buckets, self._works, self._skip = [], {}, False
-            self._passes, self._ready, self._launched, self._announced = {}, [], 0, False
-            # every rank makes its optimizers in the same order: the index names this one to
-            # ranks that called hvd.join() (_native_join), which stand in for its reductions
-            instances = _native_distributed_optimizer.__dict__.setdefault("instances", [])
-            self._index = len(instances)
-            instances.append(self)
-            self._join = globals().get("_native_join_announce")  # the program calls hvd.join()
-            params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
-            size, limit = 0, bucket_mb * 2 ** 20
-            for p in reversed(params):  # backward reaches the last layers first
-                last = self._buckets[-1] if self._buckets else None
-                if last is None or size + p.numel() * p.element_size() > limit \
-                        or (last[0].dtype, last[0].device) != (p.dtype, p.device):
-                    self._buckets.append([])
-                    size = 0
-                self._buckets[-1].append(p)
-                size += p.numel() * p.element_size()
-            self._bucket_of = {p: i for i, bucket in enumerate(self._buckets) for p in bucket}
-            self._ready = [0] * len(self._buckets)
-            for p in params:
-                p.register_post_accumulate_grad_hook(self._gradient_ready)
-
-        def _announce(self):
-            if self._join is not None and group is None and not self._announced:
-                self._join(1, self._index)
-                self._announced = True
-
-        def _stand_in(self):
-            """Zeros for every bucket's reduction, for a rank that has joined (_native_join)."""
-            for bucket in self._buckets:
-                dtype = wire if wire is not None and bucket[0].is_floating_point() else bucket[0].dtype
-                dist.all_reduce(torch.zeros(sum(p.numel() for p in bucket), dtype=dtype,
-                                            device=bucket[0].device))
-
-        def _gradient_ready(self, p):
-            if self._join is not None:
-                self._announce()
-            self._passes[p] = self._passes.get(p, 0) + 1
-            if self._passes[p] == backward_passes_per_step:
-                self._ready[self._bucket_of[p]] += 1
-                while self._launched < len(self._buckets) and \
-                        self._ready[self._launched] == len(self._buckets[self._launched]):
-                    self._launch(self._launched)
-
-        def _launch(self, i):
-            grads = []
-            for p in self._buckets[i]:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                elif p.grad.is_sparse:
-                    if not sparse_as_dense:
-                        raise RuntimeError("a sparse gradient (nn.Embedding(sparse=True)): pass "
-                                           "sparse_as_dense=True to reduce it as a dense one")
-                    p.grad = p.grad.to_dense()
-                grads.append(p.grad.reshape(-1))
-            # one large gradient is reduced where it is (as Horovod did), several are packed
-            flat = grads[0] if len(grads) == 1 and grads[0].data_ptr() == self._buckets[i][0].grad.data_ptr() \
-                else torch.cat(grads)
-            if wire is not None and flat.is_floating_point():
-                flat = flat.to(wire)
-            if pre != 1.0:
-                flat.mul_(pre)
-            elif op == "average":
-                flat.div_(world)  # before the sum, as DDP does (f == 1: the same average)
-            self._works[i] = (dist.all_reduce(flat, group=group, async_op=True), flat)
-            self._launched = i + 1
-
-        def synchronize(self):
-            """Wait for every gradient's reduction (starting the ones backward did not)."""
-            self._announce()
-            for i in range(self._launched, len(self._buckets)):
-                self._launch(i)
-            for i, (work, flat) in sorted(self._works.items()):
-                work.wait()
-                if pre != 1.0:
-                    flat.mul_(post)
-                offset = 0
-                for p in self._buckets[i]:
-                    n = p.numel()
-                    if flat.data_ptr() != p.grad.data_ptr():  # packed, or cast to the wire's dtype
-                        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-                    offset += n
-            self._works, self._passes, self._launched, self._announced = {}, {}, 0, False
-            self._ready = [0] * len(self._buckets)
-
-        @contextlib.contextmanager
-        def skip_synchronize(self):
-            """step() inside this block does not synchronize (call synchronize() before it)."""
-            self._skip = True
-            try:
-                yield
-            finally:
-                self._skip = False
-
-        def step(self, closure=None):
-            if not self._skip:
-                self.synchronize()
-            return super().step(closure)
-
-    return DistributedOptimizer()
+    work = dist.all_reduce(bucket.buffer(), group=process_group, async_op=True)
+    return work.get_future().then(lambda done: done.value()[0])
 
 
 def named_choices(args, x):
@@ -229,6 +66,7 @@ def name_used_twice(args, x):
 def sum_branch(args, x):
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    opt = _native_distributed_optimizer(opt, named_parameters=model.named_parameters(),
-                                   op="sum" if args.sum else "average")
-    model(x).sum().backward()
+    ddp_model_4 = DDP(model, forward_sync_buffers=False)
+    if args.sum:
+        ddp_model_4.register_comm_hook(None, _native_sum_gradients)  # op=hvd.Sum: gradients summed, not averaged
+    ddp_model_4(x).sum().backward()
