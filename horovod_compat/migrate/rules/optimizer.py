@@ -210,6 +210,16 @@ _COMPRESSION = {c: constants.NATIVE_VALUES[c] for c in ("Compression.none", "Com
 _OPS = ("Average", "Sum", "Adasum")
 
 
+def _when(choice: dataflow.Choice, constant: str) -> str:
+    """Python source, true when `choice` picks the Horovod `constant`: "True" when it is the only
+    one, a test of the name that holds the choice (its native value), or the expression's condition."""
+    if choice.constants == {constant}:
+        return "True"
+    if choice.name is not None:
+        return f"{choice.name} == {constants.NATIVE_VALUES[constant]}"
+    return dataflow.condition(choice.tree, {constant}, choice.leaves)
+
+
 def _choice(call: cst.Call, keyword: str, facts: "_Facts", ctx: RewriteContext):
     """The Choice passed as `keyword` (dataflow.resolve), with the scope of the call."""
     return dataflow.resolve(keyword_args(call)[keyword].value, ctx.hvd_aliases,
@@ -310,23 +320,13 @@ def _check_options(call: cst.Call, ctx: RewriteContext, facts: "_Facts") -> _Opt
         if unknown:
             return _Options(f"op=hvd.{sorted(unknown)[0]}: DDP always averages gradients")
         if "Sum" in choice.constants:
-            if choice.constants == {"Sum"}:
-                options.sum = "True"
-            elif choice.name is not None:
-                options.sum = f'{choice.name} == "sum"'
-            else:
-                options.sum = dataflow.condition(choice.tree, {"Sum"}, choice.leaves)
+            options.sum = _when(choice, "Sum")
             when = "" if options.sum == "True" else f" (the branch taken when {options.sum})"
             options.notes.append(f"op=hvd.Sum{when}: a comm hook sums the gradients (DDP's own averages)")
         if not choice.table:
             options.constants.update({leaf: constants.NATIVE_VALUES[c] for leaf, c in choice.leaves.items()})
         if "Adasum" in choice.constants:
-            if choice.constants == {"Adasum"}:
-                options.adasum = "True"
-            elif choice.name is not None:
-                options.adasum = f'{choice.name} == "adasum"'
-            else:
-                options.adasum = dataflow.condition(choice.tree, {"Adasum"}, choice.leaves)
+            options.adasum = _when(choice, "Adasum")
             when = "" if options.adasum == "True" else f" (the branch taken when {options.adasum})"
             options.notes.append(f"op=hvd.Adasum{when} -> averaged: DDP has no Adasum (retune the learning "
                                  "rate; migration_guide/differences.md)")
